@@ -1,0 +1,15 @@
+"""tilebin's TileLang kernels: one file per op, each exporting ``KERNELS`` (its declarations).
+
+``ALL_MODULES`` lists the modules the wheel build lowers; ``tilebin.aot`` imports them.
+"""
+
+from ._declare import KernelDecl, product
+
+ALL_MODULES = (
+    "tilebin.kernels.transpose.batched_transpose",
+    "tilebin.kernels.transpose.tma_copy",
+    "tilebin.kernels.testing.coop_sum",
+    "tilebin.kernels.testing.pdl_chain",
+)
+
+__all__ = ["ALL_MODULES", "KernelDecl", "product"]

@@ -1,0 +1,73 @@
+"""Launch expressions: small trees over runtime symbols, stored as JSON data in the manifest.
+
+A tree is an ``int``, a ``str`` (a runtime symbol: a dynamic dim, a stride or a scalar
+argument), or a list ``[op, arg, ...]`` with ``op`` in :data:`OPS`.  Trees are compiled
+once into closures; nothing from an artifact is ever passed to ``eval``/``exec``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any, Union
+
+from ._errors import ArtifactError
+
+Expr = Union[int, str, list]
+Env = Mapping[str, Any]
+
+
+def _truncdiv(a: int, b: int) -> int:
+    q = abs(a) // abs(b)
+    return q if (a >= 0) == (b >= 0) else -q
+
+
+OPS: dict[str, tuple[int, Callable[..., Any]]] = {
+    "add": (2, lambda a, b: a + b),
+    "sub": (2, lambda a, b: a - b),
+    "mul": (2, lambda a, b: a * b),
+    "floordiv": (2, lambda a, b: a // b),
+    "floormod": (2, lambda a, b: a % b),
+    "truncdiv": (2, _truncdiv),
+    "truncmod": (2, lambda a, b: a - _truncdiv(a, b) * b),
+    "min": (2, min),
+    "max": (2, max),
+    "neg": (1, lambda a: -a),
+}
+
+
+def symbols_of(tree: Expr) -> set[str]:
+    """The runtime symbols a tree reads."""
+    if isinstance(tree, str):
+        return {tree}
+    if isinstance(tree, list):
+        found: set[str] = set()
+        for arg in tree[1:]:
+            found |= symbols_of(arg)
+        return found
+    return set()
+
+
+def compile_expr(tree: Expr, where: str = "expression") -> Callable[[Env], Any]:
+    """Turn a tree into ``f(env) -> value``; a malformed tree raises :class:`ArtifactError`."""
+    if isinstance(tree, bool) or not isinstance(tree, (int, str, list)):
+        raise ArtifactError(f"{where}: expected int, symbol or [op, ...], got {tree!r}")
+    if isinstance(tree, int):
+        return lambda env, _v=tree: _v
+    if isinstance(tree, str):
+        return lambda env, _s=tree: env[_s]
+    if not tree or tree[0] not in OPS:
+        raise ArtifactError(f"{where}: unknown operator in {tree!r}; known: {sorted(OPS)}")
+    arity, fn = OPS[tree[0]]
+    if len(tree) != arity + 1:
+        raise ArtifactError(f"{where}: {tree[0]!r} takes {arity} operand(s), got {tree!r}")
+    args = [compile_expr(a, where) for a in tree[1:]]
+    if arity == 1:
+        (a,) = args
+        return lambda env: fn(a(env))
+    a, b = args
+    return lambda env: fn(a(env), b(env))
+
+
+def evaluate(tree: Expr, env: Env) -> Any:
+    """Evaluate a tree once (compile + call); use :func:`compile_expr` for repeated use."""
+    return compile_expr(tree)(env)

@@ -1,0 +1,245 @@
+"""The artifact contract: a versioned JSON manifest, parsed into frozen specs.
+
+The manifest is data only.  :func:`parse_manifest` checks its structure and the
+consistency of its expressions up front, so a bad artifact fails at load with an
+:class:`ArtifactError` naming the kernel, never halfway through a launch.
+``tilebin.aot`` writes it with :meth:`Manifest.to_json`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields, is_dataclass
+from types import MappingProxyType
+from typing import Any
+
+from ._errors import ArtifactError
+from ._expr import Expr, compile_expr, symbols_of
+
+SCHEMA_VERSION = 1
+ARG_KINDS = ("ptr", "scalar", "tma")
+
+
+@dataclass(frozen=True)
+class ParamSpec:
+    """A positional parameter of ``launch``: a tensor (with its rank) or a scalar."""
+
+    name: str
+    kind: str  # "tensor" | "scalar"
+    rank: int = 0
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """What a variant needs of one tensor argument.
+
+    shape/strides entries: int (static), str (runtime symbol, bound from the argument),
+    or an expression tree over earlier symbols (checked).  Strides are in elements.
+    """
+
+    name: str
+    dtype: str
+    shape: tuple[Expr, ...]
+    strides: tuple[Expr, ...]
+    align: int = 16
+    output: bool = False
+    max_elements: int | None = None
+
+
+@dataclass(frozen=True)
+class ScalarSpec:
+    name: str
+    dtype: str
+
+
+@dataclass(frozen=True)
+class TmaSpec:
+    """A ``cuTensorMapEncodeTiled`` call; the global address is the tensor ``param``'s pointer."""
+
+    param: str
+    dtype: int  # CUtensorMapDataType value
+    rank: int
+    dims: tuple[Expr, ...]
+    strides: tuple[Expr, ...]  # bytes, rank - 1 entries (the innermost stride is implicit)
+    box: tuple[int, ...]
+    elem_strides: tuple[int, ...]
+    interleave: int
+    swizzle: int
+    l2_promotion: int
+    oob_fill: int
+
+
+@dataclass(frozen=True)
+class ArgSpec:
+    """One device-kernel argument: a tensor pointer, a scalar expression or a TMA descriptor."""
+
+    kind: str
+    param: str | None = None  # ptr: the tensor
+    dtype: str | None = None  # scalar: its C type name (int32, float32, ...)
+    value: Expr | None = None  # scalar: its expression
+    tma: int | None = None  # tma: index into VariantSpec.tma
+
+
+@dataclass(frozen=True)
+class LaunchSpec:
+    entry: str
+    grid: tuple[Expr, Expr, Expr]
+    block: tuple[Expr, Expr, Expr]
+    smem: int
+    args: tuple[ArgSpec, ...]
+    cluster: tuple[int, int, int] = (1, 1, 1)
+    cooperative: bool = False
+    pdl: bool = False
+
+
+@dataclass(frozen=True)
+class VariantSpec:
+    key: Mapping[str, Any]
+    cubin: str  # path relative to the manifest's folder
+    sha256: str
+    tensors: tuple[TensorSpec, ...]
+    scalars: tuple[ScalarSpec, ...]
+    launches: tuple[LaunchSpec, ...]
+    tma: tuple[TmaSpec, ...] = ()
+
+
+@dataclass(frozen=True)
+class KernelSpec:
+    name: str
+    params: tuple[ParamSpec, ...]
+    variants: tuple[VariantSpec, ...]
+    doc: str = ""
+
+
+@dataclass(frozen=True)
+class BuildInfo:
+    arch: str  # "sm_90a"
+    min_driver_cuda: int  # cuDriverGetVersion() value the cubins need, e.g. 13000
+    tilelang: str = ""
+    nvcc: str = ""
+    lineinfo: bool = False
+    tilebin: str = ""
+
+
+@dataclass(frozen=True)
+class Manifest:
+    build: BuildInfo
+    kernels: Mapping[str, KernelSpec] = field(default_factory=dict)
+    schema_version: int = SCHEMA_VERSION
+
+    def to_json(self) -> str:
+        """Deterministic JSON (sorted keys, no timestamps): same inputs, same bytes."""
+        data = {
+            "schema_version": self.schema_version,
+            "build": _plain(self.build),
+            "kernels": {n: _plain(k) for n, k in sorted(self.kernels.items())},
+        }
+        return json.dumps(data, sort_keys=True, indent=1) + "\n"
+
+
+def _plain(obj: Any) -> Any:
+    if is_dataclass(obj):
+        return {f.name: _plain(getattr(obj, f.name)) for f in fields(obj)}
+    if isinstance(obj, Mapping):
+        return {k: _plain(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_plain(v) for v in obj]
+    return obj
+
+
+def _build(cls: type, data: Mapping[str, Any], where: str, **nested: Any) -> Any:
+    try:
+        fields = {k: v for k, v in data.items() if k not in nested}
+        return cls(**fields, **nested)
+    except TypeError as exc:
+        raise ArtifactError(f"{where}: malformed {cls.__name__} ({exc})") from None
+
+
+def _exprs(values: Any, where: str) -> tuple:
+    if not isinstance(values, list):
+        raise ArtifactError(f"{where}: expected a list of expressions, got {values!r}")
+    for v in values:
+        compile_expr(v, where)
+    return tuple(values)
+
+
+def _parse_variant(data: Mapping[str, Any], where: str) -> VariantSpec:
+    tensors = tuple(
+        _build(TensorSpec, t, where, shape=_exprs(t.get("shape"), where), strides=_exprs(t.get("strides"), where))
+        for t in data.get("tensors", [])
+    )
+    scalars = tuple(_build(ScalarSpec, s, where) for s in data.get("scalars", []))
+    tma = tuple(
+        _build(TmaSpec, m, where, dims=_exprs(m.get("dims"), where), strides=_exprs(m.get("strides"), where),
+               box=tuple(m.get("box", ())), elem_strides=tuple(m.get("elem_strides", ())))
+        for m in data.get("tma", [])
+    )
+    launches = []
+    for ln in data.get("launches", []):
+        args = tuple(_build(ArgSpec, a, where) for a in ln.get("args", []))
+        launches.append(_build(LaunchSpec, ln, where, args=args, grid=_exprs(ln.get("grid"), where),
+                               block=_exprs(ln.get("block"), where), cluster=tuple(ln.get("cluster", (1, 1, 1)))))
+    variant = _build(VariantSpec, data, where, key=MappingProxyType(dict(data.get("key", {}))),
+                     tensors=tensors, scalars=scalars, tma=tma, launches=tuple(launches))
+    _check_variant(variant, where)
+    return variant
+
+
+def _check_variant(v: VariantSpec, where: str) -> None:
+    """Every symbol an expression reads must be bound by a tensor dim/stride or a scalar."""
+    bound = {s.name for s in v.scalars}
+    names = {t.name for t in v.tensors}
+    for t in v.tensors:
+        bound |= {e for e in (*t.shape, *t.strides) if isinstance(e, str)}
+    used: set[str] = set()
+    for t in v.tensors:
+        used |= set().union(*(symbols_of(e) for e in (*t.shape, *t.strides))) if (t.shape or t.strides) else set()
+    for m in v.tma:
+        if m.param not in names:
+            raise ArtifactError(f"{where}: TMA descriptor reads unknown tensor {m.param!r}")
+        if not (len(m.dims) == len(m.box) == len(m.elem_strides) == m.rank and len(m.strides) == m.rank - 1):
+            raise ArtifactError(f"{where}: TMA descriptor on {m.param!r} has inconsistent ranks")
+        used |= set().union(*(symbols_of(e) for e in (*m.dims, *m.strides)))
+    if not v.launches:
+        raise ArtifactError(f"{where}: variant has no launches")
+    for ln in v.launches:
+        used |= set().union(*(symbols_of(e) for e in (*ln.grid, *ln.block)))
+        for a in ln.args:
+            if a.kind not in ARG_KINDS:
+                raise ArtifactError(f"{where}: unknown argument kind {a.kind!r} in {ln.entry}")
+            if a.kind == "ptr" and a.param not in names:
+                raise ArtifactError(f"{where}: {ln.entry} passes the pointer of unknown tensor {a.param!r}")
+            if a.kind == "tma" and not (isinstance(a.tma, int) and 0 <= a.tma < len(v.tma)):
+                raise ArtifactError(f"{where}: {ln.entry} names TMA descriptor {a.tma!r}, which does not exist")
+            if a.kind == "scalar":
+                compile_expr(a.value, where)
+                used |= symbols_of(a.value)
+    missing = used - bound
+    if missing:
+        raise ArtifactError(f"{where}: expressions read unbound symbols {sorted(missing)}")
+
+
+def parse_manifest(data: Mapping[str, Any] | str | bytes, source: str = "manifest") -> Manifest:
+    """Check and freeze a manifest given as parsed JSON or as JSON text."""
+    if isinstance(data, (str, bytes)):
+        try:
+            data = json.loads(data)
+        except ValueError as exc:
+            raise ArtifactError(f"{source}: not valid JSON ({exc}); rebuild the artifacts") from None
+    if not isinstance(data, Mapping):
+        raise ArtifactError(f"{source}: expected a JSON object at the top level")
+    version = data.get("schema_version")
+    if version != SCHEMA_VERSION:
+        raise ArtifactError(
+            f"{source}: schema_version {version!r}, this runtime reads {SCHEMA_VERSION}; "
+            "install a tilebin whose runtime matches the artifacts (rebuild the wheel)"
+        )
+    build = _build(BuildInfo, data.get("build", {}), f"{source}: build")
+    kernels = {}
+    for name, k in data.get("kernels", {}).items():
+        where = f"{source}: kernel {name!r}"
+        params = tuple(_build(ParamSpec, p, where) for p in k.get("params", []))
+        variants = tuple(_parse_variant(v, f"{where} variant {i}") for i, v in enumerate(k.get("variants", [])))
+        kernels[name] = _build(KernelSpec, k, where, params=params, variants=variants)
+    return Manifest(build=build, kernels=MappingProxyType(kernels), schema_version=version)
