@@ -132,19 +132,19 @@ class Manifest:
         """Deterministic JSON (sorted keys, no timestamps): same inputs, same bytes."""
         data = {
             "schema_version": self.schema_version,
-            "build": _plain(self.build),
-            "kernels": {n: _plain(k) for n, k in sorted(self.kernels.items())},
+            "build": to_plain(self.build),
+            "kernels": {n: to_plain(k) for n, k in sorted(self.kernels.items())},
         }
         return json.dumps(data, sort_keys=True, indent=1) + "\n"
 
 
-def _plain(obj: Any) -> Any:
+def to_plain(obj: Any) -> Any:
     if is_dataclass(obj):
-        return {f.name: _plain(getattr(obj, f.name)) for f in fields(obj)}
+        return {f.name: to_plain(getattr(obj, f.name)) for f in fields(obj)}
     if isinstance(obj, Mapping):
-        return {k: _plain(v) for k, v in obj.items()}
+        return {k: to_plain(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
-        return [_plain(v) for v in obj]
+        return [to_plain(v) for v in obj]
     return obj
 
 

@@ -1,0 +1,51 @@
+"""CLI of the AOT build.  Also runnable as a file from a source checkout:
+
+    python aot/__main__.py build --out build/artifacts            # every tilebin kernel
+    python -m tilebin.aot build --out DIR mypkg.my_kernels         # any module exporting KERNELS
+"""
+
+from __future__ import annotations
+
+import argparse
+import pathlib
+import sys
+
+if __package__ in (None, ""):  # run as a file from the source tree: map tilebin.* onto the checkout
+    _ROOT = pathlib.Path(__file__).resolve().parent.parent
+    sys.path[0:1] = [str(_ROOT)]  # replace this file's folder, whose names would shadow packages
+    import tilebin
+
+    tilebin.__path__.append(str(_ROOT))
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m tilebin.aot", description="Prebuild TileLang kernels into cubins + manifest.")
+    sub = p.add_subparsers(dest="command", required=True)
+    b = sub.add_parser("build", help="lower every declared variant and write DIR/manifest.json + DIR/cubins/")
+    b.add_argument("modules", nargs="*", help="modules exporting KERNELS (default: all of tilebin.kernels)")
+    b.add_argument("--out", required=True, type=pathlib.Path, help="artifacts folder to write")
+    b.add_argument("--cache", type=pathlib.Path, default=None, help="incremental build cache folder")
+    b.add_argument("--jobs", type=int, default=0, help="parallel workers (default: one per core)")
+    b.add_argument("--lineinfo", action="store_true", help="keep -lineinfo in cubins (for profiling; ~2.5x bigger)")
+    b.add_argument("--nvcc", default=None, help="path of nvcc (default: $CUDA_HOME, /usr/local/cuda, PATH)")
+    b.add_argument("--allow-nvcc-mismatch", action="store_true", help="build with an nvcc other than the pinned release")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    from tilebin.aot import AotError, BuildOptions, build
+    from tilebin.kernels import ALL_MODULES
+
+    opts = BuildOptions(out_dir=args.out, cache_dir=args.cache, jobs=args.jobs, lineinfo=args.lineinfo,
+                        nvcc=args.nvcc, allow_nvcc_mismatch=args.allow_nvcc_mismatch)
+    try:
+        build(args.modules or list(ALL_MODULES), opts)
+    except AotError as exc:
+        print(f"tilebin.aot: error: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

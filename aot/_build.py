@@ -1,0 +1,145 @@
+"""Enumerate jobs -> lower/compile in parallel (cached) -> write cubins -> write the manifest last."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import multiprocessing
+import os
+import pathlib
+import sys
+import tempfile
+import time
+from collections.abc import Iterable, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+
+from tilebin.runtime._manifest import BuildInfo, Manifest, parse_manifest, to_plain
+from tilebin.runtime._errors import ArtifactError
+
+from . import _cache
+from ._errors import AotError
+from ._lower import Job, JobResult, lower_job
+from ._nvcc import ARCH, Nvcc, find_nvcc
+
+
+@dataclass(frozen=True)
+class BuildOptions:
+    out_dir: pathlib.Path
+    cache_dir: pathlib.Path | None = None
+    jobs: int = 0  # 0: one per core
+    lineinfo: bool = False
+    nvcc: str | None = None
+    allow_nvcc_mismatch: bool = False
+
+
+def enumerate_jobs(modules: Iterable[str]) -> list[Job]:
+    """Every (kernel, variant) job the modules declare, in declaration order."""
+    jobs, seen = [], {}
+    for module in modules:
+        decls = getattr(importlib.import_module(module), "KERNELS", None)
+        if not decls:
+            raise AotError(f"{module} declares no kernels: export KERNELS = (KernelDecl(...), ...)")
+        for decl in decls:
+            if decl.name in seen:
+                raise AotError(f"kernel {decl.name!r} is declared by both {seen[decl.name]} and {module}")
+            seen[decl.name] = module
+            jobs += [Job(module, decl.name, i, tuple(sorted(v.items()))) for i, v in enumerate(decl.grid)]
+    return jobs
+
+
+def _worker_init(tilebin_path: list[str], sys_path: list[str]) -> None:
+    sys.path[:0] = [p for p in sys_path if p not in sys.path]
+    import tilebin
+
+    tilebin.__path__[:] = tilebin_path  # the same import names as the parent (source tree or installed)
+
+
+def _execute(todo: list[Job], nvcc: Nvcc, opts: BuildOptions, log) -> list[JobResult]:
+    if not todo:
+        return []
+    import tilebin
+
+    workers = min(len(todo), opts.jobs or os.cpu_count() or 1)
+    if workers == 1:
+        return [lower_job(j, nvcc, opts.lineinfo) for j in todo]
+    ctx = multiprocessing.get_context("spawn")  # TileLang/TVM state is not fork-safe
+    with ProcessPoolExecutor(workers, mp_context=ctx, initializer=_worker_init,
+                             initargs=(list(tilebin.__path__), list(sys.path))) as pool:
+        futures = [pool.submit(lower_job, j, nvcc, opts.lineinfo) for j in todo]
+        results = []
+        for fut in futures:
+            res = fut.result()
+            log(f"  built {res.job.where}: lower {res.seconds_lower:.1f}s, nvcc {res.seconds_nvcc:.1f}s, {len(res.cubin)} B")
+            results.append(res)
+        return results
+
+
+def _tool_facts(nvcc: Nvcc, opts: BuildOptions) -> dict:
+    import tilelang
+
+    return {"tilelang": tilelang.__version__, "nvcc": nvcc.version, "arch": ARCH, "lineinfo": opts.lineinfo}
+
+
+def _write_atomic(path: pathlib.Path, data: bytes) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=path.parent)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+    os.replace(tmp, path)
+
+
+def _assemble(results: Sequence[JobResult], build: BuildInfo) -> Manifest:
+    kernels: dict[str, dict] = {}
+    for res in results:
+        k = kernels.setdefault(res.job.kernel, {"name": res.job.kernel, "params": res.params, "variants": []})
+        if k["params"] != res.params:
+            raise AotError(f"kernel {res.job.kernel}: variants disagree on the parameter list "
+                           f"({k['params']} vs {res.params}); every variant must take the same arguments")
+        k["variants"].append({**res.variant, "cubin": f"cubins/{res.variant['sha256']}.cubin"})
+    data = {"schema_version": 1, "build": to_plain(build), "kernels": kernels}
+    try:
+        return parse_manifest(data, "new manifest")
+    except ArtifactError as exc:
+        raise AotError(f"the launch facts cannot be expressed in the manifest: {exc}") from None
+
+
+def build(modules: Sequence[str], opts: BuildOptions, log=print) -> Manifest:
+    """Build every variant the modules declare into ``opts.out_dir``; returns the manifest written."""
+    t0 = time.perf_counter()
+    nvcc = find_nvcc(opts.nvcc, opts.allow_nvcc_mismatch)
+    jobs = enumerate_jobs(modules)
+    facts = _tool_facts(nvcc, opts)
+    sources = {m: _cache.source_digest(m) for m in dict.fromkeys(j.module for j in jobs)}
+    keys = {j: _cache.job_key(j, sources[j.module], facts) for j in jobs}
+    cached = {j: _cache.load(opts.cache_dir, keys[j], j) if opts.cache_dir else None for j in jobs}
+    todo = [j for j in jobs if cached[j] is None]
+    log(f"tilebin.aot: {len(jobs)} variants of {len({j.kernel for j in jobs})} kernels, "
+        f"{len(jobs) - len(todo)} cached, {len(todo)} to build (nvcc {nvcc.version}, {ARCH})")
+    fresh = {r.job: r for r in _execute(todo, nvcc, opts, log)}
+    if opts.cache_dir:
+        for job, res in fresh.items():
+            _cache.store(opts.cache_dir, keys[job], res)
+    results = [cached[j] or fresh[j] for j in jobs]
+    import tilebin
+
+    info = BuildInfo(arch=ARCH, min_driver_cuda=nvcc.min_driver_cuda, tilelang=facts["tilelang"],
+                     nvcc=nvcc.version, lineinfo=opts.lineinfo, tilebin=tilebin.__version__)
+    manifest = _assemble(results, info)
+    _write_outputs(opts.out_dir, results, manifest)
+    log(f"tilebin.aot: wrote {opts.out_dir}/manifest.json in {time.perf_counter() - t0:.1f}s")
+    return manifest
+
+
+def _write_outputs(out_dir: pathlib.Path, results: Sequence[JobResult], manifest: Manifest) -> None:
+    cubins = out_dir / "cubins"
+    cubins.mkdir(parents=True, exist_ok=True)
+    wanted = set()
+    for res in results:
+        name = f"{hashlib.sha256(res.cubin).hexdigest()}.cubin"
+        wanted.add(name)
+        if not (cubins / name).exists():
+            _write_atomic(cubins / name, res.cubin)
+    _write_atomic(out_dir / "manifest.json", manifest.to_json().encode())  # last: readers see old or new
+    for stale in cubins.glob("*.cubin"):
+        if stale.name not in wanted:
+            stale.unlink()

@@ -1,0 +1,175 @@
+"""Read every launch fact out of a lowered TileLang program into manifest specs.
+
+Sources (TileLang 0.1.x): the original PrimFunc (parameters, buffers, dynamic symbols),
+the device functions' attributes (thread_extent, dyn_shared_memory_buf,
+use_cooperative_groups, has_cuda_pdl_sync, cluster_dims) and the host function
+(tma_descriptor_args, l2_persistent_map, and the order and arguments of its
+``tvm_call_packed`` kernel calls).  What cannot be expressed raises AotError.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from tilelang import tvm
+from tvm import tirx
+
+from tilebin.runtime._manifest import ArgSpec, LaunchSpec, ParamSpec, ScalarSpec, TensorSpec, TmaSpec
+
+from ._errors import AotError
+from ._tir_expr import host_lets, to_tree
+
+_INT32_MAX = 2**31 - 1
+# TileLang spells some dtypes differently from torch; the manifest uses torch's names.
+_DTYPE_NAMES = {"float8_e4m3": "float8_e4m3fn", "float8_e5m2fnuz": "float8_e5m2fnuz", "float4_e2m1fn": "float4_e2m1fn_x2"}
+_KNOWN_HOST_CALLS = {"__tvm_set_device", "__tvm_tensormap_create_tiled"}
+
+
+@dataclass(frozen=True)
+class LaunchFacts:
+    params: tuple[ParamSpec, ...]
+    tensors: tuple[TensorSpec, ...]
+    scalars: tuple[ScalarSpec, ...]
+    tma: tuple[TmaSpec, ...]
+    launches: tuple[LaunchSpec, ...]
+
+
+def dtype_name(dtype: Any) -> str:
+    name = str(dtype)
+    return _DTYPE_NAMES.get(name, name)
+
+
+def _contiguous_strides(shape: list[Any]) -> list[Any]:
+    strides: list[Any] = [1]
+    for dim in reversed(shape[1:]):
+        prev = strides[0]
+        strides.insert(0, dim if prev == 1 else (prev if dim == 1 else ["mul", dim, prev]))
+    return strides
+
+
+def _tensor_spec(buf: tirx.Buffer, where: str, outputs: tuple[str, ...], align: int) -> TensorSpec:
+    shape = [to_tree(d, where) for d in buf.shape]
+    strides = [to_tree(s, where) for s in buf.strides] if len(buf.strides) else _contiguous_strides(shape)
+    return TensorSpec(name=buf.name, dtype=dtype_name(buf.dtype), shape=tuple(shape), strides=tuple(strides),
+                      align=align, output=buf.name in outputs, max_elements=_INT32_MAX)
+
+
+def signature(func: tirx.PrimFunc, where: str, outputs: tuple[str, ...], align: int):
+    """Params in order, tensor specs, scalar specs, and data-var name -> tensor name."""
+    params, tensors, scalars, data_names = [], [], [], {}
+    for var in func.params:
+        if var in func.buffer_map:
+            buf = func.buffer_map[var]
+            tensors.append(_tensor_spec(buf, where, outputs, align))
+            params.append(ParamSpec(buf.name, "tensor", len(buf.shape)))
+            data_names[buf.data.name] = buf.name
+        else:
+            scalars.append(ScalarSpec(var.name, dtype_name(var.dtype)))
+            params.append(ParamSpec(var.name, "scalar"))
+    unknown = set(outputs) - {t.name for t in tensors}
+    if unknown:
+        raise AotError(f"{where}: outputs {sorted(unknown)} are not tensor parameters of the kernel")
+    return tuple(params), tuple(tensors), tuple(scalars), data_names
+
+
+def _tma_spec(args: list[Any], data_names: dict[str, str], where: str, lets: dict) -> TmaSpec:
+    kind = str(args[0].value) if hasattr(args[0], "value") else str(args[0])
+    if kind != "__tvm_tensormap_create_tiled":
+        raise AotError(f"{where}: TMA descriptor kind {kind!r} is not supported (only tiled descriptors)")
+    dtype, rank, address, rest = int(args[2]), int(args[3]), args[4], list(args[5:])
+    if not isinstance(address, tirx.Var) or address.name not in data_names:
+        raise AotError(f"{where}: a TMA descriptor's global address must be a tensor argument, got `{address}`")
+    if len(rest) != 4 * rank + 4:
+        raise AotError(f"{where}: TMA descriptor has {len(rest)} fields, expected {4 * rank + 4}")
+    tree = lambda e: to_tree(e, where, lets)  # noqa: E731
+    return TmaSpec(
+        param=data_names[address.name], dtype=dtype, rank=rank,
+        dims=tuple(tree(e) for e in rest[:rank]),
+        strides=tuple(tree(e) for e in rest[rank + 1:2 * rank]),  # first entry is the element size
+        box=tuple(int(e) for e in rest[2 * rank:3 * rank]),
+        elem_strides=tuple(int(e) for e in rest[3 * rank:4 * rank]),
+        interleave=int(rest[4 * rank]), swizzle=int(rest[4 * rank + 1]),
+        l2_promotion=int(rest[4 * rank + 2]), oob_fill=int(rest[4 * rank + 3]),
+    )
+
+
+def _packed_calls(host_func: tirx.PrimFunc) -> list[tuple[str, list[Any]]]:
+    calls: list[tuple[str, list[Any]]] = []
+    op = tvm.ir.Op.get("tirx.tvm_call_packed")
+
+    def visit(node: Any) -> None:
+        if isinstance(node, tirx.Call) and node.op.same_as(op):
+            calls.append((str(node.args[0].value), list(node.args[1:])))
+
+    tvm.tirx.stmt_functor.post_order_visit(host_func.body, visit)
+    return calls  # post-order visits statements in program order
+
+
+def _extent(attrs: Any, tag: str, where: str) -> Any:
+    extents = attrs.get("thread_extent", {})
+    for key, value in extents.items():
+        if str(key) == tag:
+            return to_tree(value, where)
+    return 1
+
+
+def _launch(fn: tirx.PrimFunc, name: str, call_args: list[Any], env: dict, where: str) -> LaunchSpec:
+    attrs, lw = fn.attrs, f"{where} kernel {name}"
+    if attrs.get("l2_persistent_map"):
+        raise AotError(f"{lw}: L2 persistence windows are not expressible in the manifest")
+    args = []
+    for param, value in zip(fn.params, call_args[:len(fn.params)]):
+        vname = value.name if isinstance(value, tirx.Var) else None
+        if vname in env["data_names"]:
+            args.append(ArgSpec(kind="ptr", param=env["data_names"][vname]))
+        elif vname in env["tma_index"]:
+            args.append(ArgSpec(kind="tma", tma=env["tma_index"][vname]))
+        elif str(param.dtype).startswith("handle"):
+            raise AotError(f"{lw}: pointer argument `{value}` is neither a tensor nor a TMA descriptor")
+        else:
+            args.append(ArgSpec(kind="scalar", dtype=dtype_name(param.dtype), value=to_tree(value, lw, env["lets"])))
+    cluster = attrs.get("cluster_dims")
+    return LaunchSpec(
+        entry=name,
+        grid=tuple(_extent(attrs, f"blockIdx.{a}", lw) for a in "xyz"),
+        block=tuple(_extent(attrs, f"threadIdx.{a}", lw) for a in "xyz"),
+        smem=int(attrs.get("dyn_shared_memory_buf", 0)),
+        args=tuple(args),
+        cluster=tuple(int(c) for c in cluster) + (1,) * (3 - len(cluster)) if cluster else (1, 1, 1),
+        cooperative=bool(attrs.get("use_cooperative_groups", False)),
+        pdl="has_cuda_pdl_sync" in attrs,
+    )
+
+
+def launch_facts(func: tirx.PrimFunc, host_mod: Any, device_mod: Any, where: str,
+                 outputs: tuple[str, ...] = (), align: int = 16) -> LaunchFacts:
+    """All launch facts of one lowered variant; raises AotError for what the manifest can't express."""
+    params, tensors, scalars, data_names = signature(func, where, outputs, align)
+    host_funcs = list(host_mod.functions.values())
+    if len(host_funcs) != 1:
+        raise AotError(f"{where}: expected one host function after lowering, got {len(host_funcs)}")
+    host = host_funcs[0]
+    if host.attrs.get("l2_persistent_map"):
+        raise AotError(f"{where}: L2 persistence windows are not expressible in the manifest")
+    symbols = {s.name for s in scalars}
+    for t in tensors:
+        symbols |= {e for e in (*t.shape, *t.strides) if isinstance(e, str)}
+    lets = {k: v for k, v in host_lets(host).items() if k not in symbols}
+    tma_args = host.attrs.get("tma_descriptor_args") or {}
+    tma_index, tma = {}, []
+    for var, args in tma_args.items():
+        tma_index[var.name] = len(tma)
+        tma.append(_tma_spec(list(args), data_names, where, lets))
+    device = {gv.name_hint: fn for gv, fn in device_mod.functions.items()}
+    env = {"data_names": data_names, "tma_index": tma_index, "lets": lets}
+    launches = []
+    for name, args in _packed_calls(host):
+        if name in device:
+            launches.append(_launch(device[name], name, args, env, where))
+        elif name not in _KNOWN_HOST_CALLS:
+            raise AotError(f"{where}: the host code calls `{name}`, which the runtime cannot replay")
+    missing = set(device) - {ln.entry for ln in launches}
+    if missing:
+        raise AotError(f"{where}: device kernels {sorted(missing)} are never launched by the host code")
+    return LaunchFacts(params, tensors, scalars, tuple(tma), tuple(launches))

@@ -1,0 +1,88 @@
+"""Lower one (kernel, variant) job with TileLang and compile its cubin.  Runs in a worker process."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+from dataclasses import dataclass
+from typing import Any
+
+from ._errors import AotError
+from ._facts import launch_facts
+from ._nvcc import ARCH, Nvcc, compile_cubin, nvcc_flags
+
+
+@dataclass(frozen=True)
+class Job:
+    module: str
+    kernel: str
+    index: int  # position of the variant in the kernel's grid
+    variant: tuple[tuple[str, Any], ...]
+
+    @property
+    def where(self) -> str:
+        return f"kernel {self.kernel} variant {dict(self.variant)}"
+
+
+@dataclass(frozen=True)
+class JobResult:
+    job: Job
+    variant: dict[str, Any]  # manifest variant fields, minus the cubin path
+    params: list[dict[str, Any]]
+    cubin: bytes
+    seconds_lower: float
+    seconds_nvcc: float
+
+
+def find_decl(module: str, kernel: str) -> Any:
+    for decl in getattr(importlib.import_module(module), "KERNELS", ()):
+        if decl.name == kernel:
+            return decl
+    raise AotError(f"{module} does not declare kernel {kernel!r} in KERNELS")
+
+
+def _extra_flags(pass_configs: Any) -> list[str]:
+    flags = []
+    if pass_configs.get("tl.enable_fast_math"):
+        flags.append("--use_fast_math")
+    extra = pass_configs.get("tl.device_compile_flags")
+    if extra:
+        flags += [extra] if isinstance(extra, str) else [str(f) for f in extra]
+    return flags
+
+
+def lower_job(job: Job, nvcc: Nvcc, lineinfo: bool) -> JobResult:
+    """Trace, lower and compile one variant; every failure is an AotError naming the job."""
+    import time
+
+    import tilelang
+    from tilelang import env as tl_env
+    from tilelang import tvm
+    from tvm.target import Target
+
+    decl = find_decl(job.module, job.kernel)
+    target = Target({"kind": "cuda", "arch": ARCH})
+    t0 = time.perf_counter()
+    try:
+        with target:  # some helpers query the target while tracing
+            func = decl.factory(**dict(job.variant))
+        with tvm.transform.PassContext(opt_level=3, config=dict(decl.pass_configs)), target:
+            art = tilelang.lower(func, target=target)
+        facts = launch_facts(func, art.host_mod, art.device_mod, job.where, decl.outputs, decl.align)
+    except AotError:
+        raise
+    except Exception as exc:  # TileLang raises many types; name the job and keep the cause
+        raise AotError(f"{job.where}: lowering failed: {type(exc).__name__}: {exc}") from exc
+    t1 = time.perf_counter()
+    flags = nvcc_flags([tl_env.TILELANG_TEMPLATE_PATH, tl_env.CUTLASS_INCLUDE_DIR], lineinfo, _extra_flags(decl.pass_configs))
+    cubin = compile_cubin(nvcc, art.kernel_source, flags, job.where)
+    t2 = time.perf_counter()
+    from tilebin.runtime._manifest import to_plain
+
+    variant = {
+        "key": dict(job.variant),
+        "sha256": hashlib.sha256(cubin).hexdigest(),
+        "tensors": to_plain(facts.tensors), "scalars": to_plain(facts.scalars),
+        "tma": to_plain(facts.tma), "launches": to_plain(facts.launches),
+    }
+    return JobResult(job, variant, to_plain(facts.params), cubin, t1 - t0, t2 - t1)
