@@ -10,12 +10,9 @@ import argparse
 import pathlib
 import sys
 
-if __package__ in (None, ""):  # run as a file from the source tree: map tilebin.* onto the checkout
-    _ROOT = pathlib.Path(__file__).resolve().parent.parent
-    sys.path[0:1] = [str(_ROOT)]  # replace this file's folder, whose names would shadow packages
-    import tilebin
-
-    tilebin.__path__.append(str(_ROOT))
+if __package__ in (None, ""):  # run as a file from a checkout: import the checkout's tilebin
+    # (it maps runtime/, aot/, kernels/ under its name), not this folder's bare modules
+    sys.path[0:1] = [str(pathlib.Path(__file__).resolve().parent.parent)]
 
 
 def _parser() -> argparse.ArgumentParser:

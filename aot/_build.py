@@ -7,7 +7,6 @@ import importlib
 import multiprocessing
 import os
 import pathlib
-import sys
 import tempfile
 import time
 from collections.abc import Iterable, Sequence
@@ -48,24 +47,14 @@ def enumerate_jobs(modules: Iterable[str]) -> list[Job]:
     return jobs
 
 
-def _worker_init(tilebin_path: list[str], sys_path: list[str]) -> None:
-    sys.path[:0] = [p for p in sys_path if p not in sys.path]
-    import tilebin
-
-    tilebin.__path__[:] = tilebin_path  # the same import names as the parent (source tree or installed)
-
-
 def _execute(todo: list[Job], nvcc: Nvcc, opts: BuildOptions, log) -> list[JobResult]:
     if not todo:
         return []
-    import tilebin
-
     workers = min(len(todo), opts.jobs or os.cpu_count() or 1)
     if workers == 1:
         return [lower_job(j, nvcc, opts.lineinfo) for j in todo]
     ctx = multiprocessing.get_context("spawn")  # TileLang/TVM state is not fork-safe
-    with ProcessPoolExecutor(workers, mp_context=ctx, initializer=_worker_init,
-                             initargs=(list(tilebin.__path__), list(sys.path))) as pool:
+    with ProcessPoolExecutor(workers, mp_context=ctx) as pool:  # children inherit sys.path
         futures = [pool.submit(lower_job, j, nvcc, opts.lineinfo) for j in todo]
         results = []
         for fut in futures:
