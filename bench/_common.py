@@ -1,0 +1,164 @@
+"""Shared by the benchmarks: environment facts, statistics, device timing, report writing.
+
+Run the benchmarks as scripts (``python3 bench/bench_*.py``): ``sys.path[0]`` is then
+``bench/``, never the checkout's root, so ``tilebin`` resolves to the installed wheel.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import importlib.metadata
+import json
+import platform
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _pkg_version(name: str) -> str:
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def _nvidia_smi() -> dict:
+    fields = "name,driver_version,clocks.sm,clocks.max.sm,clocks.mem,temperature.gpu,power.draw,pstate"
+    try:
+        out = subprocess.run(["nvidia-smi", f"--query-gpu={fields}", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=30).stdout.splitlines()[0]
+        return dict(zip(fields.split(","), (v.strip() for v in out.split(","))))
+    except Exception as exc:  # a fact we could not read is recorded as such
+        return {"error": repr(exc)}
+
+
+def env_facts() -> dict:
+    """Date, GPU, driver, clocks, and the versions of python/torch/cuda-bindings/tilebin."""
+    import torch
+
+    facts: dict = {
+        "date_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "host": platform.node(),
+        "python": sys.version.split()[0],
+        "torch": torch.__version__,
+        "torch_cuda": torch.version.cuda,
+        "cuda_bindings": _pkg_version("cuda-bindings"),
+        "tilebin_dist": _pkg_version("tilebin"),
+        "nvidia_smi": _nvidia_smi(),
+    }
+    if torch.cuda.is_available():
+        p = torch.cuda.get_device_properties(0)
+        facts.update(gpu=p.name, sm_count=p.multi_processor_count, capability=f"{p.major}.{p.minor}",
+                     l2_bytes=getattr(p, "L2_cache_size", None), gpu_mem_bytes=p.total_memory)
+    try:
+        from cuda.bindings import driver
+
+        facts["cuDriverGetVersion"] = driver.cuDriverGetVersion()[1]
+    except Exception as exc:
+        facts["cuDriverGetVersion"] = repr(exc)
+    facts.update(_tilebin_facts())
+    return facts
+
+
+def _tilebin_facts() -> dict:
+    try:
+        import tilebin
+        from tilebin import runtime
+
+        manifest = artifacts_dir() / "manifest.json"
+        build = json.loads(manifest.read_text()).get("build", {})
+        inside = Path(runtime.__file__).resolve().is_relative_to(REPO)
+        return {"tilebin": tilebin.__version__, "tilebin_runtime_file": runtime.__file__,
+                "tilebin_from_checkout": inside, "manifest_build": build}
+    except Exception as exc:
+        return {"tilebin": f"not importable: {exc!r}"}
+
+
+def artifacts_dir() -> Path:
+    import importlib.resources
+
+    return Path(str(importlib.resources.files("tilebin") / "_artifacts"))
+
+
+def summary(values: list[float]) -> dict:
+    s = sorted(values)
+    q = lambda f: s[min(len(s) - 1, int(f * len(s)))]  # noqa: E731
+    return {"median": statistics.median(s), "min": s[0], "p10": q(0.10), "p90": q(0.90), "n": len(s)}
+
+
+def time_device_ms(fns, rounds: int, per_round: int, backlog_cycles: int = 4_000_000) -> dict:
+    """Per-call device time (ms) with CUDA events around each call.
+
+    Each round first queues a GPU sleep, so the host enqueues the whole round before the GPU
+    reaches it: no launch gaps inside the timed regions.  ``fns`` are rotated through (pass
+    several buffers so the working set exceeds the L2).
+    """
+    import torch
+
+    times = []
+    for r in range(rounds):
+        if hasattr(torch.cuda, "_sleep"):
+            torch.cuda._sleep(backlog_cycles)
+        pairs = []
+        for i in range(per_round):
+            e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            e0.record()
+            fns[(r * per_round + i) % len(fns)]()
+            e1.record()
+            pairs.append((e0, e1))
+        torch.cuda.synchronize()
+        times += [e0.elapsed_time(e1) for e0, e1 in pairs]
+    return summary(times)
+
+
+def markdown_table(headers: list[str], rows: list[list]) -> str:
+    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def write_reports(result: dict, md: str, json_path: str | None, md_path: str | None) -> None:
+    """Print the markdown; write the JSON (with the markdown inside) and append the markdown."""
+    result = {**result, "markdown": md}
+    print(md, flush=True)
+    if json_path:
+        Path(json_path).write_text(json.dumps(result, indent=1, default=str) + "\n")
+        print(f"wrote {json_path}")
+    if md_path:
+        with open(md_path, "a") as fh:
+            fh.write(md + "\n\n")
+        print(f"appended to {md_path}")
+
+
+def env_markdown(facts: dict) -> str:
+    smi = facts.get("nvidia_smi", {})
+    return (f"{facts.get('date_utc')} · {facts.get('gpu')} ({facts.get('sm_count')} SMs) · driver "
+            f"{smi.get('driver_version')} · SM clock {smi.get('clocks.sm')} (max {smi.get('clocks.max.sm')}) · "
+            f"torch {facts.get('torch')} · cuda-bindings {facts.get('cuda_bindings')} · tilebin "
+            f"{facts.get('tilebin')} ({facts.get('tilebin_runtime_file')})")
+
+
+def _truncdiv(a: int, b: int) -> int:
+    q = abs(a) // abs(b)
+    return q if (a >= 0) == (b >= 0) else -q
+
+
+_OPS = {
+    "add": lambda a, b: a + b, "sub": lambda a, b: a - b, "mul": lambda a, b: a * b,
+    "floordiv": lambda a, b: a // b, "floormod": lambda a, b: a % b,
+    "truncdiv": lambda a, b: _truncdiv(a, b), "truncmod": lambda a, b: a - _truncdiv(a, b) * b,
+    "min": min, "max": max, "neg": lambda a: -a,
+}
+
+
+def eval_expr(tree, env: dict) -> int:
+    """A manifest expression tree (int, symbol, or [op, args...]) evaluated over ``env``."""
+    if isinstance(tree, int):
+        return tree
+    if isinstance(tree, str):
+        return env[tree]
+    op, *args = tree
+    return _OPS[op](*(eval_expr(a, env) for a in args))

@@ -1,0 +1,226 @@
+#!/usr/bin/env bash
+# The one script for the lent H200: install the built wheel OUTSIDE the checkout, run the GPU
+# test suite against it, run the benchmarks, and run compute-sanitizer on small launches.
+#
+#   device tool:  command "bash wheels/gpu_check.sh", carry ["wheels/dist"]
+#   locally:      OUT=/some/dir bash wheels/gpu_check.sh     (OUT defaults to bench-results/tmp)
+#
+# Environment:
+#   GPU_CHECK_STAGES       stages to run, default "tests bench sanitizer" (env facts + install
+#                          always run); e.g. GPU_CHECK_STAGES="bench"
+#   GPU_CHECK_PYTEST_ARGS  extra pytest arguments, e.g. "-k transpose -x"
+#   GPU_CHECK_BUDGET_S     wall-clock budget for the whole script, default 540 (the device
+#                          tool stops a command at 600 s); a stage gets what is left, minus a reserve
+#   GPU_CHECK_PYTHON       interpreter, default python3 (the image's torch Python)
+#
+# Files written under $OUT (flat, 8 at most, as the device tool returns them):
+#   summary.txt          timestamps, stage exit codes, environment (nvidia-smi, versions, wheel)
+#   gpu-tests.log        pytest output            gpu-tests.xml   pytest junit XML
+#   bench.log            both benchmarks' output  bench.md        both markdown tables
+#   bench-launch.json    launch overhead          bench-transpose.json  transpose bandwidth
+#   sanitizer.log        compute-sanitizer memcheck + racecheck
+# Exit status: 0 when every stage that ran passed, 1 otherwise, 2 when the wheel is missing.
+set -uo pipefail
+
+REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+OUT="${OUT:-$REPO/bench-results/tmp}"
+mkdir -p "$OUT"
+STAGES=" ${GPU_CHECK_STAGES:-tests bench sanitizer} "
+BUDGET="${GPU_CHECK_BUDGET_S:-540}"
+PY="${GPU_CHECK_PYTHON:-python3}"
+SITE=/tmp/tb-site
+SUMMARY="$OUT/summary.txt"
+export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
+export TB_PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}"
+T0=$SECONDS
+declare -A RC=()
+: >"$SUMMARY"
+
+stamp() { printf '[gpu_check %s +%4ss] %s\n' "$(date -u +%H:%M:%S)" "$((SECONDS - T0))" "$*" | tee -a "$SUMMARY"; }
+wants() { [[ "$STAGES" == *" $1 "* ]]; }
+# seconds a stage may take: its own cap, or what is left of the budget minus a reserve
+limit() {
+  local left=$((BUDGET - (SECONDS - T0) - ${2:-20}))
+  ((left < $1)) && echo "$left" || echo "$1"
+}
+# run in /tmp with the installed wheel first on the path
+in_tmp() { (cd /tmp && PYTHONPATH="$TB_PYTHONPATH" TILEBIN_EXPECT_INSTALLED=1 "$@"); }
+
+record_env() {
+  stamp "environment (stages:$STAGES budget ${BUDGET}s)"
+  {
+    echo "== date: $(date -u +%FT%TZ)  host: $(hostname)  kernel: $(uname -r)"
+    echo "== repo: $REPO  (git: $(git -C "$REPO" rev-parse --short HEAD 2>/dev/null || echo n/a))"
+    echo "== nvidia-smi"; nvidia-smi 2>&1
+    nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,clocks.mem,temperature.gpu,power.draw,pstate \
+      --format=csv 2>&1
+    echo "== python/torch/cuda-bindings"
+    "$PY" - <<'EOF' 2>&1
+import importlib.metadata as md, sys
+print("python", sys.version.split()[0], sys.executable)
+for name in ("torch", "cuda-bindings", "cuda-core", "numpy", "pytest", "pytest-timeout"):
+    try:
+        print(name, md.version(name))
+    except md.PackageNotFoundError:
+        print(name, "not installed")
+import torch
+print("torch.version.cuda", torch.version.cuda, "available", torch.cuda.is_available())
+if torch.cuda.is_available():
+    p = torch.cuda.get_device_properties(0)
+    print("device", p.name, "sm", f"{p.major}.{p.minor}", "SMs", p.multi_processor_count,
+          "L2", getattr(p, "L2_cache_size", "?"), "mem", p.total_memory)
+EOF
+    echo "== nvcc: $(nvcc --version 2>&1 | tail -1)"
+    echo "== compute-sanitizer: $(compute-sanitizer --version 2>&1 | tail -1)"
+    echo "== wheels/dist"; ls -la "$REPO"/wheels/dist 2>&1; sha256sum "$REPO"/wheels/dist/*.whl 2>&1
+  } >>"$SUMMARY" 2>&1
+}
+
+install_wheel() {
+  shopt -s nullglob
+  local wheels=("$REPO"/wheels/dist/tilebin-*.whl)
+  shopt -u nullglob
+  if ((${#wheels[@]} == 0)); then
+    stamp "FATAL: no wheels/dist/tilebin-*.whl (did the device call carry wheels/dist?)"
+    return 2
+  fi
+  WHEEL="$(ls -t "${wheels[@]}" | head -1)"
+  ((${#wheels[@]} > 1)) && stamp "WARNING: ${#wheels[@]} wheels in wheels/dist; using the newest"
+  stamp "installing $(basename "$WHEEL") into $SITE"
+  rm -rf "$SITE"
+  "$PY" -m pip install --no-deps --no-index --no-compile --disable-pip-version-check -q \
+    --target "$SITE" "$WHEEL" >>"$SUMMARY" 2>&1 || { stamp "FATAL: pip install failed"; return 2; }
+  in_tmp "$PY" - 2>&1 <<'EOF' | tee -a "$SUMMARY"
+import json, importlib.resources, tilebin
+from tilebin import runtime
+art = importlib.resources.files("tilebin") / "_artifacts"
+print("tilebin", tilebin.__version__, tilebin.__file__)
+print("runtime", runtime.__file__)
+print("kernels", runtime.kernel_names())
+print("build", json.loads((art / "manifest.json").read_text()).get("build"))
+EOF
+  local rc=$?
+  stamp "smoke import of the installed wheel: rc=$rc"
+  return $rc
+}
+
+run_tests() {
+  local cap
+  cap=$(limit 300 150)
+  stamp "tests: pytest tests/gpu (limit ${cap}s)"
+  printf '[pytest]\nmarkers =\n    gpu: needs an NVIDIA sm_90 GPU\n' >/tmp/tb-pytest.ini
+  local extra=()
+  "$PY" -c "import pytest_timeout" 2>/dev/null && extra+=(--timeout=150 --timeout-method=thread)
+  # -c/--rootdir/--confcutdir: neither the repo's pytest config nor tests/conftest.py (which
+  # maps the source tree onto `tilebin`) applies; the suite sees the installed wheel only.
+  # shellcheck disable=SC2086
+  in_tmp timeout -k 10 "$cap" "$PY" -m pytest "$REPO/tests/gpu" -q -rfEsx -p no:cacheprovider \
+    -c /tmp/tb-pytest.ini --rootdir "$REPO/tests/gpu" --confcutdir "$REPO/tests/gpu" \
+    --junitxml "$OUT/gpu-tests.xml" --durations=15 --tb=short "${extra[@]}" ${GPU_CHECK_PYTEST_ARGS:-} \
+    2>&1 | tee "$OUT/gpu-tests.log"
+  RC[tests]=$?
+  stamp "tests: rc=${RC[tests]}  $(grep -E '(passed|failed|error|skipped)' "$OUT/gpu-tests.log" | tail -1)"
+}
+
+run_bench() {
+  rm -f "$OUT/bench.md"
+  local cap
+  cap=$(limit 150 90)
+  if ((cap < 30)); then
+    stamp "bench: skipped, only ${cap}s left in the budget"
+    RC[bench]=1
+    return
+  fi
+  stamp "bench: bench_launch.py (limit ${cap}s)"
+  in_tmp timeout -k 10 "$cap" "$PY" "$REPO/bench/bench_launch.py" \
+    --json "$OUT/bench-launch.json" --md "$OUT/bench.md" 2>&1 | tee -a "$OUT/bench.log"
+  RC[bench_launch]=$?
+  cap=$(limit 150 60)
+  ((cap < 30)) && cap=30
+  stamp "bench: bench_transpose.py (limit ${cap}s)"
+  in_tmp timeout -k 10 "$cap" "$PY" "$REPO/bench/bench_transpose.py" \
+    --json "$OUT/bench-transpose.json" --md "$OUT/bench.md" 2>&1 | tee -a "$OUT/bench.log"
+  RC[bench_transpose]=$?
+  stamp "bench: launch rc=${RC[bench_launch]}, transpose rc=${RC[bench_transpose]}"
+}
+
+write_sanitize_script() {
+  cat >/tmp/tb_sanitize.py <<'EOF'
+"""Small launches of every shipped kernel, checked; run under compute-sanitizer."""
+import os, sys
+sys.path.insert(0, os.environ["TB_GPU_TESTS"])
+import torch
+from tilebin import runtime as rt
+from _cases import make_case
+from _gpu_util import Rng
+
+bad = 0
+for kind in sys.argv[1].split(","):
+    try:
+        case = make_case(kind, Rng("sanitizer/" + kind), rt)
+        case.poison()
+        case.launch(rt)
+        torch.cuda.synchronize()
+        case.check("under compute-sanitizer")
+        print("OK", kind, case, flush=True)
+    except Exception as exc:
+        bad += 1
+        print("FAILED", kind, repr(exc)[:2000], flush=True)
+sys.exit(1 if bad else 0)
+EOF
+}
+
+run_sanitizer() {
+  local cs
+  cs="$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null)"
+  if [[ -z "$cs" ]]; then
+    stamp "sanitizer: compute-sanitizer not found; skipped"
+    RC[sanitizer]=0
+    return
+  fi
+  write_sanitize_script
+  local mem="transpose_bf16,transpose_f32,transpose_fp8,gemm_small,gemm_large,coop_sum,pdl_chain"
+  local race="${GPU_CHECK_RACECHECK_KINDS:-transpose_bf16,transpose_fp8,coop_sum}"
+  local cap tool kinds rc all=0
+  for spec in "memcheck:$mem" "racecheck:$race"; do
+    tool="${spec%%:*}" kinds="${spec#*:}"
+    cap=$(limit 180 10)
+    if ((cap < 30)); then
+      stamp "sanitizer: $tool skipped, ${cap}s left in the budget"
+      all=1
+      continue
+    fi
+    stamp "sanitizer: $tool on $kinds (limit ${cap}s)"
+    in_tmp env TB_GPU_TESTS="$REPO/tests/gpu" PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout -k 10 "$cap" \
+      "$cs" --tool "$tool" --error-exitcode 3 --print-limit 30 --report-api-errors no \
+      "$PY" /tmp/tb_sanitize.py "$kinds" 2>&1 | tee -a "$OUT/sanitizer.log"
+    rc=$?
+    stamp "sanitizer: $tool rc=$rc (3 = the tool found errors, 1 = a wrong result, 124 = timeout)"
+    ((rc != 0)) && all=1
+  done
+  RC[sanitizer]=$all
+}
+
+main() {
+  record_env
+  install_wheel
+  local rc=$?
+  if ((rc != 0)); then
+    stamp "stopping: the wheel is not installed (rc=$rc); see $SUMMARY"
+    return 2
+  fi
+  wants tests && run_tests
+  wants bench && run_bench
+  wants sanitizer && run_sanitizer
+  local status=0 k
+  for k in "${!RC[@]}"; do
+    stamp "stage $k: rc=${RC[$k]}"
+    ((RC[$k] != 0)) && status=1
+  done
+  [[ -f "$OUT/bench.md" ]] && cat "$OUT/bench.md"
+  stamp "done: status=$status, files in $OUT: $(ls "$OUT" | tr '\n' ' ')"
+  return $status
+}
+
+main
+exit $?
