@@ -1,0 +1,47 @@
+"""tilebin.runtime: launch the prebuilt sm_90a cubins shipped in the wheel, with cuda-python only.
+
+::
+
+    from tilebin import runtime
+    runtime.launch("quant.per_token_cast", x, out, scale, group_size=128)
+
+Importing this package does no work: it imports neither torch, numpy nor cuda.bindings
+(the driver is loaded at the first launch).  The module-level functions use a default
+:class:`Registry` created lazily (thread-safe) from ``$TILEBIN_ARTIFACTS_DIR`` or, when
+unset, the artifacts inside the installed wheel.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ._errors import ArgumentError, ArtifactError, DeviceError, NoVariantError, TilebinError
+from ._manifest import SCHEMA_VERSION, KernelSpec
+from ._registry import _DEFAULT, Registry, default_registry
+
+__all__ = [
+    "launch", "kernel_names", "spec", "Registry", "KernelSpec",
+    "TilebinError", "NoVariantError", "ArgumentError", "ArtifactError", "DeviceError", "SCHEMA_VERSION",
+]
+
+
+def launch(name: str, *args: Any, stream: Any = None, **kwargs: Any) -> None:
+    """Launch kernel ``name`` from the default registry; see :meth:`Registry.launch`.
+
+    ``args`` follow ``spec(name).params``; ``kwargs`` are scalar parameters by name or
+    compile-time key values that pin the variant.  Everything is validated before any GPU
+    work; raises :class:`NoVariantError`, :class:`ArgumentError`, :class:`ArtifactError` or
+    :class:`DeviceError`.  Asynchronous on ``stream`` (default: torch's current stream for
+    torch tensors, else stream 0); thread-safe; capturable in CUDA graphs.
+    """
+    (_DEFAULT[0] or default_registry())._launch(name, args, kwargs, stream)
+
+
+def kernel_names() -> list[str]:
+    """Every kernel name of the default registry, sorted."""
+    return default_registry().kernel_names()
+
+
+def spec(name: str) -> KernelSpec:
+    """The :class:`KernelSpec` of ``name`` in the default registry (:class:`NoVariantError` if unknown)."""
+    return default_registry().spec(name)

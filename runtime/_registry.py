@@ -1,0 +1,228 @@
+"""The registry: a manifest, its kernels, their prepared plans, and the launch entry point.
+
+``Registry(artifacts_dir).launch(name, *args, stream=None, **kwargs)``:
+
+1. the call's signature (per tensor: dtype, shape, strides, device; pass-through scalars by
+   type, other scalars by value; key keywords) is looked up in the kernel's plan cache;
+2. on a miss: bind arguments, describe tensors, check devices, dtypes and ranks, pick the
+   variant, validate everything (:mod:`._plan`) -- all before any GPU work -- then check the
+   device, load the cubin and prepare the launch (:mod:`._launch`), and cache the plan;
+3. the plan runs: pointers read and checked, buffers patched, ``cuLaunchKernel``.
+
+Thread-safe: plan caches are read without locks (dict reads are atomic) and written under a
+per-kernel lock; the default registry is created once under a lock.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import threading
+from importlib.resources.abc import Traversable
+from pathlib import Path
+from typing import Any
+
+from . import _driver, _settings
+from ._dispatch import bind, check_ranks, key_names, select, unknown_kernel
+from ._errors import ArgumentError, ArtifactError
+from ._launch import Plan, PreparedLaunch
+from ._loader import Loader
+from ._manifest import KernelSpec, Manifest, parse_manifest
+from ._plan import Binding, bind_call, check_devices, direct_scalars
+from ._tensors import TORCH_TENSOR, cai_signature, data_ptr, describe, is_tensor, torch_tensor_type
+
+_FAST_SCALARS = (int, float, bool)
+
+
+class _NoTensor:
+    """Stands in for torch.Tensor in isinstance checks while torch is not imported."""
+
+
+class _EmptyPlan:
+    """A call whose every launch has an empty grid: pointers are still checked, nothing is launched."""
+
+    def __init__(self, binding: Binding) -> None:
+        self.binding = binding
+
+    def run(self, values: Any, stream: Any = None) -> None:
+        self.binding.guard.check(tuple(data_ptr(values[i]) for i in self.binding.tensor_positions))
+
+
+class KernelEntry:
+    """One kernel of a registry: what its call signature reads, and its plan cache."""
+
+    def __init__(self, registry: "Registry", spec: KernelSpec) -> None:
+        self.registry, self.spec = registry, spec
+        params = spec.params
+        self.nparams = len(params)
+        self.keys = key_names(spec)
+        self.direct = direct_scalars(spec)
+        self.tensor_pos = tuple(i for i, p in enumerate(params) if p.kind == "tensor")
+        scalars = [i for i, p in enumerate(params) if p.kind != "tensor"]
+        self.keyed_pos = tuple(i for i in scalars if params[i].name not in self.direct)
+        self.direct_pos = tuple(i for i in scalars if params[i].name in self.direct)
+        self.plans: dict[tuple, Any] = {}
+        self._lock = threading.Lock()
+
+    def launch(self, args: tuple, kwargs: dict, stream: Any) -> None:
+        """Validate (once per signature) and launch; see :meth:`Registry.launch`.
+
+        The plan-cache key: key keywords; per tensor (dtype, shape, strides, device) (a
+        CUDA-array-interface object: its typestr, shape, strides, device); per keyed scalar
+        (type, value); per pass-through scalar its type.  A call the key cannot describe (odd
+        argument types) takes the slow path, which validates it or says what is wrong.
+        """
+        if kwargs or len(args) != self.nparams:
+            values, key_items = bind(self.spec, args, kwargs, self.keys)
+        else:
+            values, key_items = args, ()
+        tensor = TORCH_TENSOR[0] or torch_tensor_type() or _NoTensor
+        key, ok = [key_items], True
+        for i in self.tensor_pos:
+            a = values[i]
+            if isinstance(a, tensor):
+                key.append((a.dtype, a.size(), a.stride(), a.device))
+            else:
+                a = cai_signature(a)
+                ok = ok and a is not None
+                key.append(a)
+        for i in self.keyed_pos:
+            v = values[i]
+            ok = ok and v.__class__ in _FAST_SCALARS
+            key.append((v.__class__, v))
+        for i in self.direct_pos:
+            key.append(values[i].__class__)
+        sig = tuple(key) if ok else None
+        plan = self.plans.get(sig) if ok else None
+        if plan is None:
+            plan = self._build(values, key_items, sig)
+        plan.run(values, stream)
+
+    def _build(self, values: Any, key_items: tuple, key: tuple | None) -> Any:
+        spec, params = self.spec, self.spec.params
+        infos = {params[i].name: describe(values[i], f"{spec.name}: parameter {params[i].name!r}")
+                 for i in self.tensor_pos}
+        for i in self.keyed_pos + self.direct_pos:
+            if is_tensor(values[i]):
+                raise ArgumentError(
+                    f"{spec.name}: parameter {params[i].name!r} is a scalar; got a tensor (pass a Python number; "
+                    "reading a GPU tensor's value would synchronise)"
+                )
+        check_devices(spec.name, infos)
+        check_ranks(spec, infos)
+        index, variant = select(spec, infos, key_items)
+        binding = bind_call(spec, index, variant, values, infos, self.direct)
+        torch_positions = frozenset(self.tensor_pos[k] for k, info in enumerate(infos.values()) if info.is_torch)
+        plan = self.registry._prepare(binding, torch_positions)
+        if key is not None:
+            self._remember(key, plan)
+        return plan
+
+    def _remember(self, key: tuple, plan: Any) -> None:
+        with self._lock:
+            limit = self.registry.plan_cache_size
+            if len(self.plans) >= limit:  # drop the older half (dicts keep insertion order)
+                for old in list(itertools.islice(self.plans, max(len(self.plans) // 2, 1))):
+                    self.plans.pop(old, None)
+            self.plans[key] = plan
+
+
+class Registry:
+    """The kernels of one artifacts folder (``manifest.json`` + cubins).
+
+    The manifest is read and checked when the registry is created (:class:`ArtifactError`
+    if missing or malformed); cubins are loaded per device at first use.  Thread-safe.
+    """
+
+    def __init__(self, artifacts_dir: str | os.PathLike | Traversable, *, plan_cache_size: int | None = None) -> None:
+        root = Path(artifacts_dir) if isinstance(artifacts_dir, (str, os.PathLike)) else artifacts_dir
+        self.artifacts_dir = root
+        self.manifest: Manifest = load_manifest(root)
+        self.plan_cache_size = plan_cache_size if plan_cache_size is not None else _settings.plan_cache_size()
+        if self.plan_cache_size < 1:
+            raise ArgumentError(f"plan_cache_size must be >= 1, got {self.plan_cache_size}")
+        self._loader = Loader(root)
+        self._entries = {name: KernelEntry(self, spec) for name, spec in self.manifest.kernels.items()}
+
+    def kernel_names(self) -> list[str]:
+        """Every kernel name in the manifest, sorted."""
+        return sorted(self._entries)
+
+    def spec(self, name: str) -> KernelSpec:
+        """The :class:`KernelSpec` of ``name``; :class:`NoVariantError` naming close names if unknown."""
+        entry = self._entries.get(name)
+        if entry is None:
+            raise unknown_kernel(name, self._entries)
+        return entry.spec
+
+    def launch(self, name: str, *args: Any, stream: Any = None, **kwargs: Any) -> None:
+        """Launch kernel ``name`` on ``args`` (in ``spec(name).params`` order).
+
+        ``kwargs``: scalar parameters by name, or compile-time key values that pin the variant
+        (``dtype="bfloat16"``, ``block_m=64``).  ``stream``: an int handle, ``torch.cuda.Stream``,
+        ``CUstream`` or ``__cuda_stream__`` object; default: torch's current stream of the
+        tensors' device when any tensor is a torch tensor, else the legacy default stream 0.
+        Raises :class:`NoVariantError`, :class:`ArgumentError` (all checked before GPU work),
+        :class:`ArtifactError`, :class:`DeviceError`.  Asynchronous (no synchronisation, no
+        allocation); thread-safe; capturable in CUDA graphs, also as a process's first launch
+        (the cubin is then loaded with this thread in relaxed capture mode).
+        """
+        entry = self._entries.get(name)
+        if entry is None:
+            raise unknown_kernel(name, self._entries)
+        entry.launch(args, kwargs, stream)
+
+    def _launch(self, name: str, args: tuple, kwargs: dict, stream: Any) -> None:
+        entry = self._entries.get(name)
+        if entry is None:
+            raise unknown_kernel(name, self._entries)
+        entry.launch(args, kwargs, stream)
+
+    def _prepare(self, binding: Binding, torch_positions: frozenset[int]) -> Any:
+        """Check the device, load functions, and build the plan (first GPU work of a signature)."""
+        if not binding.launches:
+            return _EmptyPlan(binding)
+        build = self.manifest.build
+        dev = _driver.device(binding.device, build.arch, build.min_driver_cuda)
+        where = f"{binding.where()} on {dev.describe()}"
+        restore = _driver.enter(dev)
+        try:
+            with _driver.relaxed_capture():  # a first launch may happen inside a CUDA-graph capture
+                launches = [
+                    PreparedLaunch(bl, self._loader.function(binding.kernel, binding.variant, bl.spec.entry,
+                                                             bl.spec.smem, dev), binding, where)
+                    for bl in binding.launches
+                ]
+        finally:
+            if restore is not None:
+                _driver.leave(restore)
+        return Plan(binding, launches, dev, torch_positions)
+
+
+def load_manifest(root: Traversable) -> Manifest:
+    """Read and check ``root/manifest.json``; :class:`ArtifactError` if missing or malformed."""
+    path = root / "manifest.json"
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise ArtifactError(
+            f"no readable manifest.json in {root} ({exc.__class__.__name__}); the installed wheel carries no "
+            f"artifacts, or {_settings.ARTIFACTS_DIR.name} points at the wrong folder: reinstall the wheel or "
+            "fix the variable"
+        ) from None
+    return parse_manifest(data, source=str(path))
+
+
+_DEFAULT: list[Registry | None] = [None]
+_DEFAULT_LOCK = threading.Lock()
+
+
+def default_registry() -> Registry:
+    """The registry of :func:`tilebin.runtime.launch`, created on first use from the settings."""
+    reg = _DEFAULT[0]
+    if reg is None:
+        with _DEFAULT_LOCK:
+            if _DEFAULT[0] is None:
+                _DEFAULT[0] = Registry(_settings.artifacts_dir())
+            reg = _DEFAULT[0]
+    return reg

@@ -1,0 +1,65 @@
+"""Every environment variable tilebin's runtime reads, declared once, typed.
+
+Nothing here is read at import time: each accessor reads the environment when called
+(the default registry calls them once, when it is created).  No other module calls
+``os.getenv`` / ``os.environ``.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from importlib.resources import files
+from importlib.resources.abc import Traversable
+from pathlib import Path
+
+from ._errors import TilebinError
+
+
+@dataclass(frozen=True)
+class EnvVar:
+    """One environment variable: its name, what it does, and its default (as text)."""
+
+    name: str
+    doc: str
+    default: str | None = None
+
+    def raw(self) -> str | None:
+        value = os.environ.get(self.name)
+        return self.default if value is None or value == "" else value
+
+
+ARTIFACTS_DIR = EnvVar(
+    "TILEBIN_ARTIFACTS_DIR",
+    "folder holding manifest.json and the cubins; default: the artifacts inside the installed wheel",
+)
+PLAN_CACHE_SIZE = EnvVar(
+    "TILEBIN_PLAN_CACHE_SIZE",
+    "prepared launch plans kept per kernel (one per distinct call signature); older half dropped when full",
+    "1024",
+)
+
+ALL = (ARTIFACTS_DIR, PLAN_CACHE_SIZE)
+
+
+def artifacts_dir() -> Traversable:
+    """``$TILEBIN_ARTIFACTS_DIR`` if set, else ``tilebin/_artifacts`` inside the installed package."""
+    raw = ARTIFACTS_DIR.raw()
+    if raw is not None:
+        return Path(raw).expanduser()
+    return files("tilebin") / "_artifacts"
+
+
+def plan_cache_size() -> int:
+    """``$TILEBIN_PLAN_CACHE_SIZE`` as a positive int; raises :class:`TilebinError` if malformed."""
+    raw = PLAN_CACHE_SIZE.raw()
+    try:
+        value = int(raw)
+    except (TypeError, ValueError):
+        value = 0
+    if value < 1:
+        raise TilebinError(
+            f"{PLAN_CACHE_SIZE.name}={raw!r} is not a positive integer; "
+            f"unset it or give a count such as {PLAN_CACHE_SIZE.default}"
+        )
+    return value

@@ -1,0 +1,69 @@
+"""Fixtures of the GPU-free runtime tests (helpers live in rt_fakes.py, imported by plain name)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+if str(HERE) not in sys.path:
+    sys.path.insert(0, str(HERE))
+
+import rt_fakes  # noqa: E402
+
+
+@pytest.fixture
+def rt():
+    from tilebin import runtime
+
+    return runtime
+
+
+@pytest.fixture
+def make_registry(tmp_path, rt):
+    """``make_registry(manifest_dict=None, **kw)`` -> a Registry over a fresh artifacts folder."""
+    def _make(data=None, **kw):
+        folder = rt_fakes.write_artifacts(tmp_path / "artifacts", data or rt_fakes.standard_manifest())
+        return rt.Registry(folder, **kw)
+
+    return _make
+
+
+@pytest.fixture
+def fake_gpu(monkeypatch):
+    """Replace the driver, the device table and module loading with fakes; yields the FakeDriver.
+
+    Loading returns function handles named after their entry, the device is an 'H200 (fake)'
+    of compute capability 9.0, and TMA encoding writes the global address into the first 8
+    bytes of the descriptor and counts calls (``fake.encodes``).
+    """
+    import ctypes
+
+    from cuda.bindings import driver as real
+
+    from tilebin.runtime import _driver, _loader, _tma
+
+    counts = {"scale_bfloat16_128": 5, "scale_float16_128": 5, "scale_bfloat16_256": 5,
+              "gemm_1024_1024": 4, "gemm_4096_7168": 4, "quant_a": 3, "quant_b": 3}
+    fake = rt_fakes.FakeDriver(real, counts, {"gemm_1024_1024": {0}, "gemm_4096_7168": {0}})
+    fake.encodes = []
+    monkeypatch.setattr(_driver, "_STATE", {"driver": fake, "mod": fake, "version": 13000})
+    info = _driver.DeviceInfo(0, 0, "NVIDIA H200 (fake)", (9, 0), real.CUcontext(0x1234), 0x1234, 232448, 13000)
+    monkeypatch.setattr(_driver, "_DEVICES", {0: info})
+    monkeypatch.setattr(_driver, "_SUPPORTED", set())
+    monkeypatch.setattr(_driver.THREAD, "dev", None, raising=False)
+
+    def function(self, kernel, variant, entry, smem, dev):
+        return _loader.LoadedFunction(entry, 0)
+
+    monkeypatch.setattr(_loader.Loader, "function", function)
+
+    def encode(out, dtype, rank, ptr, dims, strides, box, estr, interleave, swizzle, l2, oob):
+        fake.encodes.append(ptr)
+        ctypes.memmove(out, ctypes.c_uint64(ptr).value.to_bytes(8, "little") + bytes(120), 128)
+        return 0
+
+    monkeypatch.setattr(_tma, "_STATE", {"raw": encode})
+    yield fake

@@ -1,0 +1,70 @@
+"""The import rule and house rules of runtime/, checked on the source."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+RUNTIME = ROOT / "runtime"
+FORBIDDEN = ("tilelang", "tvm", "tvm_ffi", "torch", "numpy", "cuda.bindings", "cuda.core",
+             "tilebin.aot", "tilebin.kernels")
+
+
+def test_import_pulls_in_nothing_heavy():
+    code = (
+        "import sys\n"
+        f"sys.path.insert(0, {str(ROOT)!r})\n"
+        "import tilebin.runtime as rt\n"
+        "assert rt.__file__.startswith(sys.path[0]), rt.__file__\n"
+        f"bad = sorted(m for m in sys.modules if any(m == f or m.startswith(f + '.') for f in {FORBIDDEN!r}))\n"
+        "print('LOADED', bad)\n"
+        "raise SystemExit(1 if bad else 0)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def _sources():
+    return sorted(RUNTIME.glob("*.py"))
+
+
+def _imports(tree):
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            yield from (a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            yield ("." * node.level) + (node.module or "")
+
+
+@pytest.mark.parametrize("path", _sources(), ids=lambda p: p.name)
+def test_no_forbidden_imports_anywhere(path):
+    """Lazy imports inside functions count too: only cuda.bindings may be imported lazily."""
+    for name in _imports(ast.parse(path.read_text())):
+        top = name.lstrip(".")
+        if name.startswith(".."):
+            pytest.fail(f"{path.name} imports {name!r}: runtime/ may import only itself (relative, one dot)")
+        if any(top == f or top.startswith(f + ".") for f in ("tilelang", "tvm", "tvm_ffi", "torch", "numpy",
+                                                          "tilebin", "aot", "kernels")):
+            pytest.fail(f"{path.name} imports {name!r}")
+
+
+@pytest.mark.parametrize("path", _sources(), ids=lambda p: p.name)
+def test_house_rules(path):
+    text = path.read_text()
+    tree = ast.parse(text)
+    assert len(text.splitlines()) <= 400, f"{path.name} has more than 400 lines"
+    for node in ast.walk(tree):
+        assert not isinstance(node, ast.Assert), f"{path.name}:{node.lineno}: assert (stripped by python -O)"
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            n = node.end_lineno - node.lineno + 1
+            assert n <= 40, f"{path.name}: {node.name} is {n} lines"
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
+            assert node.func.id not in ("eval", "exec", "compile"), f"{path.name}:{node.lineno}: {node.func.id}()"
+    assert "pickle" not in text, f"{path.name} mentions pickle"
+    if path.name != "_settings.py":
+        assert "os.environ" not in text and "getenv" not in text, f"{path.name} reads the environment"
