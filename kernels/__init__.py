@@ -7,7 +7,7 @@ from ._declare import KernelDecl, product
 
 ALL_MODULES = (
     "tilebin.kernels.transpose.batched_transpose",
-    "tilebin.kernels.transpose.tma_copy",
+    "tilebin.kernels.gemm.gemm_nt",
     "tilebin.kernels.testing.coop_sum",
     "tilebin.kernels.testing.pdl_chain",
 )

@@ -1,0 +1,1 @@
+"""Matrix-multiply kernels.  Importing this package imports no TileLang; only the op modules do."""
