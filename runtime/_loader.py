@@ -59,6 +59,7 @@ class LoadedFunction:
 @dataclass
 class _Module:
     handle: Any
+    image: bytes  # kept alive with the module: the driver may read it again when it loads lazily
     functions: dict[str, LoadedFunction] = field(default_factory=dict)
 
 
@@ -104,7 +105,7 @@ class Loader:
         verify_cubin(data, variant.sha256, kernel=kernel, key=variant_text(variant), path=variant.cubin)
         mod = _driver.driver()
         handle = _driver.check(mod.cuModuleLoadData(data), "cuModuleLoadData", f"{where} on {dev.describe()}")
-        return _Module(handle)
+        return _Module(handle, data)
 
     def _get(self, module: _Module, entry: str, dev: _driver.DeviceInfo, where: str) -> LoadedFunction:
         mod = _driver.driver()
