@@ -52,16 +52,17 @@ def _execute(todo: list[Job], nvcc: Nvcc, opts: BuildOptions, log) -> list[JobRe
         return []
     workers = min(len(todo), opts.jobs or os.cpu_count() or 1)
     if workers == 1:
-        return [lower_job(j, nvcc, opts.lineinfo) for j in todo]
+        results = (lower_job(j, nvcc, opts.lineinfo) for j in todo)
+        return [_logged(r, log) for r in results]
     ctx = multiprocessing.get_context("spawn")  # TileLang/TVM state is not fork-safe
     with ProcessPoolExecutor(workers, mp_context=ctx) as pool:  # children inherit sys.path
         futures = [pool.submit(lower_job, j, nvcc, opts.lineinfo) for j in todo]
-        results = []
-        for fut in futures:
-            res = fut.result()
-            log(f"  built {res.job.where}: lower {res.seconds_lower:.1f}s, nvcc {res.seconds_nvcc:.1f}s, {len(res.cubin)} B")
-            results.append(res)
-        return results
+        return [_logged(f.result(), log) for f in futures]
+
+
+def _logged(res: JobResult, log) -> JobResult:
+    log(f"  built {res.job.where}: lower {res.seconds_lower:.1f}s, nvcc {res.seconds_nvcc:.1f}s, {len(res.cubin)} B")
+    return res
 
 
 def _tool_facts(nvcc: Nvcc, opts: BuildOptions) -> dict:

@@ -10,6 +10,7 @@ import pathlib
 import shutil
 import sys
 import tempfile
+from functools import lru_cache
 from typing import Any
 
 from ._lower import Job, JobResult
@@ -37,14 +38,19 @@ def source_digest(module: str) -> str:
     return _tree_digest(root)
 
 
+@lru_cache(maxsize=None)
+def _builder_digest() -> str:
+    """This build tool's own code and the manifest schema it writes (read once per process)."""
+    schema = _MANIFEST_PY.read_bytes() if _MANIFEST_PY.exists() else b""
+    return hashlib.sha256(_tree_digest(_AOT_DIR).encode() + schema).hexdigest()
+
+
 def job_key(job: Job, source: str, tool_facts: dict[str, Any]) -> str:
-    manifest_code = _MANIFEST_PY.read_bytes() if _MANIFEST_PY.exists() else b""
     payload = {
         "job": [job.module, job.kernel, sorted(job.variant)],
         "source": source,
         "tools": tool_facts,
-        "aot": _tree_digest(_AOT_DIR),
-        "schema": hashlib.sha256(manifest_code).hexdigest(),
+        "builder": _builder_digest(),
         "python": sys.version_info[:2],
     }
     return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()

@@ -22,7 +22,7 @@ from ._tir_expr import host_lets, to_tree
 
 _INT32_MAX = 2**31 - 1
 # TileLang spells some dtypes differently from torch; the manifest uses torch's names.
-_DTYPE_NAMES = {"float8_e4m3": "float8_e4m3fn", "float8_e5m2fnuz": "float8_e5m2fnuz", "float4_e2m1fn": "float4_e2m1fn_x2"}
+_DTYPE_NAMES = {"float8_e4m3": "float8_e4m3fn"}
 _KNOWN_HOST_CALLS = {"__tvm_set_device", "__tvm_tensormap_create_tiled"}
 
 

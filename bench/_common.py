@@ -139,26 +139,3 @@ def env_markdown(facts: dict) -> str:
             f"{smi.get('driver_version')} · SM clock {smi.get('clocks.sm')} (max {smi.get('clocks.max.sm')}) · "
             f"torch {facts.get('torch')} · cuda-bindings {facts.get('cuda_bindings')} · tilebin "
             f"{facts.get('tilebin')} ({facts.get('tilebin_runtime_file')})")
-
-
-def _truncdiv(a: int, b: int) -> int:
-    q = abs(a) // abs(b)
-    return q if (a >= 0) == (b >= 0) else -q
-
-
-_OPS = {
-    "add": lambda a, b: a + b, "sub": lambda a, b: a - b, "mul": lambda a, b: a * b,
-    "floordiv": lambda a, b: a // b, "floormod": lambda a, b: a % b,
-    "truncdiv": lambda a, b: _truncdiv(a, b), "truncmod": lambda a, b: a - _truncdiv(a, b) * b,
-    "min": min, "max": max, "neg": lambda a: -a,
-}
-
-
-def eval_expr(tree, env: dict) -> int:
-    """A manifest expression tree (int, symbol, or [op, args...]) evaluated over ``env``."""
-    if isinstance(tree, int):
-        return tree
-    if isinstance(tree, str):
-        return env[tree]
-    op, *args = tree
-    return _OPS[op](*(eval_expr(a, env) for a in args))

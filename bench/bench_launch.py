@@ -33,7 +33,7 @@ import tempfile
 import textwrap
 import time
 
-from _common import artifacts_dir, env_facts, env_markdown, eval_expr, markdown_table, summary, write_reports
+from _common import env_facts, env_markdown, markdown_table, summary, write_reports
 
 TRANSPOSE, GEMM, PDL_CHAIN = "transpose.batched_transpose", "gemm.gemm_nt", "testing.pdl_chain"
 _CTYPES = {"int32": ctypes.c_int32, "int64": ctypes.c_int64, "uint32": ctypes.c_uint32,

@@ -9,7 +9,6 @@ import pytest
 
 pytest.importorskip("tilelang")
 
-from tilelang import tvm  # noqa: E402
 from tvm import tirx  # noqa: E402
 
 from tilebin.aot import AotError, KernelDecl, product  # noqa: E402

@@ -212,6 +212,17 @@ class PdlChainCase(Case):
         return count_mismatches(self.y, y) + count_mismatches(self.z, z)
 
 
+def launch_rounds(rt, cases: list[Case], rounds: int) -> None:
+    """Refill, poison and launch every case back to back (no sync), then check them all; repeat."""
+    for rep in range(rounds):
+        for c in cases:
+            c.refill()
+            c.poison()
+            c.launch(rt)
+        for c in cases:
+            c.check(f"round {rep}")
+
+
 def make_case(kind: str, rng: Rng, rt) -> Case:
     """Small standard cases by short name, for graph / stream / thread tests."""
     if kind == "transpose_bf16":

@@ -6,7 +6,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from _cases import COOP_SUM, PDL_CHAIN, CoopSumCase, PdlChainCase  # noqa: E402
+from _cases import COOP_SUM, PDL_CHAIN, CoopSumCase, PdlChainCase, launch_rounds  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
@@ -24,13 +24,7 @@ def test_coop_sum_repeated(rt, rng, require):
     """Back-to-back launches (no sync, new data each time): no state carried between launches."""
     require(COOP_SUM)
     cases = [CoopSumCase(rng, n, rt.spec(COOP_SUM)) for n in (4096, 777_777, 33, 1 << 20)]
-    for rep in range(3):
-        for c in cases:
-            c.refill()
-            c.poison()
-            c.launch(rt)
-        for c in cases:
-            c.check(f"round {rep}")
+    launch_rounds(rt, cases, 3)
 
 
 @pytest.mark.parametrize("n", [0, 1, 4097, 1 << 22])

@@ -6,7 +6,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from _cases import GEMM, GEMM_VARIANTS, GemmCase  # noqa: E402
+from _cases import GEMM, GEMM_VARIANTS, GemmCase, launch_rounds  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 NK_IDS = [f"n{n}_k{k}" for n, k in GEMM_VARIANTS]
@@ -37,13 +37,7 @@ def test_gemm_pinned_variant(rt, rng, nk):
 def test_gemm_m_changes_between_calls(rt, rng):
     """Same variant, m varying call to call with no sync (TMA descriptors depend on m and the pointers)."""
     cases = [GemmCase(rng, m, 1024, 1024) for m in (5, 300, 128, 1, 129, 2048)]
-    for rep in range(2):
-        for c in cases:
-            c.refill()
-            c.poison()
-            c.launch(rt)
-        for c in cases:
-            c.check(f"round {rep}")
+    launch_rounds(rt, cases, 2)
 
 
 def test_gemm_same_shape_new_pointers(rt, rng):

@@ -6,7 +6,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from _cases import TRANSPOSE, TransposeCase, ref_transpose  # noqa: E402
+from _cases import TRANSPOSE, TransposeCase, launch_rounds, ref_transpose  # noqa: E402
 from _gpu_util import DTYPES, assert_bits_equal, poison_  # noqa: E402
 
 pytestmark = pytest.mark.gpu
@@ -48,13 +48,7 @@ def test_transpose_pinned_variant(rt, rng, dtype):
 def test_transpose_shapes_interleaved(rt, rng):
     """Alternating shapes and dtypes back to back (no sync): cached launch state must not leak."""
     cases = [TransposeCase(rng, DTYPES[d], s) for d in DTYPES for s in [(1, 64, 96), (5, 33, 7), (2, 300, 301)]]
-    for rep in range(3):
-        for c in cases:
-            c.refill()
-            c.poison()
-            c.launch(rt)
-        for c in cases:
-            c.check(f"round {rep}")
+    launch_rounds(rt, cases, 3)
 
 
 def test_transpose_adjacent_buffers_allowed(rt, rng):
