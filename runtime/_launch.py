@@ -15,6 +15,7 @@ the driver), so concurrent callers serialise on a plan, never corrupt it.
 from __future__ import annotations
 
 import ctypes
+import functools
 import struct
 import threading
 from typing import Any
@@ -216,7 +217,9 @@ class Plan:
         self.binding, self.dev, self.launches = binding, dev, tuple(launches)
         positions = binding.tensor_positions
         self._pointers = pointer_reader(positions, torch_positions == frozenset(positions))
-        self._stream_of = torch_stream_getter() if torch_positions else None
+        # stream=None: torch's current stream of the device for torch tensors, else stream 0
+        self._default_stream = (functools.partial(torch_stream_getter(), dev.ordinal) if torch_positions
+                                else functools.partial(int, 0))
         self._guard = binding.guard
         self._ok_ptrs: tuple | None = None
         self._lock = threading.Lock()
@@ -227,19 +230,14 @@ class Plan:
         if ptrs != self._ok_ptrs:
             self._guard.check(ptrs)
             self._ok_ptrs = ptrs
+        stream = self._default_stream() if stream is None else self._explicit_stream(stream)
         dev = self.dev
-        if stream is None:
-            stream = self._stream_of(dev.ordinal) if self._stream_of is not None else 0
-        else:
-            stream = self._explicit_stream(stream)
         restore = _driver.enter(dev) if getattr(_THREAD, "dev", None) is not dev else None
-        lock = self._lock
-        lock.acquire()
         try:
-            for ln in self.launches:
-                ln.fire(values, ptrs, stream, dev)
+            with self._lock:
+                for ln in self.launches:
+                    ln.fire(values, ptrs, stream, dev)
         finally:
-            lock.release()
             if restore is not None:
                 _driver.leave(restore)
 

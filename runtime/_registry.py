@@ -29,6 +29,7 @@ from ._launch import Plan, PreparedLaunch
 from ._loader import Loader
 from ._manifest import KernelSpec, Manifest, parse_manifest
 from ._plan import Binding, bind_call, check_devices, direct_scalars
+from ._signature import fast_signature
 from ._tensors import TORCH_TENSOR, cai_signature, data_ptr, describe, is_tensor, torch_tensor_type
 
 _FAST_SCALARS = (int, float, bool)
@@ -61,16 +62,33 @@ class KernelEntry:
         scalars = [i for i, p in enumerate(params) if p.kind != "tensor"]
         self.keyed_pos = tuple(i for i in scalars if params[i].name not in self.direct)
         self.direct_pos = tuple(i for i in scalars if params[i].name in self.direct)
-        self.plans: dict[tuple, Any] = {}
+        self.plans: dict[tuple, Any] = {}  # general keys (below)
+        self.fast_plans: dict[tuple, Any] = {}  # keys of _signature.fast_signature
+        self._fast_sig = fast_signature(self.nparams, self.tensor_pos, self.keyed_pos, self.direct_pos)
         self._lock = threading.Lock()
 
     def launch(self, args: tuple, kwargs: dict, stream: Any) -> None:
         """Validate (once per signature) and launch; see :meth:`Registry.launch`.
 
-        The plan-cache key: key keywords; per tensor (dtype, shape, strides, device) (a
+        Plain torch tensors and numbers, passed by position, hit the fast key
+        (:func:`fast_signature`); every other call takes :meth:`_launch_general`.
+        """
+        if not kwargs:
+            sig = self._fast_sig(args)
+            if sig is not None:
+                plan = self.fast_plans.get(sig)
+                if plan is None:
+                    plan = self._build(args, (), None)
+                    self._remember(self.fast_plans, sig, plan)
+                plan.run(args, stream)
+                return
+        self._launch_general(args, kwargs, stream)
+
+    def _launch_general(self, args: tuple, kwargs: dict, stream: Any) -> None:
+        """The general plan-cache key: key keywords; per tensor (dtype, shape, strides, device) (a
         CUDA-array-interface object: its typestr, shape, strides, device); per keyed scalar
         (type, value); per pass-through scalar its type.  A call the key cannot describe (odd
-        argument types) takes the slow path, which validates it or says what is wrong.
+        argument types) is validated every time, or told what is wrong.
         """
         if kwargs or len(args) != self.nparams:
             values, key_items = bind(self.spec, args, kwargs, self.keys)
@@ -115,16 +133,16 @@ class KernelEntry:
         torch_positions = frozenset(self.tensor_pos[k] for k, info in enumerate(infos.values()) if info.is_torch)
         plan = self.registry._prepare(binding, torch_positions)
         if key is not None:
-            self._remember(key, plan)
+            self._remember(self.plans, key, plan)
         return plan
 
-    def _remember(self, key: tuple, plan: Any) -> None:
+    def _remember(self, plans: dict, key: tuple, plan: Any) -> None:
         with self._lock:
             limit = self.registry.plan_cache_size
-            if len(self.plans) >= limit:  # drop the older half (dicts keep insertion order)
-                for old in list(itertools.islice(self.plans, max(len(self.plans) // 2, 1))):
-                    self.plans.pop(old, None)
-            self.plans[key] = plan
+            if len(plans) >= limit:  # drop the older half (dicts keep insertion order)
+                for old in list(itertools.islice(plans, max(len(plans) // 2, 1))):
+                    plans.pop(old, None)
+            plans[key] = plan
 
 
 class Registry:
