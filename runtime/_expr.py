@@ -1,8 +1,9 @@
 """Launch expressions: small trees over runtime symbols, stored as JSON data in the manifest.
 
 A tree is an ``int``, a ``str`` (a runtime symbol: a dynamic dim, a stride or a scalar
-argument), or a list ``[op, arg, ...]`` with ``op`` in :data:`OPS`.  Trees are compiled
-once into closures; nothing from an artifact is ever passed to ``eval``/``exec``.
+argument), or a list ``[op, arg, ...]`` with ``op`` in :data:`OPS`.  Trees are checked when
+the manifest is parsed and interpreted here; nothing from an artifact is ever passed to
+``eval``/``exec``.
 """
 
 from __future__ import annotations
@@ -47,27 +48,21 @@ def symbols_of(tree: Expr) -> set[str]:
     return set()
 
 
-def compile_expr(tree: Expr, where: str = "expression") -> Callable[[Env], Any]:
-    """Turn a tree into ``f(env) -> value``; a malformed tree raises :class:`ArtifactError`."""
+def check_expr(tree: Expr, where: str = "expression") -> None:
+    """Raise :class:`ArtifactError` unless ``tree`` is a well-formed expression."""
     if isinstance(tree, bool) or not isinstance(tree, (int, str, list)):
         raise ArtifactError(f"{where}: expected int, symbol or [op, ...], got {tree!r}")
-    if isinstance(tree, int):
-        return lambda env, _v=tree: _v
-    if isinstance(tree, str):
-        return lambda env, _s=tree: env[_s]
-    if not tree or tree[0] not in OPS:
-        raise ArtifactError(f"{where}: unknown operator in {tree!r}; known: {sorted(OPS)}")
-    arity, fn = OPS[tree[0]]
-    if len(tree) != arity + 1:
-        raise ArtifactError(f"{where}: {tree[0]!r} takes {arity} operand(s), got {tree!r}")
-    args = [compile_expr(a, where) for a in tree[1:]]
-    if arity == 1:
-        (a,) = args
-        return lambda env: fn(a(env))
-    a, b = args
-    return lambda env: fn(a(env), b(env))
+    if isinstance(tree, list):
+        if not tree or tree[0] not in OPS:
+            raise ArtifactError(f"{where}: unknown operator in {tree!r}; known: {sorted(OPS)}")
+        if len(tree) != OPS[tree[0]][0] + 1:
+            raise ArtifactError(f"{where}: {tree[0]!r} takes {OPS[tree[0]][0]} operand(s), got {tree!r}")
+        for arg in tree[1:]:
+            check_expr(arg, where)
 
 
 def evaluate(tree: Expr, env: Env) -> Any:
-    """Evaluate a tree once (compile + call); use :func:`compile_expr` for repeated use."""
-    return compile_expr(tree)(env)
+    """The value of a checked tree with ``env`` binding its symbols (KeyError if one is unbound)."""
+    if isinstance(tree, list):
+        return OPS[tree[0]][1](*(evaluate(a, env) for a in tree[1:]))
+    return env[tree] if isinstance(tree, str) else tree

@@ -15,7 +15,7 @@ from types import MappingProxyType
 from typing import Any
 
 from ._errors import ArtifactError
-from ._expr import Expr, compile_expr, symbols_of
+from ._expr import Expr, check_expr, symbols_of
 
 SCHEMA_VERSION = 1
 ARG_KINDS = ("ptr", "scalar", "tma")
@@ -160,7 +160,7 @@ def _exprs(values: Any, where: str) -> tuple:
     if not isinstance(values, list):
         raise ArtifactError(f"{where}: expected a list of expressions, got {values!r}")
     for v in values:
-        compile_expr(v, where)
+        check_expr(v, where)
     return tuple(values)
 
 
@@ -213,7 +213,7 @@ def _check_variant(v: VariantSpec, where: str) -> None:
             if a.kind == "tma" and not (isinstance(a.tma, int) and 0 <= a.tma < len(v.tma)):
                 raise ArtifactError(f"{where}: {ln.entry} names TMA descriptor {a.tma!r}, which does not exist")
             if a.kind == "scalar":
-                compile_expr(a.value, where)
+                check_expr(a.value, where)
                 used |= symbols_of(a.value)
     missing = used - bound
     if missing:

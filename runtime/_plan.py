@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ._errors import ArgumentError
-from ._expr import OPS, Expr, symbols_of
+from ._expr import Expr, evaluate, symbols_of
 from ._manifest import KernelSpec, LaunchSpec, TensorSpec, VariantSpec
 from ._tensors import TensorInfo
 
@@ -31,13 +31,6 @@ SCALAR_DTYPES: dict[str, tuple[str, int, int]] = {
 _FLOAT_MAX = {"float16": 65504.0, "bfloat16": 3.3895313892515355e38, "float32": 3.4028234663852886e38}
 _GRID_MAX = ((1 << 31) - 1, 65535, 65535)
 _BLOCK_MAX = (1024, 1024, 64)
-
-
-def evaluate(tree: Expr, env: Mapping[str, Any]) -> Any:
-    """One-shot evaluation of a (manifest-checked) expression tree."""
-    if isinstance(tree, list):
-        return OPS[tree[0]][1](*(evaluate(a, env) for a in tree[1:]))
-    return env[tree] if isinstance(tree, str) else tree
 
 
 def _eval(tree: Expr, env: Mapping[str, Any], kernel: str, what: str) -> Any:
