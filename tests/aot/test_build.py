@@ -121,3 +121,20 @@ def test_manifest_json_is_sorted_and_stable(built):
     out, _, _ = built
     text = (out / "manifest.json").read_text()
     assert json.dumps(json.loads(text), sort_keys=True, indent=1) + "\n" == text
+
+
+def test_cluster_cooperative_and_pdl_flags_reach_the_manifest(tmp_path, monkeypatch):
+    """The launch flags of real lowerings: cluster dims (toy), cooperative and PDL (tilebin's test kernels)."""
+    import toy_kernels
+
+    monkeypatch.setattr(toy_kernels, "KERNELS", toy_kernels.CLUSTER_KERNELS)
+    m = build([TOY, "tilebin.kernels.testing.coop_sum", "tilebin.kernels.testing.pdl_chain"],
+              BuildOptions(out_dir=tmp_path, jobs=1), log=lambda *_: None)
+    (cl,) = m.kernels["toy.cluster_scale"].variants[0].launches
+    assert cl.cluster == (2, 1, 1) and not cl.cooperative and not cl.pdl
+    (coop,) = m.kernels["testing.coop_sum"].variants[0].launches
+    assert coop.cooperative and coop.cluster == (1, 1, 1)
+    first, second = m.kernels["testing.pdl_chain"].variants[0].launches
+    assert not first.pdl and second.pdl
+    assert [a.param for a in first.args if a.kind == "ptr"] == ["x", "y"]
+    assert [a.param for a in second.args if a.kind == "ptr"] == ["y", "z"]

@@ -31,3 +31,18 @@ KERNELS = (
     KernelDecl("toy.transpose", transpose, ({"dtype": "bfloat16"}, {"dtype": "float32"}), outputs=("Y",)),
     KernelDecl("toy.tma_copy", tma_copy, ({"dtype": "float32"},), outputs=("Y",)),
 )
+
+
+def cluster_scale(block=128):
+    N = T.dynamic("n")
+
+    @T.prim_func
+    def main(X: T.Tensor((N,), "float32"), Y: T.Tensor((N,), "float32")):
+        with T.Kernel(T.ceildiv(N, block), threads=block, cluster_dims=(2, 1, 1)) as bx:
+            for i in T.Parallel(block):
+                if bx * block + i < N:
+                    Y[bx * block + i] = X[bx * block + i] * 2.0
+    return main
+
+
+CLUSTER_KERNELS = (KernelDecl("toy.cluster_scale", cluster_scale, ({},), outputs=("Y",)),)
