@@ -15,6 +15,7 @@ Each call is a ``functools.partial`` so the loop overhead is the same for every 
   c  ``runtime.launch("gemm.gemm_nt", a, b, c)`` (TMA descriptors; same tensors every call)
   d  torch eager ``out.copy_(x)`` and ``torch.add(x, 1, out=y)``
   e  ``runtime.launch("testing.pdl_chain", x, y, z)``: two launches, the second with PDL
+  f  ``runtime.prepare("transpose.batched_transpose", x, out)()``: validated once, re-launched
 
 Targets: b/a <= 1.2, c - b <= 1 µs, import + first launch <= 100 ms.
 """
@@ -104,6 +105,7 @@ def launch_methods(rt):
         "b_runtime_launch": lambda: functools.partial(rt.launch, TRANSPOSE, x, out),
         "b2_runtime_launch_stream_int": lambda: functools.partial(rt.launch, TRANSPOSE, x, out, stream=stream),
         "c_runtime_launch_gemm_tma": lambda: functools.partial(rt.launch, GEMM, a, b, c),
+        "f_runtime_prepared_call": lambda: rt.prepare(TRANSPOSE, x, out),
         "e_runtime_launch_pdl_chain_2_launches": lambda: functools.partial(rt.launch, PDL_CHAIN, xf, yf, zf),
         "d_torch_copy_": lambda: functools.partial(out.view(1, 32, 64).copy_, x),
         "d_torch_add_out": lambda: functools.partial(torch.add, xf, 1, out=yf),
@@ -215,6 +217,7 @@ def main() -> int:
     result = {"env": facts, "host_us": med, "host_us_rounds": per_round, "first_launch": first, **extra,
               "ratio_b_over_a": med.get("b_runtime_launch", nan) / med.get("a_raw_cuLaunchKernel", nan),
               "c_minus_b_us": med.get("c_runtime_launch_gemm_tma", nan) - med.get("b_runtime_launch", nan),
+              "ratio_f_over_a": med.get("f_runtime_prepared_call", nan) / med.get("a_raw_cuLaunchKernel", nan),
               "params": vars(args)}
     md = render(result)
     write_reports(result, md, args.json, args.md)
@@ -237,6 +240,7 @@ def render(r: dict) -> str:
              markdown_table(["metric", "value", "target", "met"], [
                  ["b / a (runtime vs raw cuLaunchKernel)", f"{ratio:.2f}", "<= 1.2", _verdict(ratio <= 1.2)],
                  ["c - b (TMA gemm vs transpose)", f"{diff:.2f} µs", "<= 1 µs", _verdict(diff <= 1.0)],
+                 ["f / a (runtime.prepare'd call vs raw)", f"{r.get('ratio_f_over_a', float('nan')):.2f}", "", ""],
                  ["import tilebin.runtime (torch loaded)", f"{imp:.1f} ms", "", ""],
                  ["first launch incl. module load + sync", f"{first:.1f} ms", "", ""],
                  ["import + first launch", f"{imp + first:.1f} ms", "<= 100 ms", _verdict(imp + first <= 100)],

@@ -17,10 +17,12 @@ from typing import Any
 
 from ._errors import ArgumentError, ArtifactError, DeviceError, NoVariantError, TilebinError
 from ._manifest import SCHEMA_VERSION, KernelSpec
+from ._dispatch import unknown_kernel
+from ._launch import PreparedCall
 from ._registry import _DEFAULT, Registry, default_registry
 
 __all__ = [
-    "launch", "kernel_names", "spec", "Registry", "KernelSpec",
+    "launch", "prepare", "kernel_names", "spec", "Registry", "PreparedCall", "KernelSpec",
     "TilebinError", "NoVariantError", "ArgumentError", "ArtifactError", "DeviceError", "SCHEMA_VERSION",
 ]
 
@@ -34,7 +36,20 @@ def launch(name: str, *args: Any, stream: Any = None, **kwargs: Any) -> None:
     :class:`DeviceError`.  Asynchronous on ``stream`` (default: torch's current stream for
     torch tensors, else stream 0); thread-safe; capturable in CUDA graphs.
     """
-    (_DEFAULT[0] or default_registry())._launch(name, args, kwargs, stream)
+    reg = _DEFAULT[0] or default_registry()
+    entry = reg._entries.get(name)
+    if entry is None:
+        raise unknown_kernel(name, reg._entries)
+    entry.launch(args, kwargs, stream)
+
+
+def prepare(name: str, *args: Any, **kwargs: Any) -> PreparedCall:
+    """Validate a call once; the returned :class:`PreparedCall` re-launches it (``call(stream=None)``).
+
+    For loops that launch the same kernel on the same (static) buffers: each call skips the
+    per-call signature lookup of :func:`launch`.  See :meth:`Registry.prepare`.
+    """
+    return default_registry().prepare(name, *args, **kwargs)
 
 
 def kernel_names() -> list[str]:

@@ -225,11 +225,35 @@ class Plan:
         self._lock = threading.Lock()
 
     def run(self, values: Any, stream: Any = None) -> None:
-        """Launch with this call's tensors and scalars (same signature as the plan was built for)."""
+        """Launch with this call's tensors and scalars (same signature as the plan was built for).
+
+        The hot path: :meth:`pointers` and :meth:`run_checked` written out in one frame.
+        """
         ptrs = self._pointers(values)
         if ptrs != self._ok_ptrs:
             self._guard.check(ptrs)
             self._ok_ptrs = ptrs
+        stream = self._default_stream() if stream is None else self._explicit_stream(stream)
+        dev = self.dev
+        restore = _driver.enter(dev) if getattr(_THREAD, "dev", None) is not dev else None
+        try:
+            with self._lock:
+                for ln in self.launches:
+                    ln.fire(values, ptrs, stream, dev)
+        finally:
+            if restore is not None:
+                _driver.leave(restore)
+
+    def pointers(self, values: Any) -> tuple:
+        """This call's data pointers, checked (alignment, output overlap) when they changed."""
+        ptrs = self._pointers(values)
+        if ptrs != self._ok_ptrs:
+            self._guard.check(ptrs)
+            self._ok_ptrs = ptrs
+        return ptrs
+
+    def run_checked(self, values: Any, ptrs: tuple, stream: Any = None) -> None:
+        """Launch with pointers :meth:`pointers` returned for these values."""
         stream = self._default_stream() if stream is None else self._explicit_stream(stream)
         dev = self.dev
         restore = _driver.enter(dev) if getattr(_THREAD, "dev", None) is not dev else None
@@ -250,3 +274,24 @@ class Plan:
                 "launch on a stream of the tensors' device"
             )
         return stream_handle(stream)
+
+
+class PreparedCall:
+    """One call validated once (:meth:`Registry.prepare`); calling it launches exactly that call again.
+
+    It keeps references to its tensors, so their memory stays allocated.  What it does not
+    re-check is the caller's contract: do not resize, re-stride or re-point (``resize_``,
+    ``set_``, ``as_strided_``) those tensors afterwards; prepare again instead.  Their
+    contents may change freely.  Thread-safe and capturable in CUDA graphs, like ``launch``.
+    """
+
+    __slots__ = ("_plan", "_values", "_ptrs")
+
+    def __init__(self, plan: Any, values: tuple) -> None:
+        self._plan, self._values = plan, values
+        self._ptrs = plan.pointers(values)  # alignment and overlap checked here, once
+
+    def __call__(self, stream: Any = None) -> None:
+        """Launch on ``stream`` (default as for ``launch``: torch's current stream for torch tensors)."""
+        self._plan.run_checked(self._values, self._ptrs, stream)
+

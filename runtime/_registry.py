@@ -25,7 +25,7 @@ from typing import Any
 from . import _driver, _settings
 from ._dispatch import bind, check_ranks, key_names, select, unknown_kernel
 from ._errors import ArgumentError, ArtifactError
-from ._launch import Plan, PreparedLaunch
+from ._launch import Plan, PreparedCall, PreparedLaunch
 from ._loader import Loader
 from ._manifest import KernelSpec, Manifest, parse_manifest
 from ._plan import Binding, bind_call, check_devices, direct_scalars
@@ -46,7 +46,15 @@ class _EmptyPlan:
         self.binding = binding
 
     def run(self, values: Any, stream: Any = None) -> None:
-        self.binding.guard.check(tuple(data_ptr(values[i]) for i in self.binding.tensor_positions))
+        self.pointers(values)
+
+    def pointers(self, values: Any) -> tuple:
+        ptrs = tuple(data_ptr(values[i]) for i in self.binding.tensor_positions)
+        self.binding.guard.check(ptrs)
+        return ptrs
+
+    def run_checked(self, values: Any, ptrs: tuple, stream: Any = None) -> None:
+        """Nothing to launch."""
 
 
 class KernelEntry:
@@ -85,7 +93,13 @@ class KernelEntry:
         self._launch_general(args, kwargs, stream)
 
     def _launch_general(self, args: tuple, kwargs: dict, stream: Any) -> None:
-        """The general plan-cache key: key keywords; per tensor (dtype, shape, strides, device) (a
+        plan, values = self.plan_for(args, kwargs)
+        plan.run(values, stream)
+
+    def plan_for(self, args: tuple, kwargs: dict) -> tuple[Any, Any]:
+        """The plan for this call (validated and built on a cache miss) and its positional values.
+
+        The general plan-cache key: key keywords; per tensor (dtype, shape, strides, device) (a
         CUDA-array-interface object: its typestr, shape, strides, device); per keyed scalar
         (type, value); per pass-through scalar its type.  A call the key cannot describe (odd
         argument types) is validated every time, or told what is wrong.
@@ -114,7 +128,7 @@ class KernelEntry:
         plan = self.plans.get(sig) if ok else None
         if plan is None:
             plan = self._build(values, key_items, sig)
-        plan.run(values, stream)
+        return plan, values
 
     def _build(self, values: Any, key_items: tuple, key: tuple | None) -> Any:
         spec, params = self.spec, self.spec.params
@@ -190,11 +204,17 @@ class Registry:
             raise unknown_kernel(name, self._entries)
         entry.launch(args, kwargs, stream)
 
-    def _launch(self, name: str, args: tuple, kwargs: dict, stream: Any) -> None:
+    def prepare(self, name: str, *args: Any, **kwargs: Any) -> PreparedCall:
+        """Validate a call once and return a :class:`PreparedCall` that re-launches exactly it.
+
+        Same arguments and errors as :meth:`launch`, but nothing is launched here (the cubin is
+        loaded).  The result keeps references to the tensors; see :class:`PreparedCall`.
+        """
         entry = self._entries.get(name)
         if entry is None:
             raise unknown_kernel(name, self._entries)
-        entry.launch(args, kwargs, stream)
+        plan, values = entry.plan_for(args, kwargs)
+        return PreparedCall(plan, tuple(values))
 
     def _prepare(self, binding: Binding, torch_positions: frozenset[int]) -> Any:
         """Check the device, load functions, and build the plan (first GPU work of a signature)."""
