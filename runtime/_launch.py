@@ -225,24 +225,8 @@ class Plan:
         self._lock = threading.Lock()
 
     def run(self, values: Any, stream: Any = None) -> None:
-        """Launch with this call's tensors and scalars (same signature as the plan was built for).
-
-        The hot path: :meth:`pointers` and :meth:`run_checked` written out in one frame.
-        """
-        ptrs = self._pointers(values)
-        if ptrs != self._ok_ptrs:
-            self._guard.check(ptrs)
-            self._ok_ptrs = ptrs
-        stream = self._default_stream() if stream is None else self._explicit_stream(stream)
-        dev = self.dev
-        restore = _driver.enter(dev) if getattr(_THREAD, "dev", None) is not dev else None
-        try:
-            with self._lock:
-                for ln in self.launches:
-                    ln.fire(values, ptrs, stream, dev)
-        finally:
-            if restore is not None:
-                _driver.leave(restore)
+        """Launch with this call's tensors and scalars (same signature as the plan was built for)."""
+        self.run_checked(values, self.pointers(values), stream)
 
     def pointers(self, values: Any) -> tuple:
         """This call's data pointers, checked (alignment, output overlap) when they changed."""
