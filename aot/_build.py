@@ -36,7 +36,11 @@ def enumerate_jobs(modules: Iterable[str]) -> list[Job]:
     """Every (kernel, variant) job the modules declare, in declaration order."""
     jobs, seen = [], {}
     for module in modules:
-        decls = getattr(importlib.import_module(module), "KERNELS", None)
+        try:
+            mod = importlib.import_module(module)
+        except ImportError as exc:
+            raise AotError(f"cannot import kernel module {module!r}: {exc}; is it on sys.path / PYTHONPATH?") from exc
+        decls = getattr(mod, "KERNELS", None)
         if not decls:
             raise AotError(f"{module} declares no kernels: export KERNELS = (KernelDecl(...), ...)")
         for decl in decls:

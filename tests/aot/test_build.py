@@ -108,6 +108,11 @@ def test_module_without_kernels_is_an_error(tmp_path):
         build(["json"], BuildOptions(out_dir=tmp_path), log=lambda *_: None)
 
 
+def test_unimportable_module_is_an_error_naming_it(tmp_path):
+    with pytest.raises(AotError, match="cannot import kernel module 'no_such_kernels'"):
+        build(["no_such_kernels"], BuildOptions(out_dir=tmp_path), log=lambda *_: None)
+
+
 def test_unknown_output_name_names_the_kernel(tmp_path):
     from tilebin.aot._facts import signature
     import toy_kernels
