@@ -16,7 +16,7 @@
 # Files written under $OUT (flat, 8 at most, as the device tool returns them):
 #   summary.txt          timestamps, stage exit codes, environment (nvidia-smi, versions, wheel)
 #   gpu-tests.log        pytest output            gpu-tests.xml   pytest junit XML
-#   bench.log            both benchmarks' output  bench.md        both markdown tables
+#   bench.log            the benchmarks' output   bench.md        their markdown tables
 #   bench-launch.json    launch overhead          bench-transpose.json  transpose bandwidth
 #   sanitizer.log        compute-sanitizer memcheck + racecheck
 # Exit status: 0 when every stage that ran passed, 1 otherwise, 2 when the wheel is missing.
@@ -145,7 +145,10 @@ run_bench() {
   in_tmp timeout -k 10 "$cap" "$PY" "$REPO/bench/bench_transpose.py" \
     --json "$OUT/bench-transpose.json" --md "$OUT/bench.md" 2>&1 | tee -a "$OUT/bench.log"
   RC[bench_transpose]=$?
-  stamp "bench: launch rc=${RC[bench_launch]}, transpose rc=${RC[bench_transpose]}"
+  stamp "bench: bench_host_parts.py (limit 60s)"
+  in_tmp timeout -k 10 60 "$PY" "$REPO/bench/bench_host_parts.py" --md "$OUT/bench.md" 2>&1 | tee -a "$OUT/bench.log"
+  RC[bench_host_parts]=$?
+  stamp "bench: launch rc=${RC[bench_launch]}, transpose rc=${RC[bench_transpose]}, host parts rc=${RC[bench_host_parts]}"
 }
 
 write_sanitize_script() {

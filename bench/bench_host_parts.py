@@ -1,0 +1,73 @@
+#!/usr/bin/env python3
+"""Host cost of the pieces a launch is made of, on CUDA tensors (where runtime.launch's time goes).
+
+    PYTHONPATH=<site with the tilebin wheel> python3 bench/bench_host_parts.py [--md F] [--json F]
+
+Each row: ``timeit`` of one expression over two bf16 CUDA tensors (min of 7 repeats of 100k
+calls, in ns per evaluation), so rows can be added up to explain ``runtime.launch`` minus the
+raw driver call in bench_launch.py.  Nothing here launches a kernel except the last rows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import timeit
+
+from _common import env_facts, env_markdown, markdown_table
+
+
+def rows(rt) -> list[tuple[str, float]]:
+    import torch
+
+    x = torch.empty(1, 32, 64, device="cuda", dtype=torch.bfloat16)
+    out = torch.empty(1, 64, 32, device="cuda", dtype=torch.bfloat16)
+    rt.launch("transpose.batched_transpose", x, out)
+    torch.cuda.synchronize()
+    entry = rt._registry.default_registry()._entries["transpose.batched_transpose"]
+    (plan,) = entry.fast_plans.values()
+    sig = entry._fast_sig
+    raw_stream = torch._C._cuda_getCurrentRawStream
+    g = {"x": x, "out": out, "T": torch.Tensor, "rt": rt, "plan": plan, "sig": sig, "args": (x, out),
+         "fast": entry.fast_plans, "raw_stream": raw_stream, "torch": torch}
+    exprs = [
+        "x.dtype", "x.size()", "x.shape", "x.stride()", "x.device", "x.get_device()", "x.is_cuda",
+        "x.data_ptr()", "x.__class__ is T", "raw_stream(0)", "torch.cuda.current_stream().cuda_stream",
+        "sig(args)", "fast.get(sig(args))", "plan.pointers(args)",
+        "plan.run_checked(args, plan.pointers(args))", "plan.run(args)",
+        "rt.launch('transpose.batched_transpose', x, out)",
+    ]
+    result = []
+    for e in exprs:
+        n = 100_000 if "run" not in e and "launch" not in e else 20_000
+        best = min(timeit.repeat(e, globals=g, number=n, repeat=7)) / n * 1e9
+        if "run" in e or "launch" in e:
+            torch.cuda.synchronize()
+        result.append((e, best))
+    return result
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--json")
+    ap.add_argument("--md")
+    args = ap.parse_args()
+    from tilebin import runtime as rt
+
+    facts = env_facts()
+    measured = rows(rt)
+    md = "\n".join(["### Host cost of launch parts (ns, min of 7 x timeit)", "", env_markdown(facts), "",
+                    markdown_table(["expression", "ns"], [[f"`{e}`", f"{ns:.0f}"] for e, ns in measured])])
+    print(md)
+    if args.md:
+        with open(args.md, "a") as f:
+            f.write(md + "\n\n")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"env": facts, "ns": dict(measured)}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
