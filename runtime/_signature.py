@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from ._tensors import TORCH_TENSOR
+from ._tensors import TORCH_TENSOR, torch_tensor_type
 
 _PLAIN_SCALARS = frozenset((int, float, bool))
 Signature = Callable[[tuple], "tuple | None"]
@@ -27,7 +27,7 @@ def fast_signature(nparams: int, tensor_pos: tuple[int, ...], keyed_pos: tuple[i
     def signature(v: tuple) -> tuple | None:
         if len(v) != nparams:
             return None
-        cls, key = cell[0], []
+        cls, key = cell[0] or torch_tensor_type(), []
         for i in tensor_pos:
             x = v[i]
             if x.__class__ is not cls:
@@ -52,7 +52,7 @@ def _unrolled(nparams: int, tensor_pos: tuple[int, ...], cell: list) -> Signatur
         def two(v: tuple) -> tuple | None:
             if len(v) != nparams:
                 return None
-            x, y, cls = v[a], v[b], cell[0]
+            x, y, cls = v[a], v[b], cell[0] or torch_tensor_type()
             if x.__class__ is not cls or y.__class__ is not cls:
                 return None
             return (x.dtype, x.size(), x.stride(), x.device, y.dtype, y.size(), y.stride(), y.device)
@@ -63,7 +63,7 @@ def _unrolled(nparams: int, tensor_pos: tuple[int, ...], cell: list) -> Signatur
     def three(v: tuple) -> tuple | None:
         if len(v) != nparams:
             return None
-        x, y, z, cls = v[a], v[b], v[c], cell[0]
+        x, y, z, cls = v[a], v[b], v[c], cell[0] or torch_tensor_type()
         if x.__class__ is not cls or y.__class__ is not cls or z.__class__ is not cls:
             return None
         return (x.dtype, x.size(), x.stride(), x.device, y.dtype, y.size(), y.stride(), y.device,
