@@ -3,7 +3,9 @@
 ::
 
     from tilebin import runtime
-    runtime.launch("quant.per_token_cast", x, out, scale, group_size=128)
+    runtime.launch("transpose.batched_transpose", x, out)      # validated, cached plan per signature
+    call = runtime.prepare("transpose.batched_transpose", x, out)
+    call()                                                      # the same launch, validated once
 
 Importing this package does no work: it imports neither torch, numpy nor cuda.bindings
 (the driver is loaded at the first launch).  The module-level functions use a default
