@@ -19,7 +19,6 @@ from typing import Any
 
 from ._errors import ArgumentError, ArtifactError, DeviceError, NoVariantError, TilebinError
 from ._manifest import SCHEMA_VERSION, KernelSpec
-from ._dispatch import unknown_kernel
 from ._launch import PreparedCall
 from ._registry import _DEFAULT, Registry, default_registry
 
@@ -39,10 +38,7 @@ def launch(name: str, *args: Any, stream: Any = None, **kwargs: Any) -> None:
     torch tensors, else stream 0); thread-safe; capturable in CUDA graphs.
     """
     reg = _DEFAULT[0] or default_registry()
-    entry = reg._entries.get(name)
-    if entry is None:
-        raise unknown_kernel(name, reg._entries)
-    entry.launch(args, kwargs, stream)
+    (reg._entries.get(name) or reg._entry(name)).launch(args, kwargs, stream)
 
 
 def prepare(name: str, *args: Any, **kwargs: Any) -> PreparedCall:

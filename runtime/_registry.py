@@ -29,11 +29,8 @@ from ._launch import Plan, PreparedCall, PreparedLaunch
 from ._loader import Loader
 from ._manifest import KernelSpec, Manifest, parse_manifest
 from ._plan import Binding, bind_call, check_devices, direct_scalars
-from ._signature import fast_signature
+from ._signature import PLAIN_SCALARS, fast_signature
 from ._tensors import TORCH_TENSOR, cai_signature, data_ptr, describe, is_tensor, torch_tensor_type
-
-_FAST_SCALARS = (int, float, bool)
-
 
 class _NoTensor:
     """Stands in for torch.Tensor in isinstance checks while torch is not imported."""
@@ -120,7 +117,7 @@ class KernelEntry:
                 key.append(a)
         for i in self.keyed_pos:
             v = values[i]
-            ok = ok and v.__class__ in _FAST_SCALARS
+            ok = ok and v.__class__ in PLAIN_SCALARS
             key.append((v.__class__, v))
         for i in self.direct_pos:
             key.append(values[i].__class__)
@@ -145,7 +142,7 @@ class KernelEntry:
         index, variant = select(spec, infos, key_items)
         binding = bind_call(spec, index, variant, values, infos, self.direct)
         torch_positions = frozenset(self.tensor_pos[k] for k, info in enumerate(infos.values()) if info.is_torch)
-        plan = self.registry._prepare(binding, torch_positions)
+        plan = self.registry._make_plan(binding, torch_positions)
         if key is not None:
             self._remember(self.plans, key, plan)
         return plan
@@ -182,10 +179,18 @@ class Registry:
 
     def spec(self, name: str) -> KernelSpec:
         """The :class:`KernelSpec` of ``name``; :class:`NoVariantError` naming close names if unknown."""
+        return self._entry(name).spec
+
+    def _entry(self, name: str) -> KernelEntry:
+        """The kernel ``name``; :class:`NoVariantError` naming close names if unknown.
+
+        Launch paths call it only on a miss (``_entries.get(name) or _entry(name)``), so a
+        known kernel costs one dict lookup.
+        """
         entry = self._entries.get(name)
         if entry is None:
             raise unknown_kernel(name, self._entries)
-        return entry.spec
+        return entry
 
     def launch(self, name: str, *args: Any, stream: Any = None, **kwargs: Any) -> None:
         """Launch kernel ``name`` on ``args`` (in ``spec(name).params`` order).
@@ -199,10 +204,7 @@ class Registry:
         allocation); thread-safe; capturable in CUDA graphs, also as a process's first launch
         (the cubin is then loaded with this thread in relaxed capture mode).
         """
-        entry = self._entries.get(name)
-        if entry is None:
-            raise unknown_kernel(name, self._entries)
-        entry.launch(args, kwargs, stream)
+        (self._entries.get(name) or self._entry(name)).launch(args, kwargs, stream)
 
     def prepare(self, name: str, *args: Any, **kwargs: Any) -> PreparedCall:
         """Validate a call once and return a :class:`PreparedCall` that re-launches exactly it.
@@ -210,13 +212,10 @@ class Registry:
         Same arguments and errors as :meth:`launch`, but nothing is launched here (the cubin is
         loaded).  The result keeps references to the tensors; see :class:`PreparedCall`.
         """
-        entry = self._entries.get(name)
-        if entry is None:
-            raise unknown_kernel(name, self._entries)
-        plan, values = entry.plan_for(args, kwargs)
+        plan, values = self._entry(name).plan_for(args, kwargs)
         return PreparedCall(plan, tuple(values))
 
-    def _prepare(self, binding: Binding, torch_positions: frozenset[int]) -> Any:
+    def _make_plan(self, binding: Binding, torch_positions: frozenset[int]) -> Any:
         """Check the device, load functions, and build the plan (first GPU work of a signature)."""
         if not binding.launches:
             return _EmptyPlan(binding)

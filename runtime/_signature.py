@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 from ._tensors import TORCH_TENSOR, torch_tensor_type
 
-_PLAIN_SCALARS = frozenset((int, float, bool))
+PLAIN_SCALARS = frozenset((int, float, bool))  # scalar types a plan-cache key may hold
 Signature = Callable[[tuple], "tuple | None"]
 
 
@@ -35,7 +35,7 @@ def fast_signature(nparams: int, tensor_pos: tuple[int, ...], keyed_pos: tuple[i
             key += (x.dtype, x.size(), x.stride(), x.device)
         for i in keyed_pos:
             s = v[i]
-            if s.__class__ not in _PLAIN_SCALARS:
+            if s.__class__ not in PLAIN_SCALARS:
                 return None
             key += (s.__class__, s)
         for i in direct_pos:

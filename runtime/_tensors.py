@@ -8,6 +8,7 @@ torch tensors directly (see ``_registry``).
 
 from __future__ import annotations
 
+import math
 import sys
 from dataclasses import dataclass
 from typing import Any
@@ -74,10 +75,7 @@ class TensorInfo:
 
     @property
     def numel(self) -> int:
-        n = 1
-        for d in self.shape:
-            n *= d
-        return n
+        return math.prod(self.shape)
 
 
 def is_tensor(obj: Any) -> bool:
