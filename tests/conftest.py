@@ -7,6 +7,9 @@ import sys
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
+# tests/ itself: shared test-only packages (``quant_ref``, the torch references) import by name
+if str(ROOT / "tests") not in sys.path:
+    sys.path.insert(1, str(ROOT / "tests"))
 
 
 # --- Packaging (tests/test_wheel_*.py): the wheel that ./wheels/build.sh left in wheels/dist/.

@@ -22,6 +22,8 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
 if str(HERE) not in sys.path:  # helpers import by plain name under any --import-mode
     sys.path.insert(0, str(HERE))
+if str(HERE.parent) not in sys.path:  # test-only packages in tests/ (``quant_ref``), never tilebin
+    sys.path.append(str(HERE.parent))
 
 
 def expect_installed() -> bool:

@@ -1,0 +1,1 @@
+"""Torch references for the quantization family (test-only; never shipped)."""
