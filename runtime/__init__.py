@@ -19,11 +19,13 @@ from typing import Any
 
 from ._errors import ArgumentError, ArtifactError, DeviceError, NoVariantError, TilebinError
 from ._manifest import SCHEMA_VERSION, KernelSpec
+from ._direct import UncheckedLauncher
 from ._launch import PreparedCall
 from ._registry import _DEFAULT, Registry, default_registry
 
 __all__ = [
-    "launch", "prepare", "kernel_names", "spec", "Registry", "PreparedCall", "KernelSpec",
+    "launch", "prepare", "unchecked_launcher", "kernel_names", "spec", "Registry", "PreparedCall",
+    "UncheckedLauncher", "KernelSpec",
     "TilebinError", "NoVariantError", "ArgumentError", "ArtifactError", "DeviceError", "SCHEMA_VERSION",
 ]
 
@@ -48,6 +50,17 @@ def prepare(name: str, *args: Any, **kwargs: Any) -> PreparedCall:
     per-call signature lookup of :func:`launch`.  See :meth:`Registry.prepare`.
     """
     return default_registry().prepare(name, *args, **kwargs)
+
+
+def unchecked_launcher(name: str, **key: Any) -> UncheckedLauncher:
+    """A launcher of one variant (key given in full) that skips all argument validation.
+
+    For op layers (``tilebin.ops``) that validate their own arguments and allocate their own
+    outputs: a call reads sizes, strides and pointers and launches, whatever the shape, with
+    no per-shape plan.  A wrong call reads or writes out of bounds.  See
+    :meth:`Registry.unchecked_launcher`.
+    """
+    return default_registry().unchecked_launcher(name, **key)
 
 
 def kernel_names() -> list[str]:

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from . import _driver, _settings
+from ._direct import UncheckedLauncher, find_variant
 from ._dispatch import bind, check_ranks, key_names, select, unknown_kernel
 from ._errors import ArgumentError, ArtifactError
 from ._launch import Plan, PreparedCall, PreparedLaunch
@@ -30,7 +31,7 @@ from ._loader import Loader
 from ._manifest import KernelSpec, Manifest, parse_manifest
 from ._plan import Binding, bind_call, check_devices, direct_scalars
 from ._signature import PLAIN_SCALARS, fast_signature
-from ._tensors import TORCH_TENSOR, cai_signature, data_ptr, describe, is_tensor, torch_tensor_type
+from ._tensors import TORCH_TENSOR, cai_signature, data_ptr, describe, is_tensor, key_value, torch_tensor_type
 
 class _NoTensor:
     """Stands in for torch.Tensor in isinstance checks while torch is not imported."""
@@ -172,6 +173,8 @@ class Registry:
             raise ArgumentError(f"plan_cache_size must be >= 1, got {self.plan_cache_size}")
         self._loader = Loader(root)
         self._entries = {name: KernelEntry(self, spec) for name, spec in self.manifest.kernels.items()}
+        self._unchecked: dict[tuple, UncheckedLauncher] = {}
+        self._unchecked_lock = threading.Lock()
 
     def kernel_names(self) -> list[str]:
         """Every kernel name in the manifest, sorted."""
@@ -214,6 +217,22 @@ class Registry:
         """
         plan, values = self._entry(name).plan_for(args, kwargs)
         return PreparedCall(plan, tuple(values))
+
+    def unchecked_launcher(self, name: str, **key: Any) -> UncheckedLauncher:
+        """The :class:`UncheckedLauncher` of the variant of ``name`` whose key is exactly ``key`` (cached).
+
+        For op layers that validate their own arguments: calls skip every shape, dtype, stride
+        and pointer check (see :mod:`._direct` for the contract).  :class:`NoVariantError` when
+        no variant has that key, or it needs TMA descriptors.
+        """
+        cache_key = (name, tuple(sorted(key.items())))
+        launcher = self._unchecked.get(cache_key)
+        if launcher is None:
+            spec = self._entry(name).spec
+            launcher = UncheckedLauncher(self, spec, find_variant(spec, {k: key_value(v) for k, v in key.items()}))
+            with self._unchecked_lock:
+                launcher = self._unchecked.setdefault(cache_key, launcher)
+        return launcher
 
     def _make_plan(self, binding: Binding, torch_positions: frozenset[int]) -> Any:
         """Check the device, load functions, and build the plan (first GPU work of a signature)."""

@@ -80,6 +80,7 @@ def _good_files() -> dict[str, bytes]:
         "tilebin/__init__.py": b'__version__ = "0.1.0"\n',
         "tilebin/aot/__init__.py": b"", "tilebin/aot/__main__.py": b"",
         "tilebin/kernels/__init__.py": b"",
+        "tilebin/ops/__init__.py": b"", "tilebin/ops/quant/__init__.py": b"",
         "tilebin/_artifacts/manifest.json": json.dumps(_manifest({cubin: blob})).encode(),
         f"tilebin/_artifacts/{cubin}": blob,
     })

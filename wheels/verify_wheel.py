@@ -45,6 +45,8 @@ REQUIRED = (
     "tilebin/aot/__init__.py",
     "tilebin/aot/__main__.py",
     "tilebin/kernels/__init__.py",
+    "tilebin/ops/__init__.py",
+    "tilebin/ops/quant/__init__.py",
     ARTIFACTS + "manifest.json",
 )
 FORBIDDEN_SUFFIXES = (".cu", ".cuh", ".c", ".cc", ".cpp", ".h", ".hpp", ".o", ".a", ".so", ".pyc", ".pyo")
