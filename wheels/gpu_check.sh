@@ -12,12 +12,15 @@
 #   GPU_CHECK_BUDGET_S     wall-clock budget for the whole script, default 540 (the device
 #                          tool stops a command at 600 s); a stage gets what is left, minus a reserve
 #   GPU_CHECK_PYTHON       interpreter, default python3 (the image's torch Python)
+#   GPU_CHECK_BENCHES      benchmarks to run, default "launch transpose host_parts quant"
+#   GPU_CHECK_QUANT_ARGS   extra arguments of bench_quant.py, e.g. "--quick"
 #
 # Files written under $OUT (flat, 8 at most, as the device tool returns them):
 #   summary.txt          timestamps, stage exit codes, environment (nvidia-smi, versions, wheel)
-#   gpu-tests.log        pytest output            gpu-tests.xml   pytest junit XML
+#   gpu-tests.log        pytest output
 #   bench.log            the benchmarks' output   bench.md        their markdown tables
 #   bench-launch.json    launch overhead          bench-transpose.json  transpose bandwidth
+#   bench-quant.json     tilebin.ops.quant device time, GB/s, % of copy_, host us per call
 #   sanitizer.log        compute-sanitizer memcheck + racecheck
 # Exit status: 0 when every stage that ran passed, 1 otherwise, 2 when the wheel is missing.
 set -uo pipefail
@@ -92,7 +95,7 @@ install_wheel() {
     --target "$SITE" "$WHEEL" >>"$SUMMARY" 2>&1 || { stamp "FATAL: pip install failed"; return 2; }
   # byte-compile the runtime as a normal `pip install` does (the import timings assume .pyc files);
   # kernels/ and aot/ need tilelang and are never imported here
-  "$PY" -m compileall -q "$SITE/tilebin/__init__.py" "$SITE/tilebin/runtime" >>"$SUMMARY" 2>&1 \
+  "$PY" -m compileall -q "$SITE/tilebin/__init__.py" "$SITE/tilebin/runtime" "$SITE/tilebin/ops" >>"$SUMMARY" 2>&1 \
     || stamp "WARNING: compileall failed; import timings include compiling the sources"
   in_tmp "$PY" - 2>&1 <<'EOF' | tee -a "$SUMMARY"
 import json, importlib.resources, tilebin
@@ -120,35 +123,36 @@ run_tests() {
   # shellcheck disable=SC2086
   in_tmp timeout -k 10 "$cap" "$PY" -m pytest "$REPO/tests/gpu" -q -rfEsx -p no:cacheprovider \
     -c /tmp/tb-pytest.ini --rootdir "$REPO/tests/gpu" --confcutdir "$REPO/tests/gpu" \
-    --junitxml "$OUT/gpu-tests.xml" --durations=15 --tb=short "${extra[@]}" ${GPU_CHECK_PYTEST_ARGS:-} \
+    --durations=15 --tb=short "${extra[@]}" ${GPU_CHECK_PYTEST_ARGS:-} \
     2>&1 | tee "$OUT/gpu-tests.log"
   RC[tests]=$?
   stamp "tests: rc=${RC[tests]}  $(grep -E '(passed|failed|error|skipped)' "$OUT/gpu-tests.log" | tail -1)"
 }
 
-run_bench() {
-  rm -f "$OUT/bench.md"
-  local cap
-  cap=$(limit 150 90)
+bench_one() {  # bench_one NAME CAP_S ARGS...: run bench/bench_NAME.py if GPU_CHECK_BENCHES lists it
+  local name=$1 want=$2 cap
+  shift 2
+  [[ " ${GPU_CHECK_BENCHES:-launch transpose host_parts quant} " == *" $name "* ]] || return 0
+  cap=$(limit "$want" 60)
   if ((cap < 30)); then
-    stamp "bench: skipped, only ${cap}s left in the budget"
-    RC[bench]=1
+    stamp "bench: $name skipped, only ${cap}s left in the budget"
+    RC[bench_$name]=1
     return
   fi
-  stamp "bench: bench_launch.py (limit ${cap}s)"
-  in_tmp timeout -k 10 "$cap" "$PY" "$REPO/bench/bench_launch.py" \
-    --json "$OUT/bench-launch.json" --md "$OUT/bench.md" 2>&1 | tee -a "$OUT/bench.log"
-  RC[bench_launch]=$?
-  cap=$(limit 150 60)
-  ((cap < 30)) && cap=30
-  stamp "bench: bench_transpose.py (limit ${cap}s)"
-  in_tmp timeout -k 10 "$cap" "$PY" "$REPO/bench/bench_transpose.py" \
-    --json "$OUT/bench-transpose.json" --md "$OUT/bench.md" 2>&1 | tee -a "$OUT/bench.log"
-  RC[bench_transpose]=$?
-  stamp "bench: bench_host_parts.py (limit 60s)"
-  in_tmp timeout -k 10 60 "$PY" "$REPO/bench/bench_host_parts.py" --md "$OUT/bench.md" 2>&1 | tee -a "$OUT/bench.log"
-  RC[bench_host_parts]=$?
-  stamp "bench: launch rc=${RC[bench_launch]}, transpose rc=${RC[bench_transpose]}, host parts rc=${RC[bench_host_parts]}"
+  stamp "bench: bench_$name.py (limit ${cap}s)"
+  in_tmp timeout -k 10 "$cap" "$PY" "$REPO/bench/bench_$name.py" "$@" --md "$OUT/bench.md" 2>&1 | tee -a "$OUT/bench.log"
+  RC[bench_$name]=$?
+}
+
+run_bench() {
+  rm -f "$OUT/bench.md"
+  bench_one quant 240 --json "$OUT/bench-quant.json" ${GPU_CHECK_QUANT_ARGS:-}
+  bench_one launch 150 --json "$OUT/bench-launch.json"
+  bench_one transpose 150 --json "$OUT/bench-transpose.json"
+  bench_one host_parts 60
+  local k summary=""
+  for k in "${!RC[@]}"; do [[ $k == bench_* ]] && summary+=" ${k#bench_}=${RC[$k]}"; done
+  stamp "bench: rc${summary}"
 }
 
 write_sanitize_script() {
