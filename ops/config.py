@@ -1,0 +1,41 @@
+"""``tilebin.ops.config``: the SM count ops size their grids by (``tile_kernels.config``'s API).
+
+Kernels take the SM count as a run-time value, so one wheel serves every Hopper part (132, 114
+and 78 SMs) and a caller may confine an op to fewer SMs (e.g. to leave room for a concurrent
+communication kernel).  Results never depend on it.  Thread-safe (a plain module global).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from tilebin.runtime import ArgumentError
+
+_override = [0]
+
+
+@functools.lru_cache(maxsize=None)
+def _device_sms(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def get_device_num_sms() -> int:
+    """SM count of the current CUDA device."""
+    return _device_sms(torch.cuda.current_device())
+
+
+def set_num_sms(num_sms: int) -> None:
+    """Use ``num_sms`` SMs (``1 <= num_sms <=`` the device's count); ``0`` restores the default."""
+    if not isinstance(num_sms, int) or isinstance(num_sms, bool) or num_sms < 0:
+        raise ArgumentError(f"set_num_sms: expected an int >= 0, got {num_sms!r}")
+    if num_sms and num_sms > get_device_num_sms():
+        raise ArgumentError(f"set_num_sms: {num_sms} SMs requested but the device has {get_device_num_sms()}; "
+                            "pass at most that (or 0 for all)")
+    _override[0] = num_sms
+
+
+def get_num_sms() -> int:
+    """The SM count ops use: :func:`set_num_sms`'s value, else the current device's."""
+    return _override[0] or get_device_num_sms()
