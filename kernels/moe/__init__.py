@@ -1,0 +1,1 @@
+"""MoE gating and routing kernels (``tilebin.ops.moe``)."""

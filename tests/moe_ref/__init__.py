@@ -1,0 +1,1 @@
+"""Torch references for the MoE family (test-only; never shipped)."""
