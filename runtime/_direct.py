@@ -83,6 +83,15 @@ def symbol_readers(spec: KernelSpec, variant: VariantSpec) -> tuple[list[str], l
     return names, readers
 
 
+def _grid_fn(fns: list[Callable[[tuple], int]], tree: tuple) -> Callable[[tuple], tuple]:
+    """One closure for the three grid extents (constant extents inlined)."""
+    x, y, z = fns
+    if isinstance(tree[1], int) and isinstance(tree[2], int):
+        cy, cz = tree[1], tree[2]
+        return lambda s: (x(s), cy, cz)
+    return lambda s: (x(s), y(s), z(s))
+
+
 class _Launch:
     """One device-kernel launch of the variant: compiled grid, argument buffer, slots to patch."""
 
@@ -91,23 +100,29 @@ class _Launch:
         if any(a.kind == "tma" for a in spec.args):
             raise NoVariantError(f"{where}: uses TMA descriptors, which the unchecked path does not encode; "
                                  "use tilebin.runtime.launch for it")
-        self.grid = [compile_expr(e, slots) for e in spec.grid]
+        self.grid = _grid_fn([compile_expr(e, slots) for e in spec.grid], tuple(spec.grid))
         self.block = tuple(self._static(e, "block") for e in spec.block)
+        self.smem = spec.smem
         n = len(spec.args)
         self._raw = (ctypes.c_uint64 * max(n, 1))()
         self._params = (ctypes.c_void_p * max(n, 1))()
         base = ctypes.addressof(self._raw)
         self.address = ctypes.addressof(self._params) if n else 0
         self.ptrs: list[tuple[Any, int]] = []  # (slot, parameter position)
-        self.scalars: list[tuple[Any, Callable, int, int, str]] = []  # (slot, expr, lo, hi, dtype)
+        self.ints: list[tuple[Any, Callable, int, int]] = []  # (slot, expr, lo, hi)
+        self.others: list[tuple[Any, Callable, str, tuple, float]] = []  # (slot, expr, dtype, fast types, max)
         for j, a in enumerate(spec.args):
             self._params[j] = base + 8 * j
             if a.kind == "ptr":
                 self.ptrs.append((ctypes.c_uint64.from_address(base + 8 * j), position[a.param]))
-            else:
-                kind, lo, hi = SCALAR_DTYPES[a.dtype]
-                slot = _CTYPES[a.dtype].from_address(base + 8 * j)
-                self.scalars.append((slot, compile_expr(a.value, slots), lo if kind == "i" else None, hi, a.dtype))
+                continue
+            kind, lo, hi = SCALAR_DTYPES[a.dtype]
+            slot, f = _CTYPES[a.dtype].from_address(base + 8 * j), compile_expr(a.value, slots)
+            if kind == "i":
+                self.ints.append((slot, f, lo, hi))
+            else:  # float32/float64 store Python floats directly; half types and bool convert
+                top = {"float32": 3.4028234663852886e38, "float64": 1.7976931348623157e308}.get(a.dtype)
+                self.others.append((slot, f, a.dtype, (float, int) if top else (), top or 0.0))
         self.special = spec.cooperative or spec.pdl or tuple(spec.cluster) != (1, 1, 1)
 
     def _static(self, e: Expr, what: str) -> int:
@@ -118,15 +133,18 @@ class _Launch:
     def fill(self, s: tuple, args: tuple) -> None:
         for slot, p in self.ptrs:
             slot.value = args[p].data_ptr()
-        for slot, f, lo, hi, dtype in self.scalars:
+        for slot, f, lo, hi in self.ints:
             v = f(s)
-            if lo is None:
-                slot.value = scalar_bits(dtype, convert_scalar(v, dtype, f"{self.where} scalar"))
-            elif lo <= v <= hi:
+            if not lo <= v <= hi:
+                raise ArgumentError(f"{self.where}: an integer kernel argument evaluates to {v}, outside "
+                                    f"[{lo}, {hi}]; the input is too large for this kernel: split the call")
+            slot.value = v
+        for slot, f, dtype, fast, top in self.others:
+            v = f(s)
+            if v.__class__ in fast and -top <= v <= top:
                 slot.value = v
             else:
-                raise ArgumentError(f"{self.where}: a {dtype} kernel argument evaluates to {v}, outside [{lo}, {hi}]; "
-                                    "the input is too large for this kernel: split the call")
+                slot.value = scalar_bits(dtype, convert_scalar(v, dtype, f"{self.where} scalar"))
 
 
 class UncheckedLauncher:
@@ -168,22 +186,28 @@ class UncheckedLauncher:
         restore = _driver.enter(dev) if getattr(_THREAD, "dev", None) is not dev else None
         try:
             with self._lock:
-                for ln, fn in zip(self._launches, fns):
-                    gx, gy, gz = (g(s) for g in ln.grid)
-                    if not (gx and gy and gz):
+                for ln, fn in fns:
+                    grid = ln.grid(s)
+                    gx, gy, gz = grid
+                    if not (0 < gx <= 2147483647 and 0 < gy <= 65535 and 0 < gz <= 65535):
+                        if gx and gy and gz:
+                            raise ArgumentError(f"{ln.where}: grid {grid} is outside [1, {list(_GRID_MAX)}]; "
+                                                "split the call")
                         continue  # an empty problem
-                    if not (0 < gx <= _GRID_MAX[0] and 0 < gy <= _GRID_MAX[1] and 0 < gz <= _GRID_MAX[2]):
-                        raise ArgumentError(f"{ln.where}: grid ({gx}, {gy}, {gz}) is outside [1, {list(_GRID_MAX)}]; "
-                                            "split the call")
                     ln.fill(s, args)
-                    self._fire(ln, fn, (gx, gy, gz), stream, dev)
+                    if ln.special:
+                        err = self._launch_ex(_ex_config(ln.spec, grid, ln.block, stream), fn, ln.address, 0)[0]
+                    else:
+                        err = self._launch(fn, gx, gy, gz, *ln.block, ln.smem, stream, ln.address, 0)[0]
+                    if err:
+                        self._failed(err, ln, fn, grid, stream, dev)
         finally:
             if restore is not None:
                 _driver.leave(restore)
 
-    def _fire(self, ln: _Launch, fn: Any, grid: tuple, stream: int, dev: Any) -> None:
-        err = self._call(ln, fn, grid, stream)
-        if err and int(err) in _RETRY:
+    def _failed(self, err: Any, ln: _Launch, fn: Any, grid: tuple, stream: int, dev: Any) -> None:
+        """A launch failed: retry once after fixing the current context, else raise DeviceError."""
+        if int(err) in _RETRY:
             _driver.forget_current()
             restore = _driver.enter(dev)
             try:
@@ -197,7 +221,7 @@ class UncheckedLauncher:
 
     def _call(self, ln: _Launch, fn: Any, grid: tuple, stream: int) -> Any:
         if not ln.special:
-            return self._launch(fn, *grid, *ln.block, ln.spec.smem, stream, ln.address, 0)[0]
+            return self._launch(fn, *grid, *ln.block, ln.smem, stream, ln.address, 0)[0]
         cfg = _ex_config(ln.spec, grid, ln.block, stream)
         return self._launch_ex(cfg, fn, ln.address, 0)[0]
 
@@ -208,8 +232,8 @@ class UncheckedLauncher:
         restore = _driver.enter(dev)
         try:
             with _driver.relaxed_capture():
-                fns = [self.registry._loader.function(self.spec.name, self.variant, ln.spec.entry, ln.spec.smem, dev)
-                       .handle for ln in self._launches]
+                fns = [(ln, self.registry._loader.function(self.spec.name, self.variant, ln.spec.entry,
+                                                            ln.spec.smem, dev).handle) for ln in self._launches]
         finally:
             if restore is not None:
                 _driver.leave(restore)
