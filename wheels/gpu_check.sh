@@ -209,6 +209,20 @@ run_sanitizer() {
     stamp "sanitizer: $tool rc=$rc (3 = the tool found errors, 1 = a wrong result, 124 = timeout)"
     ((rc != 0)) && all=1
   done
+  # the op layer: odd token counts, partial tiles and scale groups of every op
+  cap=$(limit 200 10)
+  if ((cap < 30)); then
+    stamp "sanitizer: ops memcheck skipped, ${cap}s left in the budget"
+    all=1
+  else
+    stamp "sanitizer: memcheck on wheels/sanitize_ops.py ${GPU_CHECK_SANITIZE_OPS:-all} (limit ${cap}s)"
+    in_tmp env PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout -k 10 "$cap" \
+      "$cs" --tool memcheck --error-exitcode 3 --print-limit 30 --report-api-errors no \
+      "$PY" "$REPO/wheels/sanitize_ops.py" "${GPU_CHECK_SANITIZE_OPS:-all}" 2>&1 | tee -a "$OUT/sanitizer.log"
+    rc=$?
+    stamp "sanitizer: ops memcheck rc=$rc"
+    ((rc != 0)) && all=1
+  fi
   RC[sanitizer]=$all
 }
 

@@ -1,0 +1,76 @@
+"""Small, odd-shaped calls of every op of ``tilebin.ops`` for compute-sanitizer (memcheck/racecheck).
+
+    compute-sanitizer --tool memcheck python3 wheels/sanitize_ops.py [quant|moe|all]
+
+Each call runs on the installed wheel and is synchronised; an exception prints ``FAILED`` with
+the call.  Correctness is the GPU suite's job: this script exists so that out-of-bounds
+accesses at partial tiles (odd token counts, hidden sizes that are not multiples of a tile,
+partial scale groups) show up as sanitizer errors.  Exit status 1 when any call raised.
+"""
+
+from __future__ import annotations
+
+import sys
+import traceback
+
+import torch
+
+TOKENS = (1, 3, 33)
+
+
+def _bf16(t: int, h: int) -> torch.Tensor:
+    return torch.randn(t, h, device="cuda", dtype=torch.bfloat16)
+
+
+def quant_calls():
+    from tilebin.ops import quant as q
+
+    for t in TOKENS:
+        for h in (576, 2048):
+            x = _bf16(t, h)
+            for fmt in ("e4m3", "e2m1"):
+                for n in (32, 128, h):
+                    yield f"per_token_cast({t}x{h}, {fmt}, {n})", lambda x=x, fmt=fmt, n=n: q.per_token_cast(x, fmt, n)
+                yield (f"per_token_cast({t}x{h}, {fmt}, 128, ue8m0)",
+                       lambda x=x, fmt=fmt: q.per_token_cast(x, fmt, 128, use_tma_aligned_col_major_sf=True,
+                                                             round_sf=True, use_packed_ue8m0=True))
+                for block in ((128, 128), (32, 32)):
+                    yield (f"per_block_cast({t}x{h}, {fmt}, {block})",
+                           lambda x=x, fmt=fmt, block=block: q.per_block_cast(x, fmt, block))
+            yield f"per_token_cast({t}x{h}, e5m6, 128)", lambda x=x: q.per_token_cast(x, "e5m6", 128)
+            yield f"per_channel_cast({t}x{h})", lambda x=x: q.per_channel_cast(x, "e4m3", 128)
+            yield f"per_channel_cast_and_transpose({t}x{h})", lambda x=x: q.per_channel_cast_and_transpose(x, "e4m3", 128)
+            yield (f"cast_back(per_token e4m3 {t}x{h})",
+                   lambda x=x: q.per_token_cast_back(q.per_token_cast(x, "e4m3", 128), "bf16", 128))
+            yield (f"cast_back(per_token e2m1 {t}x{h})",
+                   lambda x=x: q.per_token_cast_back(q.per_token_cast(x, "e2m1", 32), "fp32", 32))
+            x2 = _bf16(t, 2 * h)
+            yield f"swiglu_forward_and_per_token_cast({t}x{2 * h})", lambda x2=x2: q.swiglu_forward_and_per_token_cast(
+                x2, "e4m3", 128)
+            yield (f"swiglu_forward_and_per_channel_cast_and_transpose({t}x{2 * h})",
+                   lambda x2=x2: q.swiglu_forward_and_per_channel_cast_and_transpose(x2, "e4m3", 128))
+
+
+def main() -> int:
+    which = sys.argv[1] if len(sys.argv) > 1 else "all"
+    groups = {"quant": quant_calls}
+    bad = 0
+    for name, calls in groups.items():
+        if which not in ("all", name):
+            continue
+        for what, call in calls():
+            try:
+                call()
+                torch.cuda.synchronize()
+                print("OK", what, flush=True)
+            except Exception as exc:
+                bad += 1
+                print("FAILED", what, repr(exc)[:400], flush=True)
+                if not isinstance(exc, (TypeError, AttributeError, ValueError)):
+                    traceback.print_exc(limit=3)
+    print(f"{bad} failed call(s)", flush=True)
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
