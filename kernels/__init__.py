@@ -10,6 +10,8 @@ ALL_MODULES = (
     "tilebin.kernels.gemm.gemm_nt",
     "tilebin.kernels.testing.coop_sum",
     "tilebin.kernels.testing.pdl_chain",
+    "tilebin.kernels.quant.per_block_cast",
+    "tilebin.kernels.quant.per_block_cast_lossless",
 )
 
 __all__ = ["ALL_MODULES", "KernelDecl", "product"]

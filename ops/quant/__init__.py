@@ -1,1 +1,18 @@
-"""``tilebin.ops.quant``: the quantization ops of ``tile_kernels.quant`` 1.0.0, same API."""
+"""``tilebin.ops.quant``: the quantization ops of ``tile_kernels.quant`` 1.0.0, same API.
+
+Names, signatures, defaults and output layouts (dtype, shape, strides) follow tile_kernels, so
+``from tilebin.ops import quant`` replaces ``from tile_kernels import quant``.  Every op checks
+its arguments before touching the GPU (:class:`tilebin.runtime.ArgumentError` naming the op,
+the value and what is supported), allocates its outputs and launches on torch's current stream.
+"""
+
+from ._per_block import (
+    per_block_cast,
+    per_block_cast_lossless,
+    per_block_cast_with_precomputed_sf,
+    per_block_cast_with_sf_only,
+)
+
+__all__ = [
+    "per_block_cast", "per_block_cast_lossless", "per_block_cast_with_precomputed_sf", "per_block_cast_with_sf_only",
+]
