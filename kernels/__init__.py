@@ -12,6 +12,8 @@ ALL_MODULES = (
     "tilebin.kernels.testing.pdl_chain",
     "tilebin.kernels.quant.per_block_cast",
     "tilebin.kernels.quant.per_block_cast_lossless",
+    "tilebin.kernels.quant.per_channel_cast_fused",
+    "tilebin.kernels.quant.per_channel_cast_and_transpose",
 )
 
 __all__ = ["ALL_MODULES", "KernelDecl", "product"]
