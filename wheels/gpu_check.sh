@@ -8,7 +8,8 @@
 # Environment:
 #   GPU_CHECK_STAGES       stages to run, default "tests bench sanitizer" (env facts + install
 #                          always run); e.g. GPU_CHECK_STAGES="bench"
-#   GPU_CHECK_PYTEST_ARGS  extra pytest arguments, e.g. "-k transpose -x"
+#   GPU_CHECK_PYTEST_ARGS  extra pytest arguments (split on spaces), e.g. "-x --maxfail=20"
+#   GPU_CHECK_PYTEST_K     a pytest -k expression (may contain spaces), e.g. "quant or unchecked"
 #   GPU_CHECK_BUDGET_S     wall-clock budget for the whole script, default 540 (the device
 #                          tool stops a command at 600 s); a stage gets what is left, minus a reserve
 #   GPU_CHECK_PYTHON       interpreter, default python3 (the image's torch Python)
@@ -118,6 +119,7 @@ run_tests() {
   printf '[pytest]\nmarkers =\n    gpu: needs an NVIDIA sm_90 GPU\n' >/tmp/tb-pytest.ini
   local extra=()
   "$PY" -c "import pytest_timeout" 2>/dev/null && extra+=(--timeout=150 --timeout-method=thread)
+  [[ -n "${GPU_CHECK_PYTEST_K:-}" ]] && extra+=(-k "$GPU_CHECK_PYTEST_K" --continue-on-collection-errors)
   # -c/--rootdir/--confcutdir: neither the repo's pytest config nor tests/conftest.py (which
   # maps the source tree onto `tilebin`) applies; the suite sees the installed wheel only.
   # shellcheck disable=SC2086
