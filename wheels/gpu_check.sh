@@ -13,7 +13,7 @@
 #   GPU_CHECK_BUDGET_S     wall-clock budget for the whole script, default 540 (the device
 #                          tool stops a command at 600 s); a stage gets what is left, minus a reserve
 #   GPU_CHECK_PYTHON       interpreter, default python3 (the image's torch Python)
-#   GPU_CHECK_BENCHES      benchmarks to run, default "launch transpose host_parts quant"
+#   GPU_CHECK_BENCHES      benchmarks to run, default "quant op_host launch transpose host_parts"
 #   GPU_CHECK_QUANT_ARGS   extra arguments of bench_quant.py, e.g. "--quick"
 #
 # Files written under $OUT (flat, 8 at most, as the device tool returns them):
@@ -134,7 +134,7 @@ run_tests() {
 bench_one() {  # bench_one NAME CAP_S ARGS...: run bench/bench_NAME.py if GPU_CHECK_BENCHES lists it
   local name=$1 want=$2 cap
   shift 2
-  [[ " ${GPU_CHECK_BENCHES:-launch transpose host_parts quant} " == *" $name "* ]] || return 0
+  [[ " ${GPU_CHECK_BENCHES:-quant op_host launch transpose host_parts} " == *" $name "* ]] || return 0
   cap=$(limit "$want" 60)
   if ((cap < 30)); then
     stamp "bench: $name skipped, only ${cap}s left in the budget"
@@ -149,6 +149,7 @@ bench_one() {  # bench_one NAME CAP_S ARGS...: run bench/bench_NAME.py if GPU_CH
 run_bench() {
   rm -f "$OUT/bench.md"
   bench_one quant 240 --json "$OUT/bench-quant.json" ${GPU_CHECK_QUANT_ARGS:-}
+  bench_one op_host 90 --profile
   bench_one launch 150 --json "$OUT/bench-launch.json"
   bench_one transpose 150 --json "$OUT/bench-transpose.json"
   bench_one host_parts 60
