@@ -14,6 +14,9 @@ ALL_MODULES = (
     "tilebin.kernels.quant.per_block_cast_lossless",
     "tilebin.kernels.quant.per_channel_cast_fused",
     "tilebin.kernels.quant.per_channel_cast_and_transpose",
+    "tilebin.kernels.quant.swiglu_forward_and_per_token_cast",
+    "tilebin.kernels.quant.swiglu_backward_and_per_token_cast",
+    "tilebin.kernels.quant.swiglu_forward_and_per_channel_cast_and_transpose",
 )
 
 __all__ = ["ALL_MODULES", "KernelDecl", "product"]

@@ -13,8 +13,15 @@ from ._per_block import (
     per_block_cast_with_sf_only,
 )
 from ._per_channel import per_channel_cast, per_channel_cast_and_transpose, per_channel_cast_fused
+from ._swiglu import (
+    swiglu_backward_and_per_token_cast,
+    swiglu_forward_and_per_channel_cast_and_transpose,
+    swiglu_forward_and_per_token_cast,
+)
 
 __all__ = [
     "per_block_cast", "per_block_cast_lossless", "per_block_cast_with_precomputed_sf", "per_block_cast_with_sf_only",
     "per_channel_cast", "per_channel_cast_and_transpose", "per_channel_cast_fused",
+    "swiglu_backward_and_per_token_cast", "swiglu_forward_and_per_channel_cast_and_transpose",
+    "swiglu_forward_and_per_token_cast",
 ]

@@ -98,14 +98,61 @@ def _per_block(op: str, x: torch.Tensor, fmt: str, block_size: Any, col: bool, r
     return out, (layout.finish(raw, tokens) if sf is None else sf)
 
 
+class _Fast:
+    """A validated per_block_cast configuration (all but the token count and the pointer)."""
+
+    __slots__ = ("hidden", "out_dtype", "out_cols", "layout", "fn", "args")
+
+    def __init__(self, x: torch.Tensor, fmt: str, layout: SfLayout, round_sf: bool) -> None:
+        self.hidden = x.shape[1]
+        self.out_dtype = torch.float8_e4m3fn if fmt == "e4m3" else torch.int8
+        self.out_cols = self.hidden if fmt == "e4m3" else self.hidden // 2
+        self.layout = layout
+        self.fn = launcher("quant.per_block_cast", in_dtype=str(x.dtype).removeprefix("torch."), fmt=fmt,
+                           block=layout.block[0], sf_only=False)
+        self.args = (_KIND[layout.kind], int(bool(round_sf)), 0)
+
+    def __call__(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """``(out, sf)``, or None when a per-call check fails (the slow path then says why)."""
+        t, h = x.shape
+        if not x.is_contiguous() or x.data_ptr() & 15 or t * h > _INT32_MAX:
+            return None
+        out = torch.empty((t, self.out_cols), dtype=self.out_dtype, device=x.device)
+        raw = self.layout.alloc(t, h, x.device)
+        if t:
+            self.fn(x, out, raw if raw.dtype == torch.uint8 else raw.view(torch.uint8), *self.args)
+        return out, self.layout.finish(raw, t)
+
+
+_FAST: dict[tuple, _Fast] = {}
+
+
 def per_block_cast(x: torch.Tensor, fmt: str, block_size: tuple[int, int], use_tma_aligned_col_major_sf: bool = False,
                    round_sf: bool = False, use_packed_ue8m0: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """Cast ``x`` (bf16/fp32 ``[tokens, hidden]``, contiguous, hidden % 64 == 0) to ``fmt``
     (``'e4m3'``, or ``'e2m1'`` packed two per int8 byte) with one scale per ``block_size`` block
     ((128, 128) or (32, 32)).  Returns ``(out, sf)`` laid out as tile_kernels does
-    (see ``ops/quant/_sf.py``); raises ArgumentError for anything unsupported."""
-    return _per_block("per_block_cast", x, fmt, block_size, use_tma_aligned_col_major_sf, round_sf,
-                      use_packed_ue8m0)
+    (see ``ops/quant/_sf.py``); raises ArgumentError for anything unsupported.
+
+    A configuration seen before (dtype, hidden, device, fmt, block, flags) skips the argument
+    checks that do not depend on the token count or the pointer (a dict lookup).
+    """
+    try:
+        key = (x.dtype, x.dim(), x.shape[-1], x.device, fmt, block_size, use_tma_aligned_col_major_sf, round_sf,
+               use_packed_ue8m0)
+        fast = _FAST.get(key)
+    except (AttributeError, TypeError, IndexError):  # not a tensor, an unhashable argument: the checks say
+        key, fast = None, None
+    if fast is not None:
+        result = fast(x)
+        if result is not None:
+            return result
+    result = _per_block("per_block_cast", x, fmt, block_size, use_tma_aligned_col_major_sf, round_sf,
+                        use_packed_ue8m0)
+    if key is not None and len(_FAST) < 256:
+        _FAST[key] = _Fast(x, fmt, output_layout("per_block_cast", tuple(block_size), use_tma_aligned_col_major_sf,
+                                                  use_packed_ue8m0, round_sf), round_sf)
+    return result
 
 
 def per_block_cast_with_sf_only(x: torch.Tensor, fmt: str, block_size: tuple[int, int],

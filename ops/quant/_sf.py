@@ -82,16 +82,15 @@ class SfLayout:
         return torch.empty((d0, padded), dtype=self.dtype, device=device)[:, :d1]
 
     def finish(self, raw: torch.Tensor, rows: int) -> torch.Tensor:
-        """The tensor the op returns for kernel-side ``raw`` of an input with ``rows`` rows."""
-        sf = raw
+        """The tensor the op returns for kernel-side ``raw`` (from :meth:`alloc`) of an input with
+        ``rows`` rows: already exactly ``ceil(rows / block rows)`` scale rows, so only re-viewed."""
+        if not self.col_major:
+            return raw
         if self.packed_ue8m0:
             if rows == 0:
-                sf = torch.empty((raw.shape[0], raw.shape[1] // 4), dtype=torch.int32, device=raw.device)
-            else:
-                sf = raw.view(torch.int32)
-        if self.col_major:
-            sf = sf.T
-        return sf[: _cdiv(rows, self.block[0]), :]
+                return torch.empty((raw.shape[0], 0), dtype=torch.int32, device=raw.device).T
+            return raw.view(torch.int32).T
+        return raw.T
 
 
 def output_layout(op: str, block: tuple[int, int], use_tma_aligned_col_major_sf: bool = False,

@@ -1,0 +1,310 @@
+"""SwiGLU fused with e4m3 quantization: forward with per-token or per-channel scales, backward.
+
+Same names, signatures, defaults, return values and output layouts as ``tile_kernels.quant``
+1.0.0 (``swiglu_forward_and_per_token_cast``, ``swiglu_backward_and_per_token_cast``,
+``swiglu_forward_and_per_channel_cast_and_transpose``); the results are bit-identical to
+``tile_kernels.torch.swiglu_forward`` / ``swiglu_backward`` followed by ``tile_kernels.torch.cast``
+(the backward's ``weight_grad`` is a row sum, equal up to summation order).
+
+Beyond tile_kernels: the per-token forward accepts ``hidden % 64 == 0`` (tile_kernels: 128; a
+last group of 64 channels gets its own scale), counts clamps with any scale layout, and writes
+rows dropped by ``pos_to_expert`` as zero rows (tile_kernels leaves them unwritten); the
+backward also zeroes ``weight_grad`` entries when there are no expanded rows.  Clamp values are
+runtime values (no kernel per value).
+
+Every argument is validated before any GPU work (:class:`tilebin.runtime.ArgumentError` naming
+the op, the value and the fix; the device is checked last); outputs are allocated here on the
+input's device and the kernels run on torch's current stream.  Not checked (it would need a
+device sync): the values of the index tensors (``pos_to_token_topk`` must index
+``topk_weights`` / ``weight``, as in tile_kernels).
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from typing import Any, Optional
+
+import torch
+
+from .._common import check_aligned, check_cuda, check_tensor, fail, launcher
+from ..config import get_num_sms
+from ._sf import SfLayout, check_fmt, output_layout
+
+QuantTensor = tuple[torch.Tensor, torch.Tensor]
+
+_FWD = "quant.swiglu_forward_and_per_token_cast"
+_BWD = "quant.swiglu_backward_and_per_token_cast"
+_CHANNEL = "quant.swiglu_forward_and_per_channel_cast_and_transpose"
+_E4M3 = torch.float8_e4m3fn
+_IN_KEY = {torch.bfloat16: "bfloat16", torch.float32: "float32"}
+_GROUP = 128
+_FWD_HIDDEN_ALIGN = 64
+_UNITS_PER_BLOCK = 512  # per-group forward kernel: 256 threads x 2 units of 8 channels
+# resident blocks per SM of the forward kernels (register-limited), used to size their grids
+_BLOCKS_PER_SM = {("group", "bfloat16"): 4, ("group", "float32"): 3, ("row", "bfloat16"): 2, ("row", "float32"): 2}
+_DUMMIES: dict[tuple, torch.Tensor] = {}
+
+
+def _dummy(device: torch.device, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
+    """A stand-in for an absent optional tensor (never read by the kernel)."""
+    key = (device, dtype, shape)
+    t = _DUMMIES.get(key)
+    if t is None:
+        t = _DUMMIES[key] = torch.zeros(shape, dtype=dtype, device=device)
+    return t
+
+
+def _check_flag(op: str, name: str, value: Any) -> bool:
+    if not isinstance(value, (bool, int)):
+        raise fail(op, f"{name} must be a bool, got {type(value).__name__} {value!r}")
+    return bool(value)
+
+
+def _check_float(op: str, name: str, value: Any, default: float) -> float:
+    """``value`` as a float (``default`` when None); real numbers only, NaN refused."""
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or math.isnan(float(value)):
+        raise fail(op, f"{name} must be a float or None, got {type(value).__name__} {value!r}")
+    return float(value)
+
+
+def _check_contiguous(op: str, name: str, t: torch.Tensor, align: int = 16) -> None:
+    if not t.is_contiguous():
+        raise fail(op, f"{name} must be contiguous (got strides {tuple(t.stride())} for shape {tuple(t.shape)}); "
+                       f"pass {name}.contiguous()")
+    check_aligned(op, name, t, align)
+
+
+def _check_vector(op: str, name: str, t: Any, length: int, dtype: torch.dtype = torch.int32) -> None:
+    check_tensor(op, name, t, (dtype,), 1)
+    if t.size(0) != length:
+        raise fail(op, f"{name} has {t.size(0)} entries; it needs one per row of x ({length})")
+    _check_contiguous(op, name, t, 4)
+
+
+# ----------------------------------------------------------------------------- per-token forward
+def _fwd_layout(op: str, hidden: int, num_per_channels: Any, col: Any, round_sf: Any, packed: Any
+                ) -> tuple[str, SfLayout, bool]:
+    """The kernel's sf kind and the output layout for ``num_per_channels`` (128 or ``hidden``)."""
+    if isinstance(num_per_channels, bool) or not isinstance(num_per_channels, int) or \
+            num_per_channels not in (_GROUP, hidden):
+        raise fail(op, f"num_per_channels={num_per_channels!r} is not supported; supported: 128, or hidden "
+                       f"(= x.shape[1] // 2 = {hidden}) for one scale per row")
+    col = _check_flag(op, "use_tma_aligned_col_major_sf", col)
+    packed = _check_flag(op, "use_packed_ue8m0", packed)
+    round_sf = _check_flag(op, "round_sf", round_sf)
+    if num_per_channels != _GROUP and col:
+        raise fail(op, f"use_tma_aligned_col_major_sf=True needs num_per_channels=128 (got {num_per_channels}); "
+                       "one scale per row is row-major only")
+    layout = output_layout(op, (1, num_per_channels), col, packed, round_sf)
+    kind = layout.kind if num_per_channels == _GROUP else "full_row"
+    return kind, layout, round_sf
+
+
+def swiglu_forward_and_per_token_cast(
+    x: torch.Tensor,
+    fmt: str,
+    num_per_channels: int,
+    pos_to_token_topk: Optional[torch.Tensor] = None,
+    topk_weights: Optional[torch.Tensor] = None,
+    pos_to_expert: Optional[torch.Tensor] = None,
+    use_tma_aligned_col_major_sf: bool = False,
+    round_sf: bool = False,
+    use_packed_ue8m0: bool = False,
+    swiglu_clamp_value: Optional[float] = None,
+    clamped_count: Optional[torch.Tensor] = None,
+    sf_clamp_min: Optional[float] = None,
+) -> QuantTensor:
+    """``silu(x[:, :h]) * x[:, h:]`` (clamped to ``swiglu_clamp_value`` first when given, scaled per
+    row by ``topk_weights.flat[pos_to_token_topk]`` when given), cast to e4m3 with one scale per
+    ``num_per_channels`` (128, or ``h`` for one per row) channels.
+
+    x: bf16/fp32 ``[rows, 2 * h]`` contiguous, ``h % 64 == 0``.  Returns ``(out, out_sf)``: e4m3
+    ``[rows, h]`` and the scales (row-major fp32, column-major fp32, or packed UE8M0 int32 as
+    with ``tile_kernels.quant``).  Rows with ``pos_to_expert < 0`` are skipped (written as zero
+    rows); ``clamped_count`` (int64 ``[3]``, needs ``swiglu_clamp_value``) gets the counts of
+    gate > c, up > c and up < -c added.  ``topk_weights`` is ignored without
+    ``pos_to_token_topk`` (as in tile_kernels).
+    """
+    op = "swiglu_forward_and_per_token_cast"
+    check_tensor(op, "x", x, tuple(_IN_KEY), 2)
+    _check_contiguous(op, "x", x)
+    rows, width = x.shape
+    if width % (2 * _FWD_HIDDEN_ALIGN):
+        raise fail(op, f"x has {width} columns; it needs 2 * hidden with hidden % {_FWD_HIDDEN_ALIGN} == 0 "
+                       f"(width a multiple of {2 * _FWD_HIDDEN_ALIGN}): pad the hidden dimension")
+    hidden = width // 2
+    check_fmt(op, fmt, ("e4m3",))
+    kind, layout, round_sf = _fwd_layout(op, hidden, num_per_channels, use_tma_aligned_col_major_sf, round_sf,
+                               use_packed_ue8m0)
+    if pos_to_token_topk is not None:
+        _check_vector(op, "pos_to_token_topk", pos_to_token_topk, rows)
+        if topk_weights is None:
+            raise fail(op, "pos_to_token_topk needs topk_weights (float32 [num_tokens, num_topk])")
+        check_tensor(op, "topk_weights", topk_weights, (torch.float32,), 2)
+        _check_contiguous(op, "topk_weights", topk_weights, 4)
+    if pos_to_expert is not None:
+        _check_vector(op, "pos_to_expert", pos_to_expert, rows)
+    clamp = _check_float(op, "swiglu_clamp_value", swiglu_clamp_value, math.inf)
+    if clamped_count is not None:
+        if swiglu_clamp_value is None:
+            raise fail(op, "clamped_count needs swiglu_clamp_value (there is nothing to count without a clamp)")
+        check_tensor(op, "clamped_count", clamped_count, (torch.int64,), 1)
+        if clamped_count.size(0) != 3:
+            raise fail(op, f"clamped_count has {clamped_count.size(0)} entries; it needs 3 (gate > c, up > c, up < -c)")
+        _check_contiguous(op, "clamped_count", clamped_count, 8)
+    sf_min = _check_float(op, "sf_clamp_min", sf_clamp_min, 1e-4)
+    weights = topk_weights if pos_to_token_topk is not None else None
+    check_cuda(op, x=x, pos_to_token_topk=pos_to_token_topk, topk_weights=weights, pos_to_expert=pos_to_expert,
+               clamped_count=clamped_count)
+
+    dev = x.device
+    out = torch.empty((rows, hidden), dtype=_E4M3, device=dev)
+    raw_sf = layout.alloc(rows, hidden, dev)
+    if rows > 0:
+        in_key = _IN_KEY[x.dtype]
+        if kind == "full_row":
+            needed, per_sm = rows, _BLOCKS_PER_SM[("row", in_key)]
+        else:
+            needed = -(-rows * -(-hidden // _GROUP) * 16 // _UNITS_PER_BLOCK)
+            per_sm = _BLOCKS_PER_SM[("group", in_key)]
+        launcher(_FWD, in_dtype=in_key, sf_kind=kind, count_clamp=clamped_count is not None)(
+            x, out, raw_sf,
+            pos_to_token_topk if pos_to_token_topk is not None else _dummy(dev, torch.int32, (1,)),
+            weights if weights is not None else _dummy(dev, torch.float32, (1, 1)),
+            pos_to_expert if pos_to_expert is not None else _dummy(dev, torch.int32, (1,)),
+            clamped_count if clamped_count is not None else _dummy(dev, torch.int64, (3,)),
+            clamp, sf_min, int(round_sf), int(weights is not None),
+            int(pos_to_expert is not None), min(needed, get_num_sms() * per_sm))
+    return out, layout.finish(raw_sf, rows)
+
+
+# -------------------------------------------------------------------------------------- backward
+def _check_bwd_x(op: str, x: Any, num_per_channels: int) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """The forward input ``(data, sf)``: e4m3 ``[..., 2h]`` (2-D or 3-D), fp32 ``[rows, 2h / npc]``."""
+    if not (isinstance(x, tuple) and len(x) == 2):
+        raise fail(op, f"x must be a (data, sf) pair (the quantized forward input), got {type(x).__name__}")
+    data, sf = x
+    check_tensor(op, "x[0] (data)", data, (_E4M3,))
+    if data.dim() not in (2, 3):
+        raise fail(op, f"x[0] (data) must be 2-D or 3-D, got shape {tuple(data.shape)}")
+    _check_contiguous(op, "x[0] (data)", data)
+    if data.size(-1) == 0 or data.size(-1) % (2 * num_per_channels):
+        raise fail(op, f"x[0] (data) has {data.size(-1)} channels; it needs 2 * hidden with hidden a multiple of "
+                       f"num_per_channels={num_per_channels}")
+    hidden = data.size(-1) // 2
+    rows = data.numel() // max(data.size(-1), 1)
+    check_tensor(op, "x[1] (sf)", sf, (torch.float32,), 2)
+    want = (rows, 2 * hidden // num_per_channels)
+    if tuple(sf.shape) != want:
+        raise fail(op, f"x[1] (sf) has shape {tuple(sf.shape)}; it must be {want} (one scale per row and "
+                       f"{num_per_channels} channels)")
+    if not sf.is_contiguous():
+        raise fail(op, f"x[1] (sf) must be row-major contiguous (got strides {tuple(sf.stride())}); column-major "
+                       "and packed UE8M0 scales are not supported here: pass sf.contiguous()")
+    check_aligned(op, "x[1] (sf)", sf, 4)
+    return data.view(rows, 2 * hidden), sf, hidden
+
+
+def swiglu_backward_and_per_token_cast(
+    x: QuantTensor,
+    grad_out: torch.Tensor,
+    weight: torch.Tensor,
+    pos_to_token_topk: torch.Tensor,
+    token_topk_to_pos: torch.Tensor,
+    num_per_channels: int,
+    round_sf: bool = False,
+    swiglu_clamp_value: Optional[float] = None,
+) -> tuple[torch.Tensor, QuantTensor, torch.Tensor, torch.Tensor]:
+    """SwiGLU backward from the e4m3 forward input ``x = (data, sf)`` (per-token scales of
+    ``num_per_channels`` = 32 or 128 channels), with the input gradient also cast to e4m3.
+
+    grad_out: bf16 ``[rows, h]``; weight: fp32 ``[tokens, topk]``; pos_to_token_topk: int32
+    ``[rows]``; token_topk_to_pos: int32 ``[tokens, topk]``.  Returns ``(out, (x_grad_fp8,
+    x_grad_sf), x_grad, weight_grad)``: bf16 ``[rows, h]`` (``silu(gate) * up * w``), e4m3
+    ``[rows, 2h]`` with fp32 ``[rows, 2h / npc]`` scales, bf16 ``[rows, 2h]``, fp32
+    ``[tokens, topk]``.
+    """
+    op = "swiglu_backward_and_per_token_cast"
+    if isinstance(num_per_channels, bool) or not isinstance(num_per_channels, int) or num_per_channels not in (32, 128):
+        raise fail(op, f"num_per_channels={num_per_channels!r} is not supported; supported: 32, 128")
+    data, sf, hidden = _check_bwd_x(op, x, num_per_channels)
+    rows = data.size(0)
+    check_tensor(op, "grad_out", grad_out, (torch.bfloat16,))
+    if grad_out.numel() != rows * hidden:
+        raise fail(op, f"grad_out has shape {tuple(grad_out.shape)}; it must hold [{rows}, {hidden}] values "
+                       "(one row of hidden values per row of x)")
+    _check_contiguous(op, "grad_out", grad_out)
+    check_tensor(op, "token_topk_to_pos", token_topk_to_pos, (torch.int32,), 2)
+    _check_contiguous(op, "token_topk_to_pos", token_topk_to_pos, 4)
+    check_tensor(op, "weight", weight, (torch.float32,), 2)
+    if weight.shape != token_topk_to_pos.shape:
+        raise fail(op, f"weight has shape {tuple(weight.shape)}; it must match token_topk_to_pos "
+                       f"{tuple(token_topk_to_pos.shape)} ([num_tokens, num_topk])")
+    _check_contiguous(op, "weight", weight, 4)
+    _check_vector(op, "pos_to_token_topk", pos_to_token_topk, rows)
+    round_sf = _check_flag(op, "round_sf", round_sf)
+    clamp = _check_float(op, "swiglu_clamp_value", swiglu_clamp_value, math.inf)
+    check_cuda(op, x=data, sf=sf, grad_out=grad_out, weight=weight, pos_to_token_topk=pos_to_token_topk,
+               token_topk_to_pos=token_topk_to_pos)
+
+    dev = data.device
+    out = torch.empty((rows, hidden), dtype=torch.bfloat16, device=dev)
+    x_grad_fp8 = torch.empty((rows, 2 * hidden), dtype=_E4M3, device=dev)
+    x_grad_sf = torch.empty((rows, 2 * hidden // num_per_channels), dtype=torch.float32, device=dev)
+    x_grad = torch.empty((rows, 2 * hidden), dtype=torch.bfloat16, device=dev)
+    weight_grad = torch.empty(weight.shape, dtype=torch.float32, device=dev)
+    if rows > 0 or weight.numel() > 0:
+        launcher(_BWD, num_per_channels=num_per_channels)(
+            data, sf, grad_out.view(rows, hidden), weight, pos_to_token_topk, token_topk_to_pos,
+            out, x_grad_fp8, x_grad_sf, x_grad, weight_grad, clamp, int(round_sf))
+    return out, (x_grad_fp8, x_grad_sf), x_grad, weight_grad
+
+
+# --------------------------------------------------------------------------- per-channel forward
+def swiglu_forward_and_per_channel_cast_and_transpose(
+    x: torch.Tensor,
+    fmt: str,
+    num_per_tokens: int,
+    round_sf: bool = False,
+    without_transpose: bool = False,
+    swiglu_clamp_value: Optional[float] = None,
+) -> QuantTensor:
+    """``bf16(silu(x[:, :h]) * x[:, h:])`` (clamped first when ``swiglu_clamp_value`` is given), cast
+    to e4m3 with one scale per channel and ``num_per_tokens`` (32 or 128) tokens.
+
+    x: bf16 ``[tokens, 2h]`` contiguous, ``tokens % 128 == 0`` and ``2h % 128 == 0``.  Returns
+    ``(out, out_sf)``: e4m3 ``[h, tokens]`` (or ``[tokens, h]`` with ``without_transpose``) and
+    fp32 ``[tokens / num_per_tokens, h]``.
+    """
+    op = "swiglu_forward_and_per_channel_cast_and_transpose"
+    check_fmt(op, fmt, ("e4m3",))
+    check_tensor(op, "x", x, (torch.bfloat16,), 2)
+    _check_contiguous(op, "x", x)
+    tokens, width = x.shape
+    if tokens % 128 or width % 128:
+        raise fail(op, f"x has shape {tuple(x.shape)}; both the token count and the width (2 * hidden) must be "
+                       "multiples of 128: pad the tokens (and the hidden dimension)")
+    if isinstance(num_per_tokens, bool) or not isinstance(num_per_tokens, int) or num_per_tokens not in (32, 128):
+        raise fail(op, f"num_per_tokens={num_per_tokens!r} is not supported; supported: 32, 128")
+    round_sf = _check_flag(op, "round_sf", round_sf)
+    transpose = not _check_flag(op, "without_transpose", without_transpose)
+    clamp = _check_float(op, "swiglu_clamp_value", swiglu_clamp_value, math.inf)
+    check_cuda(op, x=x)
+
+    hidden = width // 2
+    out_shape = (hidden, tokens) if transpose else (tokens, hidden)
+    out = torch.empty(out_shape, dtype=_E4M3, device=x.device)
+    out_sf = torch.empty((tokens // num_per_tokens, hidden), dtype=torch.float32, device=x.device)
+    if tokens > 0 and hidden > 0:
+        launcher(_CHANNEL, num_per_tokens=num_per_tokens, transpose=transpose)(x, out, out_sf, clamp, int(round_sf))
+    return out, out_sf
+
+
+__all__ = [
+    "swiglu_backward_and_per_token_cast",
+    "swiglu_forward_and_per_channel_cast_and_transpose",
+    "swiglu_forward_and_per_token_cast",
+]
