@@ -17,6 +17,11 @@ ALL_MODULES = (
     "tilebin.kernels.quant.swiglu_forward_and_per_token_cast",
     "tilebin.kernels.quant.swiglu_backward_and_per_token_cast",
     "tilebin.kernels.quant.swiglu_forward_and_per_channel_cast_and_transpose",
+    "tilebin.kernels.moe.aux_fi",
+    "tilebin.kernels.moe.group_count",
+    "tilebin.kernels.moe.normalize_weight",
+    "tilebin.kernels.moe.mask_indices_by_tp",
+    "tilebin.kernels.moe.inplace_unique_group_indices",
 )
 
 __all__ = ["ALL_MODULES", "KernelDecl", "product"]

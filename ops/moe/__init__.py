@@ -1,1 +1,11 @@
-"""``tilebin.ops.moe``: the MoE gating and routing ops of ``tile_kernels.moe`` 1.0.0, same API."""
+"""``tilebin.ops.moe``: the MoE gating and routing ops of ``tile_kernels.moe`` 1.0.0, same API.
+
+Names, signatures, defaults and outputs follow tile_kernels (in-place ops stay in place), so
+``from tilebin.ops import moe`` replaces ``from tile_kernels import moe``.  Every op checks its
+arguments before touching the GPU and launches on torch's current stream; SM counts are run-time
+values (:mod:`tilebin.ops.config`).
+"""
+
+from ._stats import aux_fi, group_count, inplace_unique_group_indices, mask_indices_by_tp, normalize_weight
+
+__all__ = ["aux_fi", "group_count", "inplace_unique_group_indices", "mask_indices_by_tp", "normalize_weight"]
