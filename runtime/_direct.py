@@ -124,6 +124,14 @@ class _Launch:
                 top = {"float32": 3.4028234663852886e38, "float64": 1.7976931348623157e308}.get(a.dtype)
                 self.others.append((slot, f, a.dtype, (float, int) if top else (), top or 0.0))
         self.special = spec.cooperative or spec.pdl or tuple(spec.cluster) != (1, 1, 1)
+        # cuLaunchKernelEx's config: built once; grid and stream are set per call (under the lock)
+        self.config = _ex_config(spec, (1, 1, 1), self.block, 0) if self.special else None
+
+    def configured(self, grid: tuple, stream: int) -> Any:
+        cfg = self.config
+        cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ = grid
+        cfg.hStream = stream
+        return cfg
 
     def _static(self, e: Expr, what: str) -> int:
         if not isinstance(e, int):
@@ -196,7 +204,7 @@ class UncheckedLauncher:
                         continue  # an empty problem
                     ln.fill(s, args)
                     if ln.special:
-                        err = self._launch_ex(_ex_config(ln.spec, grid, ln.block, stream), fn, ln.address, 0)[0]
+                        err = self._launch_ex(ln.configured(grid, stream), fn, ln.address, 0)[0]
                     else:
                         err = self._launch(fn, gx, gy, gz, *ln.block, ln.smem, stream, ln.address, 0)[0]
                     if err:
@@ -222,8 +230,7 @@ class UncheckedLauncher:
     def _call(self, ln: _Launch, fn: Any, grid: tuple, stream: int) -> Any:
         if not ln.special:
             return self._launch(fn, *grid, *ln.block, ln.smem, stream, ln.address, 0)[0]
-        cfg = _ex_config(ln.spec, grid, ln.block, stream)
-        return self._launch_ex(cfg, fn, ln.address, 0)[0]
+        return self._launch_ex(ln.configured(grid, stream), fn, ln.address, 0)[0]
 
     def _load(self, ordinal: int) -> tuple[Any, list]:
         """Check the device and load the variant's functions on it (once per device)."""
