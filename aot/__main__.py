@@ -32,7 +32,7 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     from tilebin.aot import AotError, BuildOptions, build
-    from tilebin.kernels import ALL_MODULES
+    from tilebin.kernels.modules import ALL_MODULES
 
     opts = BuildOptions(out_dir=args.out, cache_dir=args.cache, jobs=args.jobs, lineinfo=args.lineinfo,
                         nvcc=args.nvcc, allow_nvcc_mismatch=args.allow_nvcc_mismatch)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import importlib.util
 import json
@@ -28,14 +29,97 @@ def _tree_digest(root: pathlib.Path) -> str:
 
 
 def source_digest(module: str) -> str:
-    """Digest of the module's whole top-level package source (helpers it imports included)."""
+    """Digest of the module's source and of every file of its top-level package it imports.
+
+    The closure follows ``import``/``from ... import`` statements (relative ones, and absolute
+    ones into the same top-level package, including ``tilebin.kernels`` as the checkout maps it),
+    transitively, plus the ``__init__.py`` of every package on the way (they run on import).
+    Editing one kernel file so rebuilds that kernel and the kernels importing it, not every
+    kernel of the package.  A module imported dynamically (importlib) is not seen: import it
+    statically.
+    """
     spec = importlib.util.find_spec(module)
     if spec is None or spec.origin is None:
         raise ModuleNotFoundError(module)
-    root = pathlib.Path(spec.origin).resolve().parent
+    origin = pathlib.Path(spec.origin).resolve()
+    root = origin.parent
     while (root.parent / "__init__.py").exists():
         root = root.parent
-    return _tree_digest(root)
+    files = sorted(_import_closure(origin, root))
+    h = hashlib.sha256()
+    for path in files:
+        h.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
+def _import_closure(start: pathlib.Path, root: pathlib.Path) -> set[pathlib.Path]:
+    """``start`` and the files under ``root`` it imports, transitively, with their packages' __init__s."""
+    seen: set[pathlib.Path] = set()
+    todo = [start]
+    while todo:
+        path = todo.pop()
+        if path in seen or not path.is_file():
+            continue
+        seen.add(path)
+        todo += _package_inits(path, root)
+        todo += _imported_files(path, root)
+    return seen
+
+
+def _package_inits(path: pathlib.Path, root: pathlib.Path) -> list[pathlib.Path]:
+    inits, folder = [], path.parent
+    while folder == root or root in folder.parents:
+        inits.append(folder / "__init__.py")
+        folder = folder.parent
+    return inits
+
+
+def _imported_files(path: pathlib.Path, root: pathlib.Path) -> list[pathlib.Path]:
+    """Files under ``root`` that ``path``'s import statements name (modules and ``from pkg import mod``)."""
+    try:
+        tree = ast.parse(path.read_bytes(), filename=str(path))
+    except SyntaxError:
+        return []  # lowering will report it; the file itself is in the digest
+    package = path.parent
+    found: list[pathlib.Path] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package
+                for _ in range(node.level - 1):
+                    base = base.parent
+            else:
+                base = _absolute_base(node.module or "", root)
+                if base is None:
+                    continue
+            parts = (node.module or "").split(".") if node.level and node.module else []
+            target = base.joinpath(*parts) if parts else base
+            found += _module_files(target)
+            for alias in node.names:  # `from pkg import mod` may name a submodule
+                found += _module_files(target / alias.name)
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                base = _absolute_base(alias.name, root)
+                if base is not None:
+                    found += _module_files(base)
+    return found
+
+
+def _absolute_base(dotted: str, root: pathlib.Path) -> pathlib.Path | None:
+    """The path an absolute module name maps to under ``root`` (``tilebin.kernels.x`` in the checkout
+    maps ``kernels/x``), or None when it lies outside the package."""
+    parts = dotted.split(".")
+    if parts[:2] == ["tilebin", root.name]:
+        parts = parts[2:]
+    elif parts[:1] == [root.name]:
+        parts = parts[1:]
+    else:
+        return None
+    return root.joinpath(*parts)
+
+
+def _module_files(target: pathlib.Path) -> list[pathlib.Path]:
+    return [p for p in (target.with_suffix(".py"), target / "__init__.py") if p.is_file()]
 
 
 @lru_cache(maxsize=None)

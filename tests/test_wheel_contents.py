@@ -40,7 +40,7 @@ def test_built_wheel_ships_what_the_build_declares(built_wheel):
     assert manifest["build"]["lineinfo"] is False, "release wheels are built without --lineinfo"
     pytest.importorskip("tilelang", reason="comparing with the declared kernels imports them (needs tilelang)")
     from tilebin.aot import enumerate_jobs
-    from tilebin.kernels import ALL_MODULES
+    from tilebin.kernels.modules import ALL_MODULES
 
     declared: dict[str, list] = {}
     for job in enumerate_jobs(ALL_MODULES):

@@ -62,3 +62,26 @@ def test_kernel_decl_validates():
     with pytest.raises(ValueError, match="power of two"):
         KernelDecl("a.b", f, ({"dtype": "f"},), align=12)
     assert product(a=[1, 2], b=["x"]) == ({"a": 1, "b": "x"}, {"a": 2, "b": "x"})
+
+
+def test_source_digest_follows_imports_only(tmp_path, monkeypatch):
+    """A kernel's cache key covers the files it imports (and its packages' __init__s), not its siblings."""
+    from tilebin.aot import _cache
+
+    pkg = tmp_path / "tbdigest"
+    (pkg / "fam").mkdir(parents=True)
+    for rel, text in {"__init__.py": "from ._decl import X\n", "_decl.py": "X = 1\n", "modules.py": "ALL = ()\n",
+                      "fam/__init__.py": "", "fam/_helpers.py": "H = 1\n",
+                      "fam/a.py": "from ._helpers import H\nfrom .. import _decl\n", "fam/b.py": "B = 1\n"}.items():
+        (pkg / rel).write_text(text)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    a, b = _cache.source_digest("tbdigest.fam.a"), _cache.source_digest("tbdigest.fam.b")
+    (pkg / "fam" / "b.py").write_text("B = 2\n")
+    (pkg / "modules.py").write_text("ALL = ('tbdigest.fam.a',)\n")
+    assert _cache.source_digest("tbdigest.fam.a") == a  # a sibling and the module list do not count
+    assert _cache.source_digest("tbdigest.fam.b") != b
+    (pkg / "fam" / "_helpers.py").write_text("H = 2\n")
+    a2 = _cache.source_digest("tbdigest.fam.a")
+    assert a2 != a  # an imported helper does
+    (pkg / "_decl.py").write_text("X = 2\n")
+    assert _cache.source_digest("tbdigest.fam.a") != a2  # `from .. import _decl` names a module

@@ -1,0 +1,24 @@
+"""The kernel modules the wheel build lowers (``tilebin.aot build`` with no module argument).
+
+Kept out of ``kernels/__init__.py`` on purpose: every kernel imports that package, so the AOT
+cache digests it with each kernel; adding a module here must not invalidate the others.
+"""
+
+ALL_MODULES = (
+    "tilebin.kernels.transpose.batched_transpose",
+    "tilebin.kernels.gemm.gemm_nt",
+    "tilebin.kernels.testing.coop_sum",
+    "tilebin.kernels.testing.pdl_chain",
+    "tilebin.kernels.quant.per_block_cast",
+    "tilebin.kernels.quant.per_block_cast_lossless",
+    "tilebin.kernels.quant.per_channel_cast_fused",
+    "tilebin.kernels.quant.per_channel_cast_and_transpose",
+    "tilebin.kernels.quant.swiglu_forward_and_per_token_cast",
+    "tilebin.kernels.quant.swiglu_backward_and_per_token_cast",
+    "tilebin.kernels.quant.swiglu_forward_and_per_channel_cast_and_transpose",
+    "tilebin.kernels.moe.aux_fi",
+    "tilebin.kernels.moe.group_count",
+    "tilebin.kernels.moe.normalize_weight",
+    "tilebin.kernels.moe.mask_indices_by_tp",
+    "tilebin.kernels.moe.inplace_unique_group_indices",
+)
