@@ -1,1 +1,3 @@
-"""Torch references for the MoE family (test-only; never shipped)."""
+"""Torch references for the MoE family (test-only; never shipped): ``moe_ref.<group>``."""
+
+from . import routing, stats  # noqa: F401

@@ -1,0 +1,288 @@
+"""Fused MoE routing (``tile_kernels.moe`` 1.0.0 API): ``get_fused_mapping``, ``expand_to_fused``,
+``expand_to_fused_with_sf`` and ``reduce_fused``.
+
+Every op validates all arguments before touching the GPU (device last) and raises
+:class:`tilebin.runtime.ArgumentError` naming the op, the value, what is supported and the fix.
+Outputs have tile_kernels' dtypes, shapes and strides; launches go on torch's current stream,
+asynchronously (``get_fused_mapping`` syncs with the host only when tile_kernels does: when
+``num_expanded_tokens == 0`` and not ``force_no_sync``).  Sizes, hidden sizes, top-k, expert
+counts (<= 1024) and alignments are run-time values.
+
+Where tilebin is stricter or more defined than tile_kernels:
+
+* ``get_fused_mapping``'s slot order within an expert is the order of the flattened
+  ``topk_idx`` (tile_kernels' depends on the SM count); results are identical under any
+  :func:`tilebin.ops.config.set_num_sms`.  Entries outside ``[0, num_experts)`` are ignored
+  (``token_topk_to_pos = -1``); slots past a caller-given ``num_expanded_tokens`` are not written.
+* ``expand_to_fused*`` zero-fill padding rows even for 0 tokens; rows need ``hidden * itemsize``
+  to be a multiple of 16 bytes.  ``reduce_fused`` needs ``hidden % 8`` (bf16) / ``% 4`` (fp32)
+  instead of ``% 256``; its e4m3 output saturates at +-448 (as tile_kernels' kernel does).
+"""
+
+from __future__ import annotations
+
+import operator
+from typing import Any, Optional, Union
+
+import torch
+
+from .._common import check_cuda, check_tensor, fail, launcher
+from ..config import get_num_sms
+
+QuantTensor = tuple[torch.Tensor, torch.Tensor]
+
+MAX_EXPERTS = 1024  # = tilebin.kernels.moe.get_fused_mapping.MAX_EXPERTS (a CPU test checks it)
+MAX_BLOCKS = 256  # = tilebin.kernels.moe.get_fused_mapping.MAX_BLOCKS
+ENTRIES_PER_BLOCK = 2048  # fewer entries per block than this: fewer blocks (decode batches)
+_INT32_MAX = 2**31 - 1
+_EXPAND_DTYPES = {torch.bfloat16: "bfloat16", torch.float32: "float32", torch.float8_e4m3fn: "float8_e4m3fn"}
+_EXPAND_SF_DTYPES = {torch.float8_e4m3fn: "float8_e4m3fn", torch.bfloat16: "bfloat16"}
+_SF_DTYPES = {torch.float32: "float32", torch.int32: "int32"}
+_REDUCE_DTYPES = {torch.float32: "float32", torch.bfloat16: "bfloat16"}
+_INT32 = (torch.int32,)
+_OUT_KEYS = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float8_e4m3fn: "float8_e4m3fn"}
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _int(op: str, name: str, value: Any, lo: int, hi: int = _INT32_MAX) -> int:
+    """``value`` as a Python int in ``[lo, hi]`` (integer-likes accepted, bools refused)."""
+    if type(value) is not int:
+        if isinstance(value, bool):
+            raise fail(op, f"{name} must be an int, got bool {value!r}")
+        try:
+            value = operator.index(value)
+        except TypeError:
+            raise fail(op, f"{name} must be an int, got {type(value).__name__} {value!r}") from None
+    if not lo <= value <= hi:
+        raise fail(op, f"{name}={value} is out of range; supported: {lo} <= {name} <= {hi}")
+    return value
+
+
+def _flag(op: str, name: str, value: Any) -> bool:
+    if not isinstance(value, (bool, int)):
+        raise fail(op, f"{name} must be a bool, got {type(value).__name__} {value!r}")
+    return bool(value)
+
+
+def _contiguous(op: str, name: str, t: torch.Tensor) -> None:
+    if not t.is_contiguous():
+        raise fail(op, f"{name} must be contiguous (shape {tuple(t.shape)}, strides {tuple(t.stride())}); "
+                       f"call {name}.contiguous()")
+
+
+def _rows(op: str, name: str, t: torch.Tensor) -> None:
+    """Contiguous, rows of a multiple of 16 bytes, 16-byte aligned pointer (vector copies)."""
+    _contiguous(op, name, t)
+    if (t.size(1) * t.element_size()) % 16:
+        per = 16 // t.element_size()
+        raise fail(op, f"{name} has hidden size {t.size(1)} ({str(t.dtype).removeprefix('torch.')}); this op "
+                       f"needs hidden % {per} == 0 (rows of a multiple of 16 bytes): pad the hidden dimension")
+    if t.data_ptr() % 16:
+        raise fail(op, f"{name}'s data pointer {t.data_ptr():#x} is not 16-byte aligned; pass {name}.clone()")
+
+
+def _mapping(op: str, token_topk_to_pos: Any, num_tokens: int, pos_to_expert: Any = None) -> None:
+    check_tensor(op, "token_topk_to_pos", token_topk_to_pos, _INT32, 2)
+    _contiguous(op, "token_topk_to_pos", token_topk_to_pos)
+    if token_topk_to_pos.size(0) != num_tokens:
+        raise fail(op, f"token_topk_to_pos has {token_topk_to_pos.size(0)} rows but x has {num_tokens} tokens; "
+                       "pass the token_topk_to_pos get_fused_mapping returned for these tokens")
+    if pos_to_expert is not None:
+        check_tensor(op, "pos_to_expert", pos_to_expert, _INT32, 1)
+        _contiguous(op, "pos_to_expert", pos_to_expert)
+
+
+# ---------------------------------------------------------------- get_fused_mapping
+def get_fused_mapping(
+    topk_idx: torch.Tensor,
+    num_experts: int,
+    num_expanded_tokens: int,
+    alignment: int,
+    force_no_sync: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
+           list[int]]:
+    """Map ``topk_idx`` (int64 ``[num_tokens, num_topk]``, contiguous, -1 = no expert) onto the fused
+    expert-major layout where expert ``e`` owns ``count(e)`` rounded up to ``alignment`` slots.
+
+    Returns ``(pos_to_expert, pos_to_token, pos_to_token_topk, token_topk_to_pos, expert_start,
+    expert_end, num_tokens_per_expert, num_tokens_per_expert_list)``: int32 slot maps of length
+    ``num_expanded_tokens`` (-1 in unused slots), int32 ``[num_tokens, num_topk]`` slot of each
+    entry (-1: none), int32 ``[num_experts]`` ranges and aligned counts.  ``num_expanded_tokens=0``
+    sizes the buffers to fit; unless ``force_no_sync``, it then reads the counts back (a host
+    sync), trims the slot maps to their sum and returns the counts as a list (else ``[]``).
+    """
+    op = "get_fused_mapping"
+    check_tensor(op, "topk_idx", topk_idx, (torch.int64,), 2)
+    _contiguous(op, "topk_idx", topk_idx)
+    num_experts = _int(op, "num_experts", num_experts, 1, MAX_EXPERTS)
+    num_expanded_tokens = _int(op, "num_expanded_tokens", num_expanded_tokens, 0)
+    alignment = _int(op, "alignment", alignment, 1)
+    force_no_sync = _flag(op, "force_no_sync", force_no_sync)
+    num_tokens, num_topk = topk_idx.shape
+    numel = num_tokens * num_topk
+    if numel + num_experts * (alignment - 1) > 2**30:
+        raise fail(op, f"{num_tokens} x {num_topk} entries plus {num_experts} x (alignment {alignment} - 1) padding "
+                       "exceed 2**30 slots; split the tokens or lower the alignment")
+    check_cuda(op, topk_idx=topk_idx)
+    should_sync = num_expanded_tokens == 0 and not force_no_sync
+    if should_sync:
+        num_expanded_tokens = (numel + (alignment - 1) * num_experts) // alignment * alignment
+    dev = topk_idx.device
+    blocks = max(1, min(get_num_sms(), MAX_BLOCKS, _cdiv(numel, ENTRIES_PER_BLOCK)))
+    slots = torch.empty((3, num_expanded_tokens), dtype=torch.int32, device=dev)
+    token_topk_to_pos = torch.empty((num_tokens, num_topk), dtype=torch.int32, device=dev)
+    per_expert = torch.empty((3, num_experts), dtype=torch.int32, device=dev)
+    workspace = torch.empty((blocks + 1, num_experts), dtype=torch.int32, device=dev)
+    pos_to_expert, pos_to_token, pos_to_token_topk = slots
+    expert_start, expert_end, num_tokens_per_expert = per_expert
+    launcher("moe.get_fused_mapping")(topk_idx, pos_to_expert, pos_to_token, pos_to_token_topk, token_topk_to_pos,
+                                      expert_start, expert_end, num_tokens_per_expert, workspace, alignment)
+    counts: list[int] = []
+    if should_sync:
+        counts = num_tokens_per_expert.tolist()
+        used = sum(counts)
+        pos_to_expert, pos_to_token, pos_to_token_topk = (pos_to_expert[:used], pos_to_token[:used],
+                                                          pos_to_token_topk[:used])
+    return (pos_to_expert, pos_to_token, pos_to_token_topk, token_topk_to_pos, expert_start, expert_end,
+            num_tokens_per_expert, counts)
+
+
+# ---------------------------------------------------------------- expand_to_fused
+def expand_to_fused(x: torch.Tensor, token_topk_to_pos: torch.Tensor, pos_to_expert: torch.Tensor) -> torch.Tensor:
+    """Copy row ``t`` of ``x`` (bf16 / fp32 / e4m3 ``[num_tokens, hidden]``, contiguous) to row
+    ``token_topk_to_pos[t, k]`` of a new ``[len(pos_to_expert), hidden]`` tensor for every slot
+    ``>= 0``; rows whose ``pos_to_expert`` is negative are zeros."""
+    op = "expand_to_fused"
+    check_tensor(op, "x", x, tuple(_EXPAND_DTYPES), 2)
+    _rows(op, "x", x)
+    _mapping(op, token_topk_to_pos, x.size(0), pos_to_expert)
+    check_cuda(op, x=x, token_topk_to_pos=token_topk_to_pos, pos_to_expert=pos_to_expert)
+    out = torch.empty((pos_to_expert.size(0), x.size(1)), dtype=x.dtype, device=x.device)
+    launcher("moe.expand_to_fused", dtype=_EXPAND_DTYPES[x.dtype], sf="none")(x, out, token_topk_to_pos,
+                                                                               pos_to_expert)
+    return out
+
+
+def expand_to_fused_with_sf(
+    x: QuantTensor,
+    num_per_channels: int,
+    token_topk_to_pos: torch.Tensor,
+    pos_to_expert: torch.Tensor,
+    use_tma_aligned_col_major_sf: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`expand_to_fused` of a quantized ``(data, sf)`` pair: data e4m3 (or bf16)
+    ``[num_tokens, hidden]``; sf contiguous, fp32 ``[num_tokens, ceil(hidden / num_per_channels)]``
+    or packed UE8M0 int32 ``[num_tokens, ceil(ceil(hidden / num_per_channels) / 4)]`` (needs
+    ``use_tma_aligned_col_major_sf``); ``num_per_channels`` 32 or 128.  Returns ``(out, out_sf)``;
+    out_sf is row-major ``[slots, sf_cols]``, or with ``use_tma_aligned_col_major_sf`` the same
+    shape with strides ``(1, align(slots, 4))``; padding rows of both are zeros."""
+    op = "expand_to_fused_with_sf"
+    if not (isinstance(x, tuple) and len(x) == 2):
+        raise fail(op, f"x must be a (data, sf) tuple, got {type(x).__name__}; use expand_to_fused for a plain tensor")
+    data, x_sf = x
+    check_tensor(op, "x[0] (data)", data, tuple(_EXPAND_SF_DTYPES), 2)
+    _rows(op, "x[0] (data)", data)
+    check_tensor(op, "x[1] (sf)", x_sf, tuple(_SF_DTYPES), 2)
+    _contiguous(op, "x[1] (sf)", x_sf)
+    if type(num_per_channels) is not int or num_per_channels not in (32, 128):
+        raise fail(op, f"num_per_channels={num_per_channels!r} is not supported; supported: 32, 128")
+    col = _flag(op, "use_tma_aligned_col_major_sf", use_tma_aligned_col_major_sf)
+    num_tokens, hidden = data.shape
+    sf_cols = _cdiv(hidden, num_per_channels)
+    if x_sf.dtype == torch.int32:
+        if not col:
+            raise fail(op, "packed UE8M0 scales (int32 sf) need use_tma_aligned_col_major_sf=True (as in tile_kernels)")
+        sf_cols = _cdiv(sf_cols, 4)
+    if tuple(x_sf.shape) != (num_tokens, sf_cols):
+        raise fail(op, f"x[1] (sf) has shape {tuple(x_sf.shape)}; for data {tuple(data.shape)} with "
+                       f"num_per_channels={num_per_channels} ({str(x_sf.dtype).removeprefix('torch.')}) it must be "
+                       f"{(num_tokens, sf_cols)}; pass a row-major (.contiguous()) sf")
+    _mapping(op, token_topk_to_pos, num_tokens, pos_to_expert)
+    check_cuda(op, data=data, sf=x_sf, token_topk_to_pos=token_topk_to_pos, pos_to_expert=pos_to_expert)
+    slots = pos_to_expert.size(0)
+    out = torch.empty((slots, hidden), dtype=data.dtype, device=data.device)
+    if col:
+        out_sf = torch.empty((sf_cols, _cdiv(slots, 4) * 4), dtype=x_sf.dtype, device=data.device)[:, :slots].T
+    else:
+        out_sf = torch.empty((slots, sf_cols), dtype=x_sf.dtype, device=data.device)
+    launcher("moe.expand_to_fused_with_sf", dtype=_EXPAND_SF_DTYPES[data.dtype], sf=_SF_DTYPES[x_sf.dtype])(
+        data, x_sf, out, out_sf, token_topk_to_pos, pos_to_expert)
+    return out, out_sf
+
+
+# ---------------------------------------------------------------- reduce_fused
+def _reduce_out(op: str, out: Any, shape: tuple, dtype: torch.dtype) -> None:
+    check_tensor(op, "out", out, (dtype,), 2)
+    if tuple(out.shape) != shape:
+        raise fail(op, f"out has shape {tuple(out.shape)}; it must be {shape} (num_tokens, hidden)")
+    _rows(op, "out", out)
+
+
+def reduce_fused(
+    x: Union[torch.Tensor, QuantTensor],
+    topk_weights: Optional[torch.Tensor],
+    token_topk_to_pos: torch.Tensor,
+    fp8_format: str = "",
+    sf: Optional[torch.Tensor] = None,
+    out: Optional[torch.Tensor] = None,
+) -> torch.Tensor:
+    """``out[t] = sum_k x[token_topk_to_pos[t, k]] * topk_weights[t, k] * x_sf[pos]`` over the slots
+    ``>= 0``, in fp32 with one FMA per term in top-k order, then ``* sf[0]`` and cast.
+
+    x: fp32 / bf16 ``[slots, hidden]`` contiguous, or ``(x, x_sf)`` with x_sf fp32 ``[slots]``;
+    topk_weights: None or fp32 ``[num_tokens, num_topk]``; fp8_format ``''`` (output of x's
+    dtype) or ``'e4m3'``; sf: fp32 ``[1]``, e4m3 output only; out: optional preallocated
+    ``[num_tokens, hidden]`` output (contiguous, of the output dtype).  Returns the output.
+    """
+    op = "reduce_fused"
+    x_sf = None
+    if isinstance(x, tuple):
+        if len(x) != 2:
+            raise fail(op, f"a quantized x must be an (x, x_sf) pair, got a tuple of {len(x)}")
+        x, x_sf = x
+    check_tensor(op, "x", x, tuple(_REDUCE_DTYPES), 2)
+    _rows(op, "x", x)
+    slots, hidden = x.shape
+    if x_sf is not None:
+        check_tensor(op, "x_sf", x_sf, (torch.float32,), 1)
+        _contiguous(op, "x_sf", x_sf)
+        if x_sf.size(0) != slots:
+            raise fail(op, f"x_sf has {x_sf.size(0)} scales but x has {slots} rows; pass one fp32 scale per row")
+    check_tensor(op, "token_topk_to_pos", token_topk_to_pos, _INT32, 2)
+    _contiguous(op, "token_topk_to_pos", token_topk_to_pos)
+    num_tokens = token_topk_to_pos.size(0)
+    if topk_weights is not None:
+        check_tensor(op, "topk_weights", topk_weights, (torch.float32,), 2)
+        _contiguous(op, "topk_weights", topk_weights)
+        if topk_weights.shape != token_topk_to_pos.shape:
+            raise fail(op, f"topk_weights has shape {tuple(topk_weights.shape)} but token_topk_to_pos has "
+                           f"{tuple(token_topk_to_pos.shape)}; they must match")
+    if fp8_format == "e4m3":
+        out_dtype = torch.float8_e4m3fn
+    elif fp8_format == "":
+        out_dtype = x.dtype
+        if sf is not None:
+            raise fail(op, "sf is supported with fp8_format='e4m3' only (as in tile_kernels); pass sf=None")
+    else:
+        raise fail(op, f"fp8_format={fp8_format!r} is not supported; supported: '' (x's dtype), 'e4m3'")
+    if sf is not None:
+        check_tensor(op, "sf", sf, (torch.float32,), 1)
+        if sf.size(0) != 1:
+            raise fail(op, f"sf has shape {tuple(sf.shape)}; it must be a [1] fp32 tensor")
+    if out is not None:
+        _reduce_out(op, out, (num_tokens, hidden), out_dtype)
+    check_cuda(op, x=x, x_sf=x_sf, topk_weights=topk_weights, token_topk_to_pos=token_topk_to_pos, sf=sf, out=out)
+    if out is None:
+        out = torch.empty((num_tokens, hidden), dtype=out_dtype, device=x.device)
+    # absent optional tensors: stand-ins of the right rank, never read (their flag is 0)
+    launcher("moe.reduce_fused", in_dtype=_REDUCE_DTYPES[x.dtype], out_dtype=_OUT_KEYS[out_dtype])(
+        x, token_topk_to_pos if topk_weights is None else topk_weights, token_topk_to_pos, out,
+        x if sf is None else sf, x if x_sf is None else x_sf,
+        int(topk_weights is not None), int(x_sf is not None), int(sf is not None))
+    return out
+
+
+__all__ = ["expand_to_fused", "expand_to_fused_with_sf", "get_fused_mapping", "reduce_fused"]
