@@ -6,6 +6,7 @@ its arguments before touching the GPU (:class:`tilebin.runtime.ArgumentError` na
 the value and what is supported), allocates its outputs and launches on torch's current stream.
 """
 
+from ._cast_back import cast_back, per_token_cast_back, unpack_from_e2m1fn_x2
 from ._per_block import (
     per_block_cast,
     per_block_cast_lossless,
@@ -20,6 +21,7 @@ from ._swiglu import (
 )
 
 __all__ = [
+    "cast_back", "per_token_cast_back", "unpack_from_e2m1fn_x2",
     "per_block_cast", "per_block_cast_lossless", "per_block_cast_with_precomputed_sf", "per_block_cast_with_sf_only",
     "per_channel_cast", "per_channel_cast_and_transpose", "per_channel_cast_fused",
     "swiglu_backward_and_per_token_cast", "swiglu_forward_and_per_channel_cast_and_transpose",

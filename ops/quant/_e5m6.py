@@ -1,0 +1,95 @@
+"""Per-token cast to E5M6: what ``per_token_cast(x, 'e5m6', ...)`` runs.
+
+E5M6 keeps the top 12 bits of an IEEE half (sign, 5 exponent bits, 6 mantissa bits; largest
+value 65024) and packs 8 values into 3 uint32 words.  One scale per token:
+``sf = max(amax, 1e-4) / 65024`` (``round_sf``: rounded up to a power of two).  Same signature,
+defaults and outputs as ``tile_kernels.quant``'s E5M6 path (1.0.0), bit-identical to
+``tile_kernels.torch.cast_to_e5m6``: data uint8 ``[tokens, hidden * 3 // 2]``; sf fp32
+``[tokens, 1]`` (row-major, or column-major with ``use_tma_aligned_col_major_sf``), or with
+``use_packed_ue8m0`` int32 ``[tokens, 1]`` column-major holding the exponent byte (the three
+padding bytes are 0).
+
+Supported: x bf16 / fp32, 2-D, ``num_per_channels == hidden``, ``hidden % 8 == 0``; packed UE8M0
+needs ``use_tma_aligned_col_major_sf`` and ``round_sf``.  Every argument is validated before any
+GPU work (:class:`tilebin.runtime.ArgumentError`; the device is checked last).  A row stride
+that is not 16-byte aligned, a non-unit column stride or a misaligned pointer costs a copy of
+x.  The kernel runs on torch's current stream.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from .._common import check_cuda, check_tensor, fail, launcher
+from ._sf import output_layout
+
+QuantTensor = tuple[torch.Tensor, torch.Tensor]
+
+_KERNEL = "quant.per_token_cast_e5m6"
+_DTYPE_KEY = {torch.bfloat16: "bfloat16", torch.float32: "float32"}
+_INT32_MAX = 2**31 - 1
+
+
+def _check_flag(op: str, name: str, value: Any) -> bool:
+    if not isinstance(value, (bool, int)):
+        raise fail(op, f"{name} must be a bool, got {type(value).__name__} {value!r}")
+    return bool(value)
+
+
+def _tokens_per_block(hidden: int) -> int:
+    """Tokens sharing a 128-thread block: each thread keeps up to 8 units of 8 values."""
+    units = hidden // 8
+    return 4 if units <= 256 else (2 if units <= 512 else 1)
+
+
+def _kernel_input(x: torch.Tensor) -> torch.Tensor:
+    """``x`` itself when its rows are 16-byte aligned with unit column stride, else a copy."""
+    per_vector = 16 // x.element_size()
+    stride = x.stride(0)
+    rows_ok = 0 <= stride <= _INT32_MAX and (x.size(0) <= 1 or (stride > 0 and stride % per_vector == 0))
+    if x.stride(1) == 1 and rows_ok and x.data_ptr() % 16 == 0:
+        return x
+    return x.clone(memory_format=torch.contiguous_format)
+
+
+def _validate(op: str, x: Any, num_per_channels: Any) -> tuple[int, int]:
+    check_tensor(op, "x", x, tuple(_DTYPE_KEY), 2)
+    tokens, hidden = x.shape
+    if isinstance(num_per_channels, bool) or not isinstance(num_per_channels, int) or num_per_channels != hidden:
+        raise fail(op, f"num_per_channels={num_per_channels!r} is not supported with fmt='e5m6': E5M6 uses one "
+                       f"scale per token, pass num_per_channels=hidden ({hidden})")
+    if hidden <= 0 or hidden % 8:
+        raise fail(op, f"hidden={hidden} is not supported with fmt='e5m6': it needs hidden % 8 == 0 "
+                       "(8 values pack into 3 words)")
+    if tokens * hidden > _INT32_MAX:
+        raise fail(op, f"x has {tokens * hidden} elements; at most {_INT32_MAX} (32-bit indexing): split the tokens")
+    return tokens, hidden
+
+
+def per_token_cast_to_e5m6(
+    x: torch.Tensor,
+    num_per_channels: int,
+    use_tma_aligned_col_major_sf: bool = False,
+    round_sf: bool = False,
+    use_packed_ue8m0: bool = False,
+) -> QuantTensor:
+    """Cast 2-D bf16/fp32 ``x`` to packed E5M6 with one scale per token; returns ``(data, sf)``
+    (see the module docstring for layouts and rules)."""
+    op = "per_token_cast(fmt='e5m6')"
+    tokens, hidden = _validate(op, x, num_per_channels)
+    col = _check_flag(op, "use_tma_aligned_col_major_sf", use_tma_aligned_col_major_sf)
+    rnd = _check_flag(op, "round_sf", round_sf)
+    packed = _check_flag(op, "use_packed_ue8m0", use_packed_ue8m0)
+    layout = output_layout(op, (1, hidden), col, packed, rnd)
+    check_cuda(op, x=x)
+    out = torch.empty((tokens, hidden * 3 // 2), dtype=torch.uint8, device=x.device)
+    raw_sf = layout.alloc(tokens, hidden, x.device)
+    if tokens:
+        fn = launcher(_KERNEL, in_dtype=_DTYPE_KEY[x.dtype], sf_kind=layout.kind)
+        fn(_kernel_input(x), out, raw_sf, int(rnd), _tokens_per_block(hidden))
+    return out, layout.finish(raw_sf, tokens)
+
+
+__all__ = ["per_token_cast_to_e5m6"]
