@@ -13,15 +13,15 @@
 #   GPU_CHECK_BUDGET_S     wall-clock budget for the whole script, default 540 (the device
 #                          tool stops a command at 600 s); a stage gets what is left, minus a reserve
 #   GPU_CHECK_PYTHON       interpreter, default python3 (the image's torch Python)
-#   GPU_CHECK_BENCHES      benchmarks to run, default "quant op_host launch transpose host_parts"
+#   GPU_CHECK_BENCHES      benchmarks to run, default "quant moe op_host launch transpose host_parts"
 #   GPU_CHECK_QUANT_ARGS   extra arguments of bench_quant.py, e.g. "--quick"
 #
 # Files written under $OUT (flat, 8 at most, as the device tool returns them):
 #   summary.txt          timestamps, stage exit codes, environment (nvidia-smi, versions, wheel)
 #   gpu-tests.log        pytest output
 #   bench.log            the benchmarks' output   bench.md        their markdown tables
-#   bench-launch.json    launch overhead          bench-transpose.json  transpose bandwidth
 #   bench-quant.json     tilebin.ops.quant device time, GB/s, % of copy_, host us per call
+#   bench-moe.json       tilebin.ops.moe host us at decode sizes, device time and GB/s at prefill
 #   sanitizer.log        compute-sanitizer memcheck + racecheck
 # Exit status: 0 when every stage that ran passed, 1 otherwise, 2 when the wheel is missing.
 set -uo pipefail
@@ -134,7 +134,7 @@ run_tests() {
 bench_one() {  # bench_one NAME CAP_S ARGS...: run bench/bench_NAME.py if GPU_CHECK_BENCHES lists it
   local name=$1 want=$2 cap
   shift 2
-  [[ " ${GPU_CHECK_BENCHES:-quant op_host launch transpose host_parts} " == *" $name "* ]] || return 0
+  [[ " ${GPU_CHECK_BENCHES:-quant moe op_host launch transpose host_parts} " == *" $name "* ]] || return 0
   cap=$(limit "$want" 60)
   if ((cap < 30)); then
     stamp "bench: $name skipped, only ${cap}s left in the budget"
@@ -149,9 +149,10 @@ bench_one() {  # bench_one NAME CAP_S ARGS...: run bench/bench_NAME.py if GPU_CH
 run_bench() {
   rm -f "$OUT/bench.md"
   bench_one quant 240 --json "$OUT/bench-quant.json" ${GPU_CHECK_QUANT_ARGS:-}
+  bench_one moe 150 --json "$OUT/bench-moe.json"
   bench_one op_host 90 --profile
-  bench_one launch 150 --json "$OUT/bench-launch.json"
-  bench_one transpose 150 --json "$OUT/bench-transpose.json"
+  bench_one launch 150
+  bench_one transpose 150
   bench_one host_parts 60
   local k summary=""
   for k in "${!RC[@]}"; do [[ $k == bench_* ]] && summary+=" ${k#bench_}=${RC[$k]}"; done

@@ -51,9 +51,39 @@ def quant_calls():
                    lambda x2=x2: q.swiglu_forward_and_per_channel_cast_and_transpose(x2, "e4m3", 128))
 
 
+def moe_calls():
+    from tilebin.ops import moe
+
+    for t in TOKENS + (4097,):
+        for experts, topk, groups in ((256, 8, 8), (72, 6, 4)):
+            scores = torch.randn(t, experts, device="cuda", dtype=torch.float32)
+            bias = torch.randn(experts, device="cuda", dtype=torch.float32)
+            idx = torch.stack([torch.randperm(experts, device="cuda")[:topk] for _ in range(t)])
+            w = torch.rand(t, topk, device="cuda", dtype=torch.float32)
+            tag = f"{t} tokens, {experts} experts, top-{topk}"
+            yield f"topk_gate({tag})", lambda s=scores, k=topk: moe.topk_gate(s, k)
+            for scoring in ("sigmoid", "sqrtsoftplus", "softmax"):
+                yield (f"top2_sum_gate({tag}, {scoring})",
+                       lambda s=scores, b=bias, k=topk, g=groups, f=scoring: moe.top2_sum_gate(
+                           s, b, k, 2, g, False, 0, 1.5, 0, 1, 0, 1, f))
+            yield f"normalize_weight({tag})", lambda w=w: moe.normalize_weight(w)
+            yield f"group_count({tag})", lambda i=idx, g=groups, e=experts: moe.group_count(i // (e // g), g)
+            yield f"aux_fi({tag})", lambda i=idx, e=experts, k=topk: moe.aux_fi(i, e, k)
+            yield f"mask_indices_by_tp({tag})", lambda i=idx, e=experts: moe.mask_indices_by_tp(i, e, 4, 1, 2)
+            yield f"get_fused_mapping({tag})", lambda i=idx, e=experts: moe.get_fused_mapping(i, e, 0, 16)
+            x = torch.randn(t, 576, device="cuda", dtype=torch.bfloat16)
+
+            def expand_reduce(i=idx, e=experts, x=x, w=w):
+                m = moe.get_fused_mapping(i, e, 0, 16)
+                y = moe.expand_to_fused(x, m[3], m[0])
+                return moe.reduce_fused(y, w, m[3])
+
+            yield f"expand_to_fused + reduce_fused({tag}, hidden 576)", expand_reduce
+
+
 def main() -> int:
     which = sys.argv[1] if len(sys.argv) > 1 else "all"
-    groups = {"quant": quant_calls}
+    groups = {"quant": quant_calls, "moe": moe_calls}
     bad = 0
     for name, calls in groups.items():
         if which not in ("all", name):
