@@ -6,10 +6,12 @@ arguments before touching the GPU and launches on torch's current stream; SM cou
 values (:mod:`tilebin.ops.config`).
 """
 
+from ._gating import top2_sum_gate, topk_gate, topk_sum_and_topk_group_idx
 from ._routing import expand_to_fused, expand_to_fused_with_sf, get_fused_mapping, reduce_fused
 from ._stats import aux_fi, group_count, inplace_unique_group_indices, mask_indices_by_tp, normalize_weight
 
 __all__ = [
+    "top2_sum_gate", "topk_gate", "topk_sum_and_topk_group_idx",
     "aux_fi", "group_count", "inplace_unique_group_indices", "mask_indices_by_tp", "normalize_weight",
     "expand_to_fused", "expand_to_fused_with_sf", "get_fused_mapping", "reduce_fused",
 ]

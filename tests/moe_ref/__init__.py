@@ -1,3 +1,3 @@
 """Torch references for the MoE family (test-only; never shipped): ``moe_ref.<group>``."""
 
-from . import routing, stats  # noqa: F401
+from . import gating, routing, stats  # noqa: F401

@@ -15,7 +15,7 @@ def test_ops_import_pulls_no_build_tools():
     code = textwrap.dedent("""
         import sys
         sys.path.insert(0, sys.argv[1])
-        import tilebin.ops.quant, tilebin.ops._common, tilebin.ops.quant._sf
+        import tilebin.ops.quant, tilebin.ops.moe, tilebin.ops.config, tilebin.ops._common, tilebin.ops.quant._sf
         banned = ("tilelang", "tvm", "tvm_ffi", "tilebin.aot", "tilebin.kernels")
         bad = sorted(m for m in sys.modules if m.split(".")[0] in banned or m.startswith(banned[3:]))
         assert not bad, bad

@@ -1,0 +1,301 @@
+"""Gating ops of ``tilebin.ops.moe``: ``topk_gate``, ``top2_sum_gate``, ``topk_sum_and_topk_group_idx``.
+
+Same names, signatures, defaults and outputs as ``tile_kernels.moe`` 1.0.0.  Every argument is
+validated before any GPU work (:class:`~tilebin.runtime.ArgumentError` naming the op, the value
+and the fix; the device is checked last), outputs are allocated with ``torch.empty`` and the
+kernel is launched through the runtime's unchecked path on torch's current stream.  No op
+synchronises or reads GPU data on the host.  Thread-safe.
+
+Beyond tile_kernels (a superset; the same results wherever it accepts a call): any expert
+count up to 1024 (256 for ``top2_sum_gate``; tile_kernels' wants a multiple of 4, at most 32 per
+group); ``num_topk == 0`` in ``topk_gate`` returns an empty ``[num_tokens, 0]`` tensor; NaN
+scores rank first, as ``torch.sort`` puts them (tile_kernels' kernels never pick them or
+trap); the physical-map hash is computed in 64 bits at any token count; an invalid fixed
+route or a zero ``logical_count`` leaves the index unmapped instead of reading out of bounds.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import torch
+
+from .._common import check_tensor, fail, launcher
+
+__all__ = ["top2_sum_gate", "topk_gate", "topk_sum_and_topk_group_idx"]
+
+_SLOTS = (2, 8, 32)  # kernels' register slots per lane: experts <= 32 * slots
+_TOP2_SLOTS = (2, 8)  # top2_sum_gate: experts <= 256
+_SCORING = {"sigmoid": 0, "sqrtsoftplus": 1, "softmax": 2}
+_HAS_MASK, _HAS_FIX, _HAS_UNMAPPED, _HAS_MAP = 1, 2, 4, 8
+_INT32_MAX = 2**31 - 1
+_LAUNCHERS: dict[tuple[str, int], Any] = {}
+_PLACEHOLDERS: dict[torch.device, tuple[torch.Tensor, ...]] = {}
+
+
+def _launcher(name: str, slots: int | None) -> Any:
+    fn = _LAUNCHERS.get((name, slots))
+    if fn is None:
+        fn = _LAUNCHERS[(name, slots)] = launcher(name) if slots is None else launcher(name, slots=slots)
+    return fn
+
+
+def _slots(op: str, num_experts: int, slots: tuple[int, ...] = _SLOTS) -> int:
+    for s in slots:
+        if num_experts <= 32 * s:
+            return s
+    raise fail(op, f"{num_experts} experts per token are not supported (at most {32 * slots[-1]})")
+
+
+def _int(op: str, name: str, value: Any, lo: int, hi: int = _INT32_MAX) -> int:
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise fail(op, f"{name} must be an int, got {type(value).__name__} {value!r}")
+    if not lo <= value <= hi:
+        raise fail(op, f"{name}={value} is out of range; supported: {lo} <= {name} <= {hi}")
+    return value
+
+
+def _contiguous(op: str, name: str, t: torch.Tensor) -> None:
+    if not t.is_contiguous():
+        raise fail(op, f"{name} must be contiguous (strides {tuple(t.stride())}); pass {name}.contiguous()")
+
+
+def _on_cuda(op: str, first: torch.Tensor, **others: Optional[torch.Tensor]) -> None:
+    """Every tensor on ``first``'s CUDA device (checked last, so CPU tensors reach every other check)."""
+    if not first.is_cuda:
+        raise fail(op, f"tensors must be on a CUDA device, got {first.device}; move them with .cuda()")
+    for name, t in others.items():
+        if t is not None and t.device != first.device:
+            raise fail(op, f"{name} is on {t.device} but the scores are on {first.device}; put every tensor on one GPU")
+
+
+def _placeholders(device: torch.device) -> tuple[torch.Tensor, ...]:
+    """1-element stand-ins for absent optional inputs (never read: their flag bit is clear)."""
+    p = _PLACEHOLDERS.get(device)
+    if p is None:
+        p = _PLACEHOLDERS[device] = (
+            torch.zeros(1, dtype=torch.bool, device=device),
+            torch.zeros((1, 1), dtype=torch.int32, device=device),
+            torch.ones(1, dtype=torch.int32, device=device),
+            torch.zeros((1, 1), dtype=torch.int64, device=device),
+        )
+    return p
+
+
+# ---------------------------------------------------------------- topk_gate
+def topk_gate(scores: torch.Tensor, num_topk: int) -> torch.Tensor:
+    """Indices of the ``num_topk`` largest scores per token, int64 ``[num_tokens, num_topk]``.
+
+    ``scores``: float32 ``[num_tokens, num_experts]``, contiguous, ``num_experts <= 1024``;
+    ``0 <= num_topk <= num_experts``.  Descending order; equal scores by lower index (stable),
+    NaN first.  Raises ArgumentError for anything else.
+    """
+    op = "topk_gate"
+    if not isinstance(scores, torch.Tensor) or scores.dtype != torch.float32 or scores.dim() != 2:
+        check_tensor(op, "scores", scores, (torch.float32,), 2)
+    _contiguous(op, "scores", scores)
+    num_tokens, num_experts = scores.shape
+    _int(op, "num_topk", num_topk, 0, num_experts)
+    slots = _slots(op, num_experts)
+    _on_cuda(op, scores)
+    topk_idx = torch.empty((num_tokens, num_topk), dtype=torch.int64, device=scores.device)
+    if num_tokens and num_topk:
+        _launcher("moe.topk_gate", slots)(scores, topk_idx)
+    return topk_idx
+
+
+# ---------------------------------------------------------------- topk_sum_and_topk_group_idx
+def topk_sum_and_topk_group_idx(scores: torch.Tensor, num_topk_sum: int, num_topk_groups: int) -> torch.Tensor:
+    """Groups ranked by the sum of their ``num_topk_sum`` largest scores: int64 ``[num_tokens, num_topk_groups]``.
+
+    ``scores``: float32 ``[num_tokens, num_groups, experts_per_group]``, contiguous,
+    ``1 <= num_groups <= 32``; ``num_topk_sum`` 1 or 2 and ``<= experts_per_group``;
+    ``0 <= num_topk_groups <= num_groups``.  Descending group score, ties by lower group.
+    """
+    op = "topk_sum_and_topk_group_idx"
+    if not isinstance(scores, torch.Tensor) or scores.dtype != torch.float32 or scores.dim() != 3:
+        check_tensor(op, "scores", scores, (torch.float32,), 3)
+    _contiguous(op, "scores", scores)
+    num_tokens, num_groups, per_group = scores.shape
+    if not 1 <= num_groups <= 32:
+        raise fail(op, f"scores has {num_groups} groups (shape {tuple(scores.shape)}); supported: 1 to 32 "
+                       "(one warp lane per group)")
+    _int(op, "num_topk_sum", num_topk_sum, 1, 2)
+    if num_topk_sum > per_group:
+        raise fail(op, f"num_topk_sum={num_topk_sum} exceeds the {per_group} experts per group; "
+                       f"pass num_topk_sum <= {per_group}")
+    _int(op, "num_topk_groups", num_topk_groups, 0, num_groups)
+    _on_cuda(op, scores)
+    group_idx = torch.empty((num_tokens, num_topk_groups), dtype=torch.int64, device=scores.device)
+    if num_tokens and num_topk_groups:
+        _launcher("moe.topk_sum_and_topk_group_idx", None)(scores, group_idx, num_topk_sum)
+    return group_idx
+
+
+# ---------------------------------------------------------------- top2_sum_gate
+def _check_routing(op: str, num_experts: int, num_topk: Any, num_topk_groups: Any, num_groups: Any,
+                   use_shared_as_routed: Any, num_shared_experts: Any) -> int:
+    """Validate the routing shape; returns the number of shared experts used as routed."""
+    _int(op, "num_topk", num_topk, 1, min(num_experts, 32))
+    _int(op, "num_groups", num_groups, 0, num_experts)
+    _int(op, "num_topk_groups", num_topk_groups, 0, num_groups)
+    if (num_groups == 0) != (num_topk_groups == 0):
+        raise fail(op, f"num_groups={num_groups} and num_topk_groups={num_topk_groups}: both must be zero "
+                       "(no group limit) or both non-zero")
+    if num_groups and num_experts % num_groups:
+        raise fail(op, f"{num_experts} routed experts are not divisible by num_groups={num_groups}")
+    if num_groups != num_topk_groups:
+        if num_groups > 32:
+            raise fail(op, f"num_groups={num_groups} with a group limit is not supported (at most 32: one warp "
+                           "lane per group)")
+        if num_experts // num_groups < 2:
+            raise fail(op, f"{num_experts // num_groups} expert(s) per group cannot give a top-2 sum; "
+                           "use at least 2 experts per group")
+    if not isinstance(use_shared_as_routed, bool):
+        raise fail(op, f"use_shared_as_routed must be a bool, got {use_shared_as_routed!r}")
+    if not use_shared_as_routed:
+        return 0
+    _int(op, "num_shared_experts", num_shared_experts, 1, 2)
+    if num_topk % num_shared_experts or num_experts % (num_topk // num_shared_experts):
+        raise fail(op, f"use_shared_as_routed needs num_topk % num_shared_experts == 0 and num_routed_experts % "
+                       f"(num_topk // num_shared_experts) == 0 (got num_topk={num_topk}, num_shared_experts="
+                       f"{num_shared_experts}, {num_experts} routed experts)")
+    if num_topk + num_shared_experts > 32:
+        raise fail(op, f"num_topk + num_shared_experts = {num_topk + num_shared_experts} outputs per token; "
+                       "supported: at most 32")
+    return num_shared_experts
+
+
+def _check_ranks(op: str, num_experts: int, num_extra: int, ep_rank: Any, num_ep_ranks: Any,
+                 tp_rank: Any, num_tp_ranks: Any, routed_scaling_factor: Any) -> float:
+    _int(op, "num_ep_ranks", num_ep_ranks, 1)
+    _int(op, "ep_rank", ep_rank, 0, num_ep_ranks - 1)
+    _int(op, "num_tp_ranks", num_tp_ranks, 1)
+    _int(op, "tp_rank", tp_rank, 0, num_tp_ranks - 1)
+    if (num_experts + num_extra) // num_ep_ranks < 1:
+        raise fail(op, f"{num_experts} routed + {num_extra} extra experts over num_ep_ranks={num_ep_ranks} "
+                       "leaves no expert per rank; use fewer EP ranks")
+    if not isinstance(routed_scaling_factor, (int, float)) or isinstance(routed_scaling_factor, bool):
+        raise fail(op, f"routed_scaling_factor must be a float, got {routed_scaling_factor!r}")
+    return float(routed_scaling_factor)
+
+
+def _check_token_mask(op: str, name: str, mask: torch.Tensor, num_tokens: int) -> torch.Tensor:
+    check_tensor(op, name, mask, (torch.bool,))
+    if mask.numel() != num_tokens:
+        raise fail(op, f"{name} has {mask.numel()} elements (shape {tuple(mask.shape)}); want one per token "
+                       f"({num_tokens})")
+    _contiguous(op, name, mask)
+    return mask if mask.dim() == 1 else mask.view(-1)
+
+
+def _check_map(op: str, to_physical_map: Any, logical_count: Any, num_logical: int) -> int:
+    """Validate the logical->physical map; returns ``num_extra_experts`` (0 without a map)."""
+    if (to_physical_map is None) != (logical_count is None):
+        raise fail(op, "to_physical_map and logical_count must be given together (or neither)")
+    if to_physical_map is None:
+        return 0
+    check_tensor(op, "to_physical_map", to_physical_map, (torch.int32,), 2)
+    check_tensor(op, "logical_count", logical_count, (torch.int32,), 1)
+    _contiguous(op, "to_physical_map", to_physical_map)
+    _contiguous(op, "logical_count", logical_count)
+    if to_physical_map.shape[0] != num_logical or logical_count.shape[0] != num_logical or not to_physical_map.shape[1]:
+        raise fail(op, f"to_physical_map {tuple(to_physical_map.shape)} and logical_count "
+                       f"{tuple(logical_count.shape)} must have {num_logical} rows (routed + shared experts) "
+                       "and the map at least one column")
+    return to_physical_map.shape[1] - 1
+
+
+def _check_unmapped(op: str, unmapped: torch.Tensor, num_tokens: int, num_topk: int) -> None:
+    check_tensor(op, "unmapped_topk_idx", unmapped, (torch.int64,), 2)
+    if tuple(unmapped.shape) != (num_tokens, num_topk):
+        raise fail(op, f"unmapped_topk_idx has shape {tuple(unmapped.shape)}; want ({num_tokens}, {num_topk})")
+    if unmapped.stride(1) != 1 and num_topk > 1:
+        raise fail(op, f"unmapped_topk_idx must have unit stride along topk (strides {tuple(unmapped.stride())})")
+
+
+def top2_sum_gate(
+    logits: torch.Tensor,
+    bias: torch.Tensor,
+    num_topk: int,
+    num_topk_groups: int,
+    num_groups: int,
+    use_shared_as_routed: bool,
+    num_shared_experts: int,
+    routed_scaling_factor: float,
+    ep_rank: int,
+    num_ep_ranks: int,
+    tp_rank: int,
+    num_tp_ranks: int,
+    scoring_func: str,
+    mask: Optional[torch.Tensor] = None,
+    fix_routing_mask: Optional[torch.Tensor] = None,
+    to_physical_map: Optional[torch.Tensor] = None,
+    logical_count: Optional[torch.Tensor] = None,
+    unmapped_topk_idx: Optional[torch.Tensor] = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Top-k expert routing with top-2-sum group limiting; returns ``(topk_idx, topk_weights)``.
+
+    Both ``[num_tokens, num_topk + shared]`` (int64, float32).  Semantics: see
+    ``kernels/moe/top2_sum_gate.py`` (tile_kernels 1.0.0's).  ``unmapped_topk_idx`` is
+    written in place (and read for tokens whose ``fix_routing_mask`` is True).
+    """
+    op = "top2_sum_gate"
+    check_tensor(op, "logits", logits, (torch.float32,), 2)
+    check_tensor(op, "bias", bias, (torch.float32,), 1)
+    _contiguous(op, "logits", logits)
+    _contiguous(op, "bias", bias)
+    num_tokens, num_experts = logits.shape
+    if bias.shape[0] != num_experts:
+        raise fail(op, f"bias has {bias.shape[0]} elements; want one per routed expert ({num_experts})")
+    slots = _slots(op, num_experts, _TOP2_SLOTS)
+    num_shared = _check_routing(op, num_experts, num_topk, num_topk_groups, num_groups,
+                                use_shared_as_routed, num_shared_experts)
+    scoring = _SCORING.get(scoring_func) if isinstance(scoring_func, str) else None
+    if scoring is None:
+        scoring = _SCORING.get(scoring_func.lower()) if isinstance(scoring_func, str) else None
+        if scoring is None:
+            raise fail(op, f"scoring_func={scoring_func!r} is not supported; supported: 'sigmoid', "
+                           "'sqrtsoftplus', 'softmax'")
+    flags = 0
+    if mask is not None:
+        mask = _check_token_mask(op, "mask", mask, num_tokens)
+        flags |= _HAS_MASK
+    if unmapped_topk_idx is not None:
+        _check_unmapped(op, unmapped_topk_idx, num_tokens, num_topk)
+        flags |= _HAS_UNMAPPED
+    if fix_routing_mask is not None:
+        if unmapped_topk_idx is None:
+            raise fail(op, "fix_routing_mask needs unmapped_topk_idx (the fixed routes are read from it)")
+        check_tensor(op, "fix_routing_mask", fix_routing_mask, (torch.bool,), 1)
+        _check_token_mask(op, "fix_routing_mask", fix_routing_mask, num_tokens)
+        flags |= _HAS_FIX
+    num_extra = _check_map(op, to_physical_map, logical_count, num_experts + num_shared)
+    if to_physical_map is not None:
+        flags |= _HAS_MAP
+    if num_shared > num_extra:
+        raise fail(op, f"num_shared_experts={num_shared} used as routed needs at least as many extra experts in "
+                       f"to_physical_map (it has {num_extra} extra columns); pass a map with "
+                       f"{num_shared + 1} or more columns")
+    rsf = _check_ranks(op, num_experts, num_extra, ep_rank, num_ep_ranks, tp_rank, num_tp_ranks,
+                       routed_scaling_factor)
+    _on_cuda(op, logits, bias=bias, mask=mask, fix_routing_mask=fix_routing_mask, to_physical_map=to_physical_map,
+             logical_count=logical_count, unmapped_topk_idx=unmapped_topk_idx)
+    device = logits.device
+    num_out = num_topk + num_shared
+    topk_idx = torch.empty((num_tokens, num_out), dtype=torch.int64, device=device)
+    topk_weights = torch.empty((num_tokens, num_out), dtype=torch.float32, device=device)
+    if num_tokens:
+        ph = _placeholders(device)
+        _launcher("moe.top2_sum_gate", slots)(
+            logits, bias,
+            ph[0] if mask is None else mask,
+            ph[0] if fix_routing_mask is None else fix_routing_mask,
+            ph[1] if to_physical_map is None else to_physical_map,
+            ph[2] if logical_count is None else logical_count,
+            ph[3] if unmapped_topk_idx is None else unmapped_topk_idx,
+            topk_idx, topk_weights,
+            num_topk, num_groups, num_topk_groups, scoring, flags, num_extra, rsf,
+            ep_rank, num_ep_ranks, tp_rank, num_tp_ranks,
+        )
+    return topk_idx, topk_weights
