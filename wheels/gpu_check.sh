@@ -9,6 +9,7 @@
 #   GPU_CHECK_STAGES       stages to run, default "tests bench sanitizer" (env facts + install
 #                          always run); e.g. GPU_CHECK_STAGES="bench"
 #   GPU_CHECK_PYTEST_ARGS  extra pytest arguments (split on spaces), e.g. "-x --maxfail=20"
+#   GPU_CHECK_TESTS_S      seconds the test stage may take at most, default 300
 #   GPU_CHECK_PYTEST_K     a pytest -k expression (may contain spaces), e.g. "quant or unchecked"
 #   GPU_CHECK_BUDGET_S     wall-clock budget for the whole script, default 540 (the device
 #                          tool stops a command at 600 s); a stage gets what is left, minus a reserve
@@ -114,7 +115,7 @@ EOF
 
 run_tests() {
   local cap
-  cap=$(limit 300 150)
+  cap=$(limit "${GPU_CHECK_TESTS_S:-300}" 150)
   stamp "tests: pytest tests/gpu (limit ${cap}s)"
   printf '[pytest]\nmarkers =\n    gpu: needs an NVIDIA sm_90 GPU\n' >/tmp/tb-pytest.ini
   local extra=()
