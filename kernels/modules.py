@@ -9,6 +9,7 @@ ALL_MODULES = (
     "tilebin.kernels.gemm.gemm_nt",
     "tilebin.kernels.testing.coop_sum",
     "tilebin.kernels.testing.pdl_chain",
+    "tilebin.kernels.quant.per_token_cast",
     "tilebin.kernels.quant.per_block_cast",
     "tilebin.kernels.quant.per_block_cast_lossless",
     "tilebin.kernels.quant.per_channel_cast_fused",

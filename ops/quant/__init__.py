@@ -13,6 +13,7 @@ from ._per_block import (
     per_block_cast_with_precomputed_sf,
     per_block_cast_with_sf_only,
 )
+from ._per_token import per_token_cast, per_token_cast_with_precomputed_sf, per_token_cast_with_sf_only
 from ._per_channel import per_channel_cast, per_channel_cast_and_transpose, per_channel_cast_fused
 from ._swiglu import (
     swiglu_backward_and_per_token_cast,
@@ -21,6 +22,7 @@ from ._swiglu import (
 )
 
 __all__ = [
+    "per_token_cast", "per_token_cast_with_precomputed_sf", "per_token_cast_with_sf_only",
     "cast_back", "per_token_cast_back", "unpack_from_e2m1fn_x2",
     "per_block_cast", "per_block_cast_lossless", "per_block_cast_with_precomputed_sf", "per_block_cast_with_sf_only",
     "per_channel_cast", "per_channel_cast_and_transpose", "per_channel_cast_fused",

@@ -1,0 +1,267 @@
+"""Per-token casts: one scale per token and ``num_per_channels`` channels.
+
+Same names, signatures, defaults and outputs as ``tile_kernels.quant`` 1.0.0
+(``per_token_cast``, ``per_token_cast_with_sf_only``, ``per_token_cast_with_precomputed_sf``),
+bit-identical to ``tile_kernels.torch.cast(x, fmt, (1, num_per_channels), ...)``:
+
+* ``fmt``: ``'e4m3'`` (float8_e4m3fn ``[tokens, hidden]``) or ``'e2m1'`` (two values per int8
+  byte, ``[tokens, hidden // 2]``); ``per_token_cast`` also takes ``'e5m6'``, which runs
+  ``per_token_cast_to_e5m6`` (``ops/quant/_e5m6.py``).
+* ``x``: bf16 / fp32 ``[tokens, hidden]`` (any row stride), or a quantized pair ``(data, sf)``
+  (data e4m3, or e2m1 packed in int8; sf fp32 row- or column-major, or packed UE8M0 int32)
+  with ``x_block_size = (rows, cols)``, powers of two, ``cols >= 16``: dequantized as
+  ``data * sf`` (fp32) first.  Only ``per_token_cast`` takes a quantized pair (as tile_kernels).
+* ``num_per_channels``: 16, 32, 64, 128, or ``hidden`` (one scale per token).
+* ``hidden % 16 == 0`` (576 and other sizes that are not multiples of the group work: the last
+  group is partial).
+* scales (dequantization multipliers): fp32 ``[tokens, groups]`` row-major;
+  ``use_tma_aligned_col_major_sf``: the same values column-major (strides ``(1, pad4(tokens))``);
+  ``use_packed_ue8m0`` (needs the column-major flag and ``round_sf``): int32 ``[tokens,
+  ceil(groups / 4)]`` holding exponent bytes.  ``round_sf`` rounds scales up to powers of two.
+* ``per_token_cast_with_precomputed_sf``: ``sf`` fp32, one scale per token and group, given
+  ``[tokens, groups]`` (stride(1) == 1), or with ``use_tma_aligned_col_major_sf`` in the
+  kernel's orientation ``[groups, tokens]`` (stride(1) == 1), as tile_kernels passes it; packed
+  UE8M0 is refused (tile_kernels reads it as a number); ``round_sf`` is ignored.  Returns the
+  cast of ``x * (1 / sf)``.
+
+Every argument is validated before any GPU work (:class:`tilebin.runtime.ArgumentError` naming
+the op, the value, what is supported and the fix; the device is checked last).  A plain input
+whose row stride is not a multiple of 16 bytes, whose column stride is not 1 or whose pointer is
+not 16-byte aligned costs a copy of x.  Kernels run on torch's current stream.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional, Union
+
+import torch
+
+from .._common import check_cuda, check_tensor, fail, launcher
+from ._sf import FMT_DTYPES, SfLayout, check_fmt, input_sf, output_layout
+
+QuantTensor = tuple[torch.Tensor, torch.Tensor]
+
+_KERNEL = {"cast": "quant.per_token_cast", "quantized": "quant.per_token_cast_quantized",
+           "sf_only": "quant.per_token_cast_sf_only", "precomputed": "quant.per_token_cast_precomputed"}
+_PLAIN = {torch.bfloat16: "bfloat16", torch.float32: "float32"}
+_QUANTIZED = {torch.float8_e4m3fn: "float8_e4m3fn", torch.int8: "int8"}
+# Channels one thread block covers (32 lanes x 4 vectors of 16 bytes; quantized inputs 2 vectors
+# of 16 values).  Must equal
+# ``tilebin.kernels.quant.per_token_cast.chunk_elems`` (a CPU test checks it; tilebin.ops never
+# imports tilebin.kernels).
+_CHUNK = {"bfloat16": 1024, "float32": 512, "float8_e4m3fn": 1024, "int8": 1024}
+_GROUPS = (16, 32, 64, 128)
+_HIDDEN_ALIGN = 16
+_WHOLE_ROW_SHIFT = 31  # group_shift for one scale per row: every channel index >> 31 is 0
+_INT32_MAX = 2**31 - 1
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _check_flag(op: str, name: str, value: Any) -> bool:
+    if not isinstance(value, (bool, int)):
+        raise fail(op, f"{name} must be a bool, got {type(value).__name__} {value!r}")
+    return bool(value)
+
+
+def _pow2_shift(value: int) -> int:
+    return value.bit_length() - 1
+
+
+def _check_block(op: str, x_block_size: Any) -> tuple[int, int]:
+    ok = isinstance(x_block_size, (tuple, list)) and len(x_block_size) == 2 and all(
+        isinstance(v, int) and not isinstance(v, bool) and v > 0 and v & (v - 1) == 0 for v in x_block_size)
+    if not ok or x_block_size[1] < 16:
+        raise fail(op, f"x_block_size={x_block_size!r} is not supported for a quantized input; it must be a "
+                       "(rows, cols) pair of powers of two with cols >= 16, e.g. (128, 128), (32, 32) or (1, 32)")
+    return int(x_block_size[0]), int(x_block_size[1])
+
+
+def _check_rows(op: str, name: str, t: torch.Tensor, hidden: int) -> None:
+    if hidden % _HIDDEN_ALIGN:
+        raise fail(op, f"{name} has hidden size {hidden}; this op needs hidden % {_HIDDEN_ALIGN} == 0 "
+                       "(pad the hidden dimension)")
+
+
+def _quantized(op: str, x: tuple, x_block_size: Any) -> tuple[torch.Tensor, torch.Tensor, SfLayout, int]:
+    """``(data, sf in kernel orientation, its layout, logical hidden)`` of a quantized pair."""
+    data, kernel_sf, layout = input_sf(op, tuple(x), _check_block(op, x_block_size))
+    check_tensor(op, "x[0] (data)", data, tuple(_QUANTIZED), 2)
+    tokens, hidden = data.size(0), data.size(1) * (2 if data.dtype == torch.int8 else 1)
+    _check_rows(op, "x[0] (data)", data, hidden)
+    vector = 16 if data.dtype == torch.float8_e4m3fn else 8  # bytes per lane load
+    if data.stride(1) != 1 or (tokens > 1 and data.stride(0) % vector) or data.data_ptr() % 16:
+        raise fail(op, f"x[0] (data) must have unit column stride, a row stride that is a multiple of {vector} "
+                       f"and a 16-byte aligned pointer (got strides {tuple(data.stride())}); pass data.contiguous()")
+    want = layout.shape(tokens, hidden)
+    if tuple(kernel_sf.shape) != want:
+        user = (_cdiv(tokens, layout.block[0]), _cdiv(_cdiv(hidden, layout.block[1]), 4 if layout.packed_ue8m0 else 1))
+        raise fail(op, f"x[1] (sf) has shape {tuple(x[1].shape)}; for data {tuple(data.shape)} "
+                       f"({tokens} x {hidden} values) with x_block_size={layout.block} it must be {user}")
+    if kernel_sf.data_ptr() % kernel_sf.element_size() or not 0 < kernel_sf.stride(0) <= _INT32_MAX:
+        raise fail(op, f"x[1] (sf) strides {tuple(x[1].stride())} or its pointer are not usable; pass a freshly "
+                       "allocated sf")
+    return data, kernel_sf, layout, hidden
+
+
+def _kernel_input(x: torch.Tensor) -> torch.Tensor:
+    """``x`` itself when its rows are 16-byte aligned with unit column stride, else a copy."""
+    per_vector = 16 // x.element_size()
+    stride = x.stride(0)
+    rows_ok = x.size(0) <= 1 or 0 < stride <= _INT32_MAX and stride % per_vector == 0
+    if (x.stride(1) == 1 or x.size(1) <= 1) and rows_ok and x.data_ptr() % 16 == 0:
+        return x
+    return x.clone(memory_format=torch.contiguous_format)
+
+
+def _groups(op: str, num_per_channels: Any, hidden: int) -> tuple[int, bool]:
+    """``(group_shift, whole_row)`` for the kernel."""
+    if isinstance(num_per_channels, int) and not isinstance(num_per_channels, bool):
+        if num_per_channels in _GROUPS:
+            return _pow2_shift(num_per_channels), False
+        if num_per_channels == hidden and hidden > 0:
+            return _WHOLE_ROW_SHIFT, True
+    raise fail(op, f"num_per_channels={num_per_channels!r} is not supported; supported: "
+                   f"{', '.join(map(str, _GROUPS))}, or hidden ({hidden}) for one scale per token")
+
+
+def _flags(op: str, col: Any, rnd: Any, packed: Any) -> tuple[bool, bool, bool]:
+    return (_check_flag(op, "use_tma_aligned_col_major_sf", col), _check_flag(op, "round_sf", rnd),
+            _check_flag(op, "use_packed_ue8m0", packed))
+
+
+def _run(op: str, mode: str, x: Any, fmt: Any, num_per_channels: Any, x_block_size: Any, col: Any, rnd: Any,
+         packed: Any, sf: Optional[torch.Tensor] = None) -> Any:
+    check_fmt(op, fmt)
+    col, rnd, packed = _flags(op, col, rnd, packed)
+    if isinstance(x, tuple):
+        if mode != "cast":
+            raise fail(op, "a quantized (data, sf) input is supported by per_token_cast only (as in tile_kernels); "
+                           "dequantize it first or call per_token_cast")
+        data, x_sf, in_layout, hidden = _quantized(op, x, x_block_size)
+        key_in = _QUANTIZED[data.dtype]
+    else:
+        check_tensor(op, "x", x, tuple(_PLAIN), 2)
+        if x_block_size is not None:
+            raise fail(op, f"x_block_size={x_block_size!r} is only for a quantized (data, sf) input; pass None "
+                           "with a plain bf16/fp32 tensor")
+        data, x_sf, in_layout, hidden = x, None, None, x.size(1)
+        _check_rows(op, "x", x, hidden)
+        key_in = _PLAIN[x.dtype]
+    tokens = data.size(0)
+    group_shift, whole_row = _groups(op, num_per_channels, hidden)
+    group = hidden if whole_row else num_per_channels
+    if mode == "precomputed":
+        layout = _precomputed_layout(op, sf, tokens, hidden, group, col, packed)
+    else:
+        layout = output_layout(op, (1, group), col, packed, rnd)
+    check_cuda(op, x=data, x_sf=x_sf, sf=sf)
+    return _launch(mode, data, x_sf, in_layout, sf, layout, fmt, key_in, tokens, hidden, group_shift, whole_row,
+                   rnd)
+
+
+def _precomputed_layout(op: str, sf: Any, tokens: int, hidden: int, group: int, col: bool,
+                        packed: bool) -> SfLayout:
+    if packed:
+        raise fail(op, "use_packed_ue8m0=True is not supported with precomputed scales: pass fp32 scales "
+                       "(sf_to_fp32 of the packed ones) and use_packed_ue8m0=False")
+    check_tensor(op, "sf", sf, (torch.float32,), 2)
+    groups = _cdiv(hidden, group)
+    want = (groups, tokens) if col else (tokens, groups)
+    if tuple(sf.shape) != want:
+        how = "[groups, tokens] (the kernel orientation tile_kernels expects with use_tma_aligned_col_major_sf)" \
+            if col else "[tokens, groups]"
+        raise fail(op, f"sf has shape {tuple(sf.shape)}; it must be {how} = {want} for x of {tokens} x {hidden} "
+                       f"values and {group} channels per scale")
+    if (sf.stride(1) != 1 and sf.size(1) > 1) or sf.data_ptr() % 4 or not 0 <= sf.stride(0) <= _INT32_MAX:
+        raise fail(op, f"sf must have unit stride along its last dim (got strides {tuple(sf.stride())}); "
+                       "pass sf.contiguous()")
+    return SfLayout((1, group), col, False)
+
+
+def _launch(mode: str, data: torch.Tensor, x_sf: Optional[torch.Tensor], in_layout: Optional[SfLayout],
+            sf: Optional[torch.Tensor], layout: SfLayout, fmt: str, key_in: str, tokens: int, hidden: int,
+            group_shift: int, whole_row: bool, rnd: bool) -> Any:
+    device = data.device
+    col_blocks = 1 if whole_row and mode != "precomputed" else _cdiv(hidden, _CHUNK[key_in])
+    out = None
+    if mode != "sf_only":
+        out = torch.empty((tokens, hidden if fmt == "e4m3" else hidden // 2), dtype=FMT_DTYPES[fmt], device=device)
+    raw_sf = layout.alloc(tokens, hidden, device) if mode != "precomputed" else sf
+    if tokens and hidden:
+        x_in = _kernel_input(data) if x_sf is None else data
+        key = dict(in_dtype=key_in, fmt=fmt, sf="ue8m0" if layout.packed_ue8m0 else "f32", mode=mode,
+                   in_sf="none" if in_layout is None else ("ue8m0" if in_layout.packed_ue8m0 else "f32"))
+        fn = launcher(_KERNEL["quantized" if x_sf is not None else mode], **key)
+        col = int(layout.col_major)
+        if mode == "precomputed":
+            fn(x_in, raw_sf, out, group_shift, col, col_blocks)
+        elif mode == "sf_only":
+            fn(x_in, raw_sf, group_shift, int(whole_row), int(rnd), col, col_blocks)
+        elif x_sf is None:
+            fn(x_in, out, raw_sf, group_shift, int(whole_row), int(rnd), col, col_blocks)
+        else:
+            fn(x_in, x_sf, out, raw_sf, group_shift, int(whole_row), int(rnd), col, col_blocks,
+               int(in_layout.col_major), _pow2_shift(in_layout.block[0]), _pow2_shift(in_layout.block[1]))
+    if mode == "precomputed":
+        return out
+    out_sf = layout.finish(raw_sf, tokens)
+    return out_sf if mode == "sf_only" else (out, out_sf)
+
+
+def per_token_cast(
+    x: Union[torch.Tensor, QuantTensor],
+    fmt: str,
+    num_per_channels: int,
+    x_block_size: Optional[tuple[int, int]] = None,
+    use_tma_aligned_col_major_sf: bool = False,
+    round_sf: bool = False,
+    use_packed_ue8m0: bool = False,
+) -> QuantTensor:
+    """Cast ``x`` to ``fmt`` with one scale per token and ``num_per_channels`` channels; returns
+    ``(out, out_sf)`` (layouts and rules: the module docstring).  ``fmt='e5m6'`` runs
+    ``per_token_cast_to_e5m6`` (``x_block_size`` must then be None)."""
+    if fmt == "e5m6":
+        if x_block_size is not None:
+            raise fail("per_token_cast", f"x_block_size={x_block_size!r} is not supported with fmt='e5m6' "
+                                         "(a plain bf16/fp32 input only); pass None")
+        from ._e5m6 import per_token_cast_to_e5m6  # imported here: the module is optional at import time
+
+        return per_token_cast_to_e5m6(x, num_per_channels, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0)
+    return _run("per_token_cast", "cast", x, fmt, num_per_channels, x_block_size, use_tma_aligned_col_major_sf,
+                round_sf, use_packed_ue8m0)
+
+
+def per_token_cast_with_sf_only(
+    x: torch.Tensor,
+    fmt: str,
+    num_per_channels: int,
+    x_block_size: Optional[tuple[int, int]] = None,
+    use_tma_aligned_col_major_sf: bool = False,
+    round_sf: bool = False,
+    use_packed_ue8m0: bool = False,
+) -> torch.Tensor:
+    """The scales :func:`per_token_cast` would return for a bf16/fp32 ``x``, without the cast."""
+    return _run("per_token_cast_with_sf_only", "sf_only", x, fmt, num_per_channels, x_block_size,
+                use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0)
+
+
+def per_token_cast_with_precomputed_sf(
+    x: torch.Tensor,
+    fmt: str,
+    num_per_channels: int,
+    sf: torch.Tensor,
+    x_block_size: Optional[tuple[int, int]] = None,
+    use_tma_aligned_col_major_sf: bool = False,
+    round_sf: bool = False,
+    use_packed_ue8m0: bool = False,
+) -> torch.Tensor:
+    """Cast bf16/fp32 ``x`` with given fp32 scales ``sf`` (one per token and group): returns
+    ``out`` = ``fmt`` of ``x * (1 / sf)`` (see the module docstring for ``sf``'s layout)."""
+    return _run("per_token_cast_with_precomputed_sf", "precomputed", x, fmt, num_per_channels, x_block_size,
+                use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0, sf=sf)
+
+
+__all__ = ["per_token_cast", "per_token_cast_with_precomputed_sf", "per_token_cast_with_sf_only"]
