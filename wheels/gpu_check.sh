@@ -115,7 +115,9 @@ EOF
 
 run_tests() {
   local cap
-  cap=$(limit "${GPU_CHECK_TESTS_S:-300}" 150)
+  local reserve=150  # for the stages after this one; none when tests run alone
+  [[ "$STAGES" == " tests " ]] && reserve=15
+  cap=$(limit "${GPU_CHECK_TESTS_S:-300}" "$reserve")
   stamp "tests: pytest tests/gpu (limit ${cap}s)"
   printf '[pytest]\nmarkers =\n    gpu: needs an NVIDIA sm_90 GPU\n' >/tmp/tb-pytest.ini
   local extra=()
