@@ -110,7 +110,7 @@ def kernel_names(rt) -> list[str]:
     return list(rt.kernel_names())
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def require(kernel_names):
     """``require(name)`` fails the test (not skips) when the wheel lacks the kernel."""
 

@@ -142,7 +142,7 @@ def assert_all_written(t: torch.Tensor, name: str = "tensor") -> None:
         bits = _bits(t)
         poisoned = bits == (-1 if bits.dtype != torch.uint8 else 0xFF)
     elif t.dtype in (torch.uint8, torch.int32):
-        poisoned = _bits(t.contiguous().view(torch.uint8)) == 0xFF
+        poisoned = _bits(t.contiguous().reshape(-1).view(torch.uint8)) == 0xFF
     else:
         raise TypeError(f"assert_all_written: 0xFF is a valid {t.dtype} value, cannot tell unwritten from written")
     count = int(poisoned.sum().item())
