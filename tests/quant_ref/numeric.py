@@ -14,9 +14,17 @@ _BITS_DTYPE = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 _SHOW = 8
 
 
+def _dense_flat(t: torch.Tensor) -> torch.Tensor:
+    """``t``'s elements as a fresh 1-D tensor with stride 1 (``contiguous()`` keeps odd strides of
+    size-1 dims, e.g. a 1 x 1 column-major scale tensor, which byte views then reject)."""
+    flat = torch.empty(t.numel(), dtype=t.dtype, device=t.device)
+    flat.copy_(t.reshape(-1))
+    return flat
+
+
 def _bits(t: torch.Tensor) -> torch.Tensor:
     """Raw bits of each element of ``t`` as a contiguous 1-D integer tensor."""
-    flat = t.contiguous().reshape(-1)
+    flat = _dense_flat(t)
     if flat.dtype == torch.bool:
         return flat.to(torch.uint8)
     return flat.view(_BITS_DTYPE[flat.element_size()])
@@ -142,7 +150,7 @@ def assert_all_written(t: torch.Tensor, name: str = "tensor") -> None:
         bits = _bits(t)
         poisoned = bits == (-1 if bits.dtype != torch.uint8 else 0xFF)
     elif t.dtype in (torch.uint8, torch.int32):
-        poisoned = _bits(t.contiguous().reshape(-1).view(torch.uint8)) == 0xFF
+        poisoned = _bits(_dense_flat(t).view(torch.uint8)) == 0xFF
     else:
         raise TypeError(f"assert_all_written: 0xFF is a valid {t.dtype} value, cannot tell unwritten from written")
     count = int(poisoned.sum().item())
