@@ -13,6 +13,7 @@ import platform
 import statistics
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -139,3 +140,29 @@ def env_markdown(facts: dict) -> str:
             f"{smi.get('driver_version')} · SM clock {smi.get('clocks.sm')} (max {smi.get('clocks.max.sm')}) · "
             f"torch {facts.get('torch')} · cuda-bindings {facts.get('cuda_bindings')} · tilebin "
             f"{facts.get('tilebin')} ({facts.get('tilebin_runtime_file')})")
+
+
+def host_us(fn, batch: int = 50, batches: int = 30, busy: bool = False) -> float:
+    """Host wall time per call of ``fn`` (median over batches of the per-call mean), in us.
+
+    Default: a sync before each batch and tiny inputs, so the GPU keeps up and the launch
+    queue stays short (what bench_launch measures).  ``busy=True``: each batch is queued
+    behind a GPU sleep instead, so every launch lands in a non-empty queue.
+    """
+    import torch
+
+    for _ in range(5):
+        fn()
+    torch.cuda.synchronize()
+    out = []
+    for _ in range(batches):
+        if busy:
+            torch.cuda._sleep(20_000_000)
+        else:
+            torch.cuda.synchronize()
+        t0 = time.perf_counter_ns()
+        for _ in range(batch):
+            fn()
+        out.append((time.perf_counter_ns() - t0) / batch / 1e3)
+    torch.cuda.synchronize()
+    return statistics.median(out)

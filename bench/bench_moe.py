@@ -5,9 +5,9 @@
 
 Two tables:
 
-* host us per call (output allocation included) at 1, 4, 32 and 128 tokens, measured while a
-  queued GPU sleep keeps the device busy (so it is the host side alone), next to the device
-  time of one call at that size (CUDA events, median);
+* host us per call (output allocation included) at 1, 4, 32 and 128 tokens (batches of 50
+  calls, a sync before each batch: bench/_common.host_us), next to the device time of one
+  call at that size (CUDA events, median);
 * device time, GB/s of the bytes the op must move (inputs read + outputs written) and % of
   torch ``copy_``'s GB/s on a buffer of the same size, at 4096 / 8192 tokens (DeepSeek-V3-like
   routing: 256 experts, 8 groups, top-8, hidden 7168).
@@ -18,9 +18,8 @@ An op missing from the wheel, or one that raises, is reported in its row.
 from __future__ import annotations
 
 import argparse
-import time
 
-from _common import env_facts, env_markdown, markdown_table, summary, time_device_ms, write_reports
+from _common import env_facts, env_markdown, host_us, markdown_table, time_device_ms, write_reports
 
 EXPERTS, TOPK, GROUPS, TOPK_GROUPS, HIDDEN = 256, 8, 8, 4, 7168
 
@@ -29,22 +28,6 @@ def _nbytes(obj) -> int:
     if isinstance(obj, (tuple, list)):
         return sum(_nbytes(o) for o in obj)
     return obj.numel() * obj.element_size() if hasattr(obj, "numel") else 0
-
-
-def host_us(fn, calls: int = 300) -> float:
-    import torch
-
-    fn()
-    torch.cuda.synchronize()
-    out = []
-    for _ in range(5):
-        torch.cuda._sleep(50_000_000)
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        out.append((time.perf_counter() - t0) / calls * 1e6)
-        torch.cuda.synchronize()
-    return summary(out)["median"]
 
 
 def calls(moe, t: int):

@@ -3,38 +3,23 @@
 
     PYTHONPATH=<site with the tilebin wheel> python3 bench/bench_op_host.py [--md F] [--profile]
 
-Each row is the median over 7 rounds of 2000 calls (wall time per call) while a queued GPU
-sleep keeps the device busy, so launches never wait for the GPU.  Decode-size inputs (4
-tokens).  ``--profile`` adds cProfile's top functions of the per_token_cast and topk_gate
-calls when the wheel has them.
+Each row: host wall time per call (``_common.host_us``: median over batches of 50 calls) in
+two settings, the GPU idle between batches (a sync before each batch; the queue stays short)
+and busy (each batch queued behind a GPU sleep, so every launch lands in a non-empty queue).
+Decode-size inputs (4 tokens).  The floor is cuda-python's ``cuLaunchKernel`` on a prepacked
+argument buffer (bench_launch's row a).  ``--profile`` adds cProfile's top functions of the
+per_token_cast and per_block_cast calls.
 """
 
 from __future__ import annotations
 
 import argparse
 import cProfile
+import functools
 import io
 import pstats
-import statistics
-import time
 
-from _common import env_facts, env_markdown, markdown_table, write_reports
-
-
-def per_call_us(fn, calls: int = 2000, rounds: int = 7) -> float:
-    import torch
-
-    fn()
-    torch.cuda.synchronize()
-    out = []
-    for _ in range(rounds):
-        torch.cuda._sleep(100_000_000)
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        out.append((time.perf_counter() - t0) / calls * 1e6)
-        torch.cuda.synchronize()
-    return statistics.median(out)
+from _common import env_facts, env_markdown, host_us, markdown_table, write_reports
 
 
 def parts():
@@ -59,9 +44,12 @@ def parts():
         ("x.T", lambda: x.T),
         ("x[:2, :]", lambda: x[:2, :]),
         ("torch.cuda.current_stream().cuda_stream", lambda: torch.cuda.current_stream().cuda_stream),
+        ("torch eager: x.to(torch.float8_e4m3fn)", lambda: x.to(torch.float8_e4m3fn)),
+        ("torch eager: torch.add(x, 1)", lambda: torch.add(x, 1)),
     ]
     fn = runtime.unchecked_launcher("transpose.batched_transpose", dtype="bfloat16")
     x3, o3 = x.view(1, 4, 7168), out.view(1, 7168, 4)
+    rows.insert(0, ("floor: raw cuLaunchKernel (transpose, prepacked)", _raw_launch(runtime, x3, o3)))
     rows.append(("unchecked_launcher(transpose)(x, out)", lambda: fn(x3, o3)))
     rows.append(("runtime.launch(transpose, x, out)",
                  lambda: runtime.launch("transpose.batched_transpose", x3, o3)))
@@ -75,6 +63,20 @@ def parts():
         if hasattr(quant, name.split("(")[0].split(".")[1]):
             rows.append((name, call))
     return rows
+
+
+def _raw_launch(runtime, x, out):
+    """cuda-python's cuLaunchKernel on the handle and void** buffer runtime.launch prepared (private
+    attributes, read once): the same kernel with no lookup, validation or pointer refresh."""
+    import torch
+    from cuda.bindings import driver as cu
+
+    runtime.launch("transpose.batched_transpose", x, out)
+    torch.cuda.synchronize()
+    entry = runtime._registry.default_registry()._entries["transpose.batched_transpose"]
+    plan = [*entry.fast_plans.values(), *entry.plans.values()][-1]
+    (ln,) = plan.launches
+    return functools.partial(cu.cuLaunchKernel, *ln._head, torch.cuda.current_stream().cuda_stream, ln.address, 0)
 
 
 def profile(label: str, fn, n: int = 3000) -> str:
@@ -99,12 +101,12 @@ def main() -> None:
     rows = []
     for label, fn in parts():
         try:
-            rows.append([label, f"{per_call_us(fn):.2f}"])
+            rows.append([label, f"{host_us(fn):.2f}", f"{host_us(fn, busy=True):.2f}"])
         except Exception as exc:
-            rows.append([label, f"error: {exc!r}"[:200]])
+            rows.append([label, f"error: {exc!r}"[:200], ""])
         print(" | ".join(rows[-1]), flush=True)
     md = "### host cost of an op call, by part (4 tokens)\n\n" + env_markdown(facts) + "\n\n"
-    md += markdown_table(["part", "host us/call"], rows)
+    md += markdown_table(["part", "host us/call, GPU idle", "host us/call, GPU busy"], rows)
     if ns.profile:
         from tilebin.ops import quant
         import torch

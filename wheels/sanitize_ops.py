@@ -37,7 +37,9 @@ def quant_calls():
                 for block in ((128, 128), (32, 32)):
                     yield (f"per_block_cast({t}x{h}, {fmt}, {block})",
                            lambda x=x, fmt=fmt, block=block: q.per_block_cast(x, fmt, block))
-            yield f"per_token_cast({t}x{h}, e5m6, 128)", lambda x=x: q.per_token_cast(x, "e5m6", 128)
+            yield f"per_token_cast({t}x{h}, e5m6, {h})", lambda x=x, h=h: q.per_token_cast(x, "e5m6", h)
+            yield (f"cast_back(e5m6 {t}x{h})",
+                   lambda x=x, h=h: q.per_token_cast_back(q.per_token_cast(x, "e5m6", h), "bf16", h, "e5m6"))
             yield f"per_channel_cast({t}x{h})", lambda x=x: q.per_channel_cast(x, "e4m3", 128)
             yield f"per_channel_cast_and_transpose({t}x{h})", lambda x=x: q.per_channel_cast_and_transpose(x, "e4m3", 128)
             yield (f"cast_back(per_token e4m3 {t}x{h})",
@@ -47,8 +49,9 @@ def quant_calls():
             x2 = _bf16(t, 2 * h)
             yield f"swiglu_forward_and_per_token_cast({t}x{2 * h})", lambda x2=x2: q.swiglu_forward_and_per_token_cast(
                 x2, "e4m3", 128)
-            yield (f"swiglu_forward_and_per_channel_cast_and_transpose({t}x{2 * h})",
-                   lambda x2=x2: q.swiglu_forward_and_per_channel_cast_and_transpose(x2, "e4m3", 128))
+            x3 = _bf16(128 * t, 2 * h)  # its token count must be a multiple of 128
+            yield (f"swiglu_forward_and_per_channel_cast_and_transpose({128 * t}x{2 * h})",
+                   lambda x3=x3: q.swiglu_forward_and_per_channel_cast_and_transpose(x3, "e4m3", 128))
 
 
 def moe_calls():
