@@ -40,6 +40,7 @@ shared-memory exchange between warps.  The scale writer is the first lane of eac
 import tilelang.language as T
 
 from .._declare import KernelDecl, product
+from ._formats import e2m1_code  # shared RNE encoder (re-exported: part of this module's names)
 
 THREADS = 256
 TILE_ELEMENTS = 8192
@@ -71,20 +72,6 @@ def unpack_word(word, in_dtype: str, j):
     if in_dtype == "float32":
         return _f32(word)
     return _f32((word << T.Cast("uint32", 16 - 16 * j)) & T.uint32(0xFFFF0000))
-
-
-def e2m1_code(q):
-    """4-bit e2m1 code of fp32 ``q``: RNE onto the e2m1 grid with saturation at 6, sign kept.
-
-    The magnitude code is the number of grid midpoints below |q|; a midpoint that is a tie goes
-    to the even code (0.25 -> 0, 0.75 -> 1.0, 1.25 -> 1.0, 1.75 -> 2, 2.5 -> 2, 3.5 -> 4, 5 -> 4).
-    """
-    a = T.abs(q)
-    mag = (T.Cast("uint32", a > T.float32(0.25)) + T.Cast("uint32", a >= T.float32(0.75))
-           + T.Cast("uint32", a > T.float32(1.25)) + T.Cast("uint32", a >= T.float32(1.75))
-           + T.Cast("uint32", a > T.float32(2.5)) + T.Cast("uint32", a >= T.float32(3.5))
-           + T.Cast("uint32", a > T.float32(5.0)))
-    return mag | ((_u32(q) >> T.uint32(28)) & T.uint32(8))
 
 
 def tile_plan(in_dtype: str, block: int, vec: int | None = None, threads: int = THREADS) -> dict:
