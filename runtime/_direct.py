@@ -21,6 +21,8 @@ and the driver call); capturable in CUDA graphs; torch tensors only.
 from __future__ import annotations
 
 import ctypes
+import operator
+import struct
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -28,22 +30,35 @@ from typing import Any
 from . import _driver
 from ._errors import ArgumentError, NoVariantError
 from ._expr import OPS, Expr
-from ._launch import _CTYPES, _RETRY, scalar_bits
+from ._launch import _RETRY, scalar_bits
 from ._manifest import KernelSpec, LaunchSpec, VariantSpec
-from ._plan import SCALAR_DTYPES, convert_scalar
+from ._plan import convert_scalar
 from ._tensors import torch_stream_getter
 
 _THREAD = _driver.THREAD
 _GRID_MAX = ((1 << 31) - 1, 65535, 65535)
+# struct format of one 8-byte scalar slot per manifest dtype (little-endian, value then padding)
+_SLOT_FORMAT = {
+    "int8": "b7x", "int16": "h6x", "int32": "i4x", "int64": "q",
+    "uint8": "B7x", "uint16": "H6x", "uint32": "I4x", "uint64": "Q",
+    "float32": "f4x", "float64": "d", "float16": "H6x", "bfloat16": "H6x", "bool": "B7x",
+}
+_CONVERTED = ("float16", "bfloat16", "bool")  # stored as bits after convert_scalar's checks
 
 
-def compile_expr(tree: Expr, slots: dict[str, int]) -> Callable[[tuple], int]:
-    """A closure ``f(values) -> int`` for a checked tree; ``slots`` maps symbols to tuple indices."""
+def compile_expr(tree: Expr, slots: dict[str, tuple[int, int | None]]) -> Callable[[list], int]:
+    """A closure ``f(sources) -> int`` for a checked tree.
+
+    ``slots`` maps each symbol to ``(i, d)``: element ``d`` of ``sources[i]`` (a shape or a
+    stride tuple), or ``sources[i]`` itself when ``d`` is None (a scalar argument).
+    """
     if isinstance(tree, int):
         return lambda s, c=tree: c
     if isinstance(tree, str):
-        i = slots[tree]
-        return lambda s: s[i]
+        i, d = slots[tree]
+        if d is None:
+            return lambda s: s[i]
+        return lambda s: s[i][d]
     fn = OPS[tree[0]][1]
     args = [compile_expr(a, slots) for a in tree[1:]]
     if len(args) == 1:
@@ -56,31 +71,37 @@ def compile_expr(tree: Expr, slots: dict[str, int]) -> Callable[[tuple], int]:
     return lambda s: fn(a(s), b(s))
 
 
-def symbol_readers(spec: KernelSpec, variant: VariantSpec) -> tuple[list[str], list[Callable[[tuple], Any]]]:
-    """Symbols in binding order and, per symbol, ``f(args) -> value`` (a size, a stride or a scalar)."""
+def symbol_sources(spec: KernelSpec, variant: VariantSpec) -> tuple[list[Callable[[tuple], Any]], dict]:
+    """What a call reads for the runtime symbols: ``getters`` (``f(args)``: a tensor's ``.shape``,
+    its ``.stride()``, or a scalar argument), each read once per call, and per symbol its
+    ``(getter index, dim or None)``.  Shapes bind first, then strides, then scalars (the order
+    ``runtime.launch`` binds them in)."""
     position = {p.name: i for i, p in enumerate(spec.params)}
-    names: list[str] = []
-    readers: list[Callable[[tuple], Any]] = []
-    late: list[tuple[str, int, int]] = []
+    getters: list[Callable[[tuple], Any]] = []
+    index: dict[tuple, int] = {}
+    slots: dict[str, tuple[int, int | None]] = {}
+
+    def source(kind: str, p: int) -> int:
+        if (kind, p) not in index:
+            index[kind, p] = len(getters)
+            getters.append({"shape": lambda a: a[p].shape, "stride": lambda a: a[p].stride(),
+                            "scalar": operator.itemgetter(p)}[kind])
+        return index[kind, p]
+
+    late = []
     for t in variant.tensors:
         p = position[t.name]
         for d, e in enumerate(t.shape):
-            if isinstance(e, str) and e not in names:
-                names.append(e)
-                readers.append(lambda a, p=p, d=d: a[p].size(d))
-        for d, e in enumerate(t.strides):
-            if isinstance(e, str):
-                late.append((e, p, d))
+            if isinstance(e, str) and e not in slots:
+                slots[e] = (source("shape", p), d)
+        late += [(e, p, d) for d, e in enumerate(t.strides) if isinstance(e, str)]
     for e, p, d in late:
-        if e not in names:
-            names.append(e)
-            readers.append(lambda a, p=p, d=d: a[p].stride(d))
-    for s in variant.scalars:
-        if s.name not in names:
-            p = position[s.name]
-            names.append(s.name)
-            readers.append(lambda a, p=p: a[p])
-    return names, readers
+        if e not in slots:
+            slots[e] = (source("stride", p), d)
+    for sc in variant.scalars:
+        if sc.name not in slots:
+            slots[sc.name] = (source("scalar", position[sc.name]), None)
+    return getters, slots
 
 
 def _grid_fn(fns: list[Callable[[tuple], int]], tree: tuple) -> Callable[[tuple], tuple]:
@@ -104,25 +125,19 @@ class _Launch:
         self.block = tuple(self._static(e, "block") for e in spec.block)
         self.smem = spec.smem
         n = len(spec.args)
-        self._raw = (ctypes.c_uint64 * max(n, 1))()
+        self._raw = (ctypes.c_uint64 * max(n, 1))()  # pointer slots first, then one 8-byte slot per scalar
         self._params = (ctypes.c_void_p * max(n, 1))()
         base = ctypes.addressof(self._raw)
         self.address = ctypes.addressof(self._params) if n else 0
-        self.ptrs: list[tuple[Any, int]] = []  # (slot, parameter position)
-        self.ints: list[tuple[Any, Callable, int, int]] = []  # (slot, expr, lo, hi)
-        self.others: list[tuple[Any, Callable, str, tuple, float]] = []  # (slot, expr, dtype, fast types, max)
-        for j, a in enumerate(spec.args):
-            self._params[j] = base + 8 * j
-            if a.kind == "ptr":
-                self.ptrs.append((ctypes.c_uint64.from_address(base + 8 * j), position[a.param]))
-                continue
-            kind, lo, hi = SCALAR_DTYPES[a.dtype]
-            slot, f = _CTYPES[a.dtype].from_address(base + 8 * j), compile_expr(a.value, slots)
-            if kind == "i":
-                self.ints.append((slot, f, lo, hi))
-            else:  # float32/float64 store Python floats directly; half types and bool convert
-                top = {"float32": 3.4028234663852886e38, "float64": 1.7976931348623157e308}.get(a.dtype)
-                self.others.append((slot, f, a.dtype, (float, int) if top else (), top or 0.0))
+        ptrs = [(j, a) for j, a in enumerate(spec.args) if a.kind == "ptr"]
+        scalars = [(j, a) for j, a in enumerate(spec.args) if a.kind == "scalar"]
+        for k, (j, _) in enumerate(ptrs + scalars):
+            self._params[j] = base + 8 * k
+        self.ptr_pos = tuple(position[a.param] for _, a in ptrs)
+        self.scalar_fns = tuple(compile_expr(a.value, slots) for _, a in scalars)
+        self.scalar_types = tuple(a.dtype for _, a in scalars)
+        self.converted = tuple(k for k, (_, a) in enumerate(scalars) if a.dtype in _CONVERTED)
+        self.packer = struct.Struct("<" + "Q" * len(ptrs) + "".join(_SLOT_FORMAT[a.dtype] for _, a in scalars))
         self.special = spec.cooperative or spec.pdl or tuple(spec.cluster) != (1, 1, 1)
         # cuLaunchKernelEx's config: built once; grid and stream are set per call (under the lock)
         self.config = _ex_config(spec, (1, 1, 1), self.block, 0) if self.special else None
@@ -138,21 +153,23 @@ class _Launch:
             raise NoVariantError(f"{self.where}: {what} {e!r} depends on runtime values; use tilebin.runtime.launch")
         return e
 
-    def fill(self, s: tuple, args: tuple) -> None:
-        for slot, p in self.ptrs:
-            slot.value = args[p].data_ptr()
-        for slot, f, lo, hi in self.ints:
-            v = f(s)
-            if not lo <= v <= hi:
-                raise ArgumentError(f"{self.where}: an integer kernel argument evaluates to {v}, outside "
-                                    f"[{lo}, {hi}]; the input is too large for this kernel: split the call")
-            slot.value = v
-        for slot, f, dtype, fast, top in self.others:
-            v = f(s)
-            if v.__class__ in fast and -top <= v <= top:
-                slot.value = v
-            else:
-                slot.value = scalar_bits(dtype, convert_scalar(v, dtype, f"{self.where} scalar"))
+    def fill(self, s: list, args: tuple) -> None:
+        """Write this call's pointers and scalars into the argument buffer (one ``pack_into``)."""
+        values = [args[p].data_ptr() for p in self.ptr_pos]
+        values += [f(s) for f in self.scalar_fns]
+        for k in self.converted:  # half types and bool: checked and converted to their bit patterns
+            dtype, at = self.scalar_types[k], len(self.ptr_pos) + k
+            values[at] = scalar_bits(dtype, convert_scalar(values[at], dtype, f"{self.where} scalar"))
+        try:
+            self.packer.pack_into(self._raw, 0, *values)
+        except (struct.error, OverflowError, TypeError):
+            self._bad_values(values)
+            raise
+
+    def _bad_values(self, values: list) -> None:
+        """Raise the ArgumentError naming the scalar kernel argument that does not fit its type."""
+        for dtype, v in zip(self.scalar_types, values[len(self.ptr_pos):]):
+            convert_scalar(v, dtype, f"{self.where}: the {dtype} kernel argument")
 
 
 class UncheckedLauncher:
@@ -162,8 +179,7 @@ class UncheckedLauncher:
         self.registry, self.spec, self.variant = registry, spec, variant
         key = ", ".join(f"{k}={v!r}" for k, v in variant.key.items())
         self.where = f"kernel {spec.name!r} variant {{{key}}}"
-        names, self._readers = symbol_readers(spec, variant)
-        slots = {n: i for i, n in enumerate(names)}
+        self._getters, slots = symbol_sources(spec, variant)
         position = {p.name: i for i, p in enumerate(spec.params)}
         self._launches = [_Launch(ln, slots, position, self.where) for ln in variant.launches]
         tensors = [i for i, p in enumerate(spec.params) if p.kind == "tensor"]
@@ -182,7 +198,7 @@ class UncheckedLauncher:
         if len(args) != self._nparams:
             raise ArgumentError(f"{self.where}: takes {self._nparams} arguments "
                                 f"({', '.join(p.name for p in self.spec.params)}), got {len(args)}")
-        s = tuple([r(args) for r in self._readers])
+        s = [g(args) for g in self._getters]
         ordinal = args[self._first].get_device()
         state = self._devices.get(ordinal)
         if state is None:

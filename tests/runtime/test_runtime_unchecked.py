@@ -13,7 +13,7 @@ import rt_fakes as F
 
 
 class TorchLike:
-    """The four torch.Tensor methods the unchecked path reads."""
+    """The torch.Tensor attributes the unchecked path reads (shape, stride, data_ptr, get_device)."""
 
     _next = [0x7E0000000000]
 
@@ -29,8 +29,8 @@ class TorchLike:
     def size(self, d):
         return self.shape[d]
 
-    def stride(self, d):
-        return self._strides[d]
+    def stride(self, d=None):
+        return tuple(self._strides) if d is None else self._strides[d]
 
     def data_ptr(self):
         return self.ptr
@@ -86,7 +86,7 @@ def test_two_launches_scalar_expressions_and_cooperative(make_registry, fake_gpu
 
 def test_int32_overflow_is_refused(make_registry, fake_gpu, streams):
     fn = make_registry().unchecked_launcher("toy.scale", dtype="bfloat16", block=128)
-    with pytest.raises(F_rt().ArgumentError, match="outside"):
+    with pytest.raises(F_rt().ArgumentError, match="int32 kernel argument = 2147483648 does not fit int32"):
         fn(TorchLike(2**31, 1), TorchLike(2**31, 1), 1.0)
 
 
@@ -115,3 +115,32 @@ def F_rt():
     from tilebin import runtime
 
     return runtime
+
+
+def test_stride_symbols_and_scalar_sources(make_registry, fake_gpu, streams, tmp_path):
+    """A row stride bound from a tensor's stride(), a grid over a scalar parameter, mixed slot types."""
+    data = F.manifest(**{"toy.rows": {
+        "params": [{"name": "x", "kind": "tensor", "rank": 2}, {"name": "y", "kind": "tensor", "rank": 2},
+                   {"name": "k", "kind": "scalar"}],
+        "variants": [{
+            "key": {}, "cubin": "cubins/rows.cubin", "sha256": "3" * 64,
+            "tensors": [{"name": "x", "dtype": "float32", "shape": ["m", "n"], "strides": ["ld", 1]},
+                        {"name": "y", "dtype": "float32", "shape": ["m", "n"], "strides": ["n", 1], "output": True}],
+            "scalars": [{"name": "k", "dtype": "int32"}],
+            "launches": [{"entry": "scale_bfloat16_128", "grid": [["floordiv", ["add", "m", "k"], "k"], "n", 1],
+                          "block": [32, 1, 1], "smem": 0,
+                          "args": [{"kind": "scalar", "dtype": "int64", "value": "ld"},
+                                   {"kind": "ptr", "param": "y"},
+                                   {"kind": "scalar", "dtype": "float32", "value": "k"},
+                                   {"kind": "ptr", "param": "x"},
+                                   {"kind": "scalar", "dtype": "int32", "value": ["mul", "m", "n"]}]}],
+        }]}})
+    fn = make_registry(data).unchecked_launcher("toy.rows")
+    x, y = TorchLike(10, 4), TorchLike(10, 4)
+    x._strides = [9, 1]  # rows 9 elements apart
+    fn(x, y, 3)
+    ln = fake_gpu.launches[-1]
+    a = ln["args"]
+    assert ln["dims"][0] == (4, 4, 1)
+    assert struct.unpack_from("<q", a[0])[0] == 9 and u64(a[1]) == y.ptr and u64(a[3]) == x.ptr
+    assert struct.unpack_from("<f", a[2])[0] == 3.0 and i32(a[4]) == 40
