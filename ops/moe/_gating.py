@@ -82,6 +82,25 @@ def _placeholders(device: torch.device) -> tuple[torch.Tensor, ...]:
     return p
 
 
+_FAST: dict[tuple, Any] = {}  # validated configurations (see _fast_table)
+_FAST_DEPS: list[Any] = [None, None]
+_FAST_MAX = 256
+
+
+def _fast_table() -> dict[tuple, Any]:
+    """The memo of validated configurations, emptied when the launcher or the device check it
+    was filled under changed (tests stub both; a stubbed device check lets CPU tensors in)."""
+    if _FAST_DEPS[0] is not launcher or _FAST_DEPS[1] is not _on_cuda:
+        _FAST.clear()
+        _FAST_DEPS[0], _FAST_DEPS[1] = launcher, _on_cuda
+    return _FAST
+
+
+def _remember(table: dict[tuple, Any], key: Optional[tuple], value: Any) -> None:
+    if key is not None and len(table) < _FAST_MAX:
+        table[key] = value
+
+
 # ---------------------------------------------------------------- topk_gate
 def topk_gate(scores: torch.Tensor, num_topk: int) -> torch.Tensor:
     """Indices of the ``num_topk`` largest scores per token, int64 ``[num_tokens, num_topk]``.
@@ -90,6 +109,17 @@ def topk_gate(scores: torch.Tensor, num_topk: int) -> torch.Tensor:
     ``0 <= num_topk <= num_experts``.  Descending order; equal scores by lower index (stable),
     NaN first.  Raises ArgumentError for anything else.
     """
+    try:  # a configuration seen before: only the token-count-dependent checks (the slow path says why not)
+        shape = scores.shape
+        key = ("topk_gate", scores.dtype, scores.device, shape[1:], num_topk, type(num_topk))
+        fast = _fast_table().get(key)
+    except (AttributeError, TypeError, IndexError):
+        key = fast = None
+    if fast is not None and scores.is_contiguous():
+        topk_idx = torch.empty((shape[0], num_topk), dtype=torch.int64, device=key[2])
+        if shape[0] and num_topk:
+            fast(scores, topk_idx)
+        return topk_idx
     op = "topk_gate"
     if not isinstance(scores, torch.Tensor) or scores.dtype != torch.float32 or scores.dim() != 2:
         check_tensor(op, "scores", scores, (torch.float32,), 2)
@@ -100,7 +130,9 @@ def topk_gate(scores: torch.Tensor, num_topk: int) -> torch.Tensor:
     _on_cuda(op, scores)
     topk_idx = torch.empty((num_tokens, num_topk), dtype=torch.int64, device=scores.device)
     if num_tokens and num_topk:
-        _launcher("moe.topk_gate", slots)(scores, topk_idx)
+        fn = _launcher("moe.topk_gate", slots)
+        fn(scores, topk_idx)
+        _remember(_fast_table(), key, fn)
     return topk_idx
 
 
@@ -112,6 +144,18 @@ def topk_sum_and_topk_group_idx(scores: torch.Tensor, num_topk_sum: int, num_top
     ``1 <= num_groups <= 32``; ``num_topk_sum`` 1 or 2 and ``<= experts_per_group``;
     ``0 <= num_topk_groups <= num_groups``.  Descending group score, ties by lower group.
     """
+    try:  # a configuration seen before: only the token-count-dependent checks (the slow path says why not)
+        shape = scores.shape
+        key = ("topk_sum_and_topk_group_idx", scores.dtype, scores.device, shape[1:], num_topk_sum,
+               type(num_topk_sum), num_topk_groups, type(num_topk_groups))
+        fast = _fast_table().get(key)
+    except (AttributeError, TypeError, IndexError):
+        key = fast = None
+    if fast is not None and scores.is_contiguous():
+        group_idx = torch.empty((shape[0], num_topk_groups), dtype=torch.int64, device=key[2])
+        if shape[0] and num_topk_groups:
+            fast(scores, group_idx, num_topk_sum)
+        return group_idx
     op = "topk_sum_and_topk_group_idx"
     if not isinstance(scores, torch.Tensor) or scores.dtype != torch.float32 or scores.dim() != 3:
         check_tensor(op, "scores", scores, (torch.float32,), 3)
@@ -128,7 +172,9 @@ def topk_sum_and_topk_group_idx(scores: torch.Tensor, num_topk_sum: int, num_top
     _on_cuda(op, scores)
     group_idx = torch.empty((num_tokens, num_topk_groups), dtype=torch.int64, device=scores.device)
     if num_tokens and num_topk_groups:
-        _launcher("moe.topk_sum_and_topk_group_idx", None)(scores, group_idx, num_topk_sum)
+        fn = _launcher("moe.topk_sum_and_topk_group_idx", None)
+        fn(scores, group_idx, num_topk_sum)
+        _remember(_fast_table(), key, fn)
     return group_idx
 
 
@@ -214,6 +260,52 @@ def _check_unmapped(op: str, unmapped: torch.Tensor, num_tokens: int, num_topk: 
         raise fail(op, f"unmapped_topk_idx must have unit stride along topk (strides {tuple(unmapped.stride())})")
 
 
+class _Top2:
+    """A validated top2_sum_gate configuration (all but the token count, pointers and strides).
+
+    The memo key holds every argument but ``routed_scaling_factor``'s value (only its type is
+    checked; it is converted per call) and the token-count-dependent sizes of the optional tensors.
+    """
+
+    __slots__ = ("fn", "ph", "num_out", "unit_unmapped", "head", "tail")
+
+    def __init__(self, fn: Any, ph: tuple, num_out: int, num_topk: int, head: tuple, tail: tuple) -> None:
+        self.fn, self.ph, self.num_out, self.head, self.tail = fn, ph, num_out, head, tail
+        self.unit_unmapped = num_topk > 1
+
+    def __call__(self, num_tokens: int, device: torch.device, logits: torch.Tensor, bias: torch.Tensor,
+                 mask: Any, fix: Any, phys: Any, count: Any, unmapped: Any,
+                 rsf: Any) -> Optional[tuple[torch.Tensor, torch.Tensor]]:
+        """``(topk_idx, topk_weights)``, or None when a per-call check fails (the slow path says why)."""
+        if not (logits.is_contiguous() and bias.is_contiguous()) or not num_tokens:
+            return None
+        ph = self.ph
+        if mask is None:
+            mask = ph[0]
+        elif mask.numel() != num_tokens or not mask.is_contiguous():
+            return None
+        elif mask.dim() != 1:
+            mask = mask.view(-1)
+        if unmapped is None:
+            unmapped = ph[3]
+        elif unmapped.shape[0] != num_tokens or (self.unit_unmapped and unmapped.stride(1) != 1):
+            return None
+        if fix is None:
+            fix = ph[0]
+        elif fix.numel() != num_tokens or not fix.is_contiguous():
+            return None
+        if phys is None:
+            phys, count = ph[1], ph[2]
+        elif not (phys.is_contiguous() and count.is_contiguous()):
+            return None
+        num_out = self.num_out
+        topk_idx = torch.empty((num_tokens, num_out), dtype=torch.int64, device=device)
+        topk_weights = torch.empty((num_tokens, num_out), dtype=torch.float32, device=device)
+        self.fn(logits, bias, mask, fix, phys, count, unmapped, topk_idx, topk_weights, *self.head, float(rsf),
+                *self.tail)
+        return topk_idx, topk_weights
+
+
 def top2_sum_gate(
     logits: torch.Tensor,
     bias: torch.Tensor,
@@ -240,6 +332,30 @@ def top2_sum_gate(
     ``kernels/moe/top2_sum_gate.py`` (tile_kernels 1.0.0's).  ``unmapped_topk_idx`` is
     written in place (and read for tokens whose ``fix_routing_mask`` is True).
     """
+    try:  # a configuration seen before: only the token-count-dependent checks (the slow path says why not)
+        shape = logits.shape
+        device = logits.device
+        key = ("top2_sum_gate", logits.dtype, device, shape[1:], bias.dtype, bias.shape, bias.device,
+               num_topk, type(num_topk), num_topk_groups, type(num_topk_groups), num_groups, type(num_groups),
+               use_shared_as_routed, type(use_shared_as_routed), num_shared_experts, type(num_shared_experts),
+               type(routed_scaling_factor), ep_rank, type(ep_rank), num_ep_ranks, type(num_ep_ranks),
+               tp_rank, type(tp_rank), num_tp_ranks, type(num_tp_ranks), scoring_func, type(scoring_func),
+               None if mask is None else (mask.dtype, mask.dim(), mask.device),
+               None if fix_routing_mask is None else (fix_routing_mask.dtype, fix_routing_mask.dim(),
+                                                      fix_routing_mask.device),
+               None if to_physical_map is None else (to_physical_map.dtype, to_physical_map.shape,
+                                                     to_physical_map.device),
+               None if logical_count is None else (logical_count.dtype, logical_count.shape, logical_count.device),
+               None if unmapped_topk_idx is None else (unmapped_topk_idx.dtype, unmapped_topk_idx.shape[1:],
+                                                       unmapped_topk_idx.device))
+        fast = _fast_table().get(key)
+    except (AttributeError, TypeError, IndexError):
+        key = fast = None
+    if fast is not None:
+        result = fast(shape[0], device, logits, bias, mask, fix_routing_mask, to_physical_map, logical_count,
+                      unmapped_topk_idx, routed_scaling_factor)
+        if result is not None:
+            return result
     op = "top2_sum_gate"
     check_tensor(op, "logits", logits, (torch.float32,), 2)
     check_tensor(op, "bias", bias, (torch.float32,), 1)
@@ -287,7 +403,8 @@ def top2_sum_gate(
     topk_weights = torch.empty((num_tokens, num_out), dtype=torch.float32, device=device)
     if num_tokens:
         ph = _placeholders(device)
-        _launcher("moe.top2_sum_gate", slots)(
+        fn = _launcher("moe.top2_sum_gate", slots)
+        fn(
             logits, bias,
             ph[0] if mask is None else mask,
             ph[0] if fix_routing_mask is None else fix_routing_mask,
@@ -298,4 +415,7 @@ def top2_sum_gate(
             num_topk, num_groups, num_topk_groups, scoring, flags, num_extra, rsf,
             ep_rank, num_ep_ranks, tp_rank, num_tp_ranks,
         )
+        _remember(_fast_table(), key, _Top2(fn, ph, num_out, num_topk, (num_topk, num_groups, num_topk_groups, scoring,
+                                                                      flags, num_extra),
+                                            (ep_rank, num_ep_ranks, tp_rank, num_tp_ranks)))
     return topk_idx, topk_weights

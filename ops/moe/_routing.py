@@ -95,6 +95,27 @@ def _mapping(op: str, token_topk_to_pos: Any, num_tokens: int, pos_to_expert: An
         _contiguous(op, "pos_to_expert", pos_to_expert)
 
 
+_FAST: dict[tuple, Any] = {}  # validated configurations (see _fast_table)
+_FAST_DEPS: list[Any] = [None, None]
+_FAST_MAX = 256
+
+
+def _fast_table() -> dict[tuple, Any]:
+    """The memo of validated configurations, emptied when the launcher or the device check it
+    was filled under changed (tests stub both; a stubbed device check lets CPU tensors in)."""
+    if _FAST_DEPS[0] is not launcher or _FAST_DEPS[1] is not check_cuda:
+        _FAST.clear()
+        _FAST_DEPS[0], _FAST_DEPS[1] = launcher, check_cuda
+    return _FAST
+
+
+def _remember(key: Optional[tuple], value: Any) -> None:
+    if key is not None:
+        table = _fast_table()
+        if len(table) < _FAST_MAX:
+            table[key] = value
+
+
 # ---------------------------------------------------------------- get_fused_mapping
 def get_fused_mapping(
     topk_idx: torch.Tensor,
@@ -114,6 +135,24 @@ def get_fused_mapping(
     sizes the buffers to fit; unless ``force_no_sync``, it then reads the counts back (a host
     sync), trims the slot maps to their sum and returns the counts as a list (else ``[]``).
     """
+    try:  # a configuration seen before: only the token-count-dependent checks (the slow path says why not)
+        shape = topk_idx.shape
+        dev = topk_idx.device
+        key = ("get_fused_mapping", topk_idx.dtype, dev, shape[1:], num_experts, type(num_experts), alignment,
+               type(alignment), force_no_sync, type(force_no_sync))
+        fn = _fast_table().get(key)
+    except (AttributeError, TypeError, IndexError):
+        key = fn = None
+    if (fn is not None and type(num_expanded_tokens) is int and 0 <= num_expanded_tokens <= _INT32_MAX
+            and topk_idx.is_contiguous()):
+        num_tokens, num_topk = shape
+        numel = num_tokens * num_topk
+        if numel + num_experts * (alignment - 1) <= 2**30:
+            should_sync = num_expanded_tokens == 0 and not force_no_sync
+            if should_sync:
+                num_expanded_tokens = (numel + (alignment - 1) * num_experts) // alignment * alignment
+            return _fused_mapping(fn, topk_idx, num_tokens, num_topk, numel, num_experts, num_expanded_tokens,
+                                  alignment, should_sync, dev)
     op = "get_fused_mapping"
     check_tensor(op, "topk_idx", topk_idx, (torch.int64,), 2)
     _contiguous(op, "topk_idx", topk_idx)
@@ -130,16 +169,26 @@ def get_fused_mapping(
     should_sync = num_expanded_tokens == 0 and not force_no_sync
     if should_sync:
         num_expanded_tokens = (numel + (alignment - 1) * num_experts) // alignment * alignment
-    dev = topk_idx.device
+    fn = launcher("moe.get_fused_mapping")
+    result = _fused_mapping(fn, topk_idx, num_tokens, num_topk, numel, num_experts, num_expanded_tokens, alignment,
+                            should_sync, topk_idx.device)
+    if key is not None and key[5] is int and key[7] is int:  # integer-likes other than int: the slow path converts
+        _remember(key, fn)
+    return result
+
+
+def _fused_mapping(fn: Any, topk_idx: torch.Tensor, num_tokens: int, num_topk: int, numel: int, num_experts: int,
+                   num_expanded_tokens: int, alignment: int, should_sync: bool, dev: torch.device) -> tuple:
+    """Allocate, launch and (``should_sync``) trim: get_fused_mapping past its checks."""
     blocks = max(1, min(get_num_sms(), MAX_BLOCKS, _cdiv(numel, ENTRIES_PER_BLOCK)))
     slots = torch.empty((3, num_expanded_tokens), dtype=torch.int32, device=dev)
     token_topk_to_pos = torch.empty((num_tokens, num_topk), dtype=torch.int32, device=dev)
     per_expert = torch.empty((3, num_experts), dtype=torch.int32, device=dev)
     workspace = torch.empty((blocks + 1, num_experts), dtype=torch.int32, device=dev)
-    pos_to_expert, pos_to_token, pos_to_token_topk = slots
-    expert_start, expert_end, num_tokens_per_expert = per_expert
-    launcher("moe.get_fused_mapping")(topk_idx, pos_to_expert, pos_to_token, pos_to_token_topk, token_topk_to_pos,
-                                      expert_start, expert_end, num_tokens_per_expert, workspace, alignment)
+    pos_to_expert, pos_to_token, pos_to_token_topk = slots.unbind(0)
+    expert_start, expert_end, num_tokens_per_expert = per_expert.unbind(0)
+    fn(topk_idx, pos_to_expert, pos_to_token, pos_to_token_topk, token_topk_to_pos, expert_start, expert_end,
+       num_tokens_per_expert, workspace, alignment)
     counts: list[int] = []
     if should_sync:
         counts = num_tokens_per_expert.tolist()
@@ -155,14 +204,29 @@ def expand_to_fused(x: torch.Tensor, token_topk_to_pos: torch.Tensor, pos_to_exp
     """Copy row ``t`` of ``x`` (bf16 / fp32 / e4m3 ``[num_tokens, hidden]``, contiguous) to row
     ``token_topk_to_pos[t, k]`` of a new ``[len(pos_to_expert), hidden]`` tensor for every slot
     ``>= 0``; rows whose ``pos_to_expert`` is negative are zeros."""
+    try:  # a configuration seen before: only the token-count-dependent checks (the slow path says why not)
+        shape = x.shape
+        dtype = x.dtype
+        dev = x.device
+        key = ("expand_to_fused", dtype, dev, shape[1:], token_topk_to_pos.dtype, token_topk_to_pos.device,
+               token_topk_to_pos.dim(), pos_to_expert.dtype, pos_to_expert.device, pos_to_expert.dim())
+        fn = _fast_table().get(key)
+    except (AttributeError, TypeError, IndexError):
+        key = fn = None
+    if (fn is not None and x.is_contiguous() and not x.data_ptr() & 15 and token_topk_to_pos.shape[0] == shape[0]
+            and token_topk_to_pos.is_contiguous() and pos_to_expert.is_contiguous()):
+        out = torch.empty((pos_to_expert.shape[0], shape[1]), dtype=dtype, device=dev)
+        fn(x, out, token_topk_to_pos, pos_to_expert)
+        return out
     op = "expand_to_fused"
     check_tensor(op, "x", x, tuple(_EXPAND_DTYPES), 2)
     _rows(op, "x", x)
     _mapping(op, token_topk_to_pos, x.size(0), pos_to_expert)
     check_cuda(op, x=x, token_topk_to_pos=token_topk_to_pos, pos_to_expert=pos_to_expert)
     out = torch.empty((pos_to_expert.size(0), x.size(1)), dtype=x.dtype, device=x.device)
-    launcher("moe.expand_to_fused", dtype=_EXPAND_DTYPES[x.dtype], sf="none")(x, out, token_topk_to_pos,
-                                                                               pos_to_expert)
+    fn = launcher("moe.expand_to_fused", dtype=_EXPAND_DTYPES[x.dtype], sf="none")
+    fn(x, out, token_topk_to_pos, pos_to_expert)
+    _remember(key, fn)
     return out
 
 
@@ -237,6 +301,23 @@ def reduce_fused(
     dtype) or ``'e4m3'``; sf: fp32 ``[1]``, e4m3 output only; out: optional preallocated
     ``[num_tokens, hidden]`` output (contiguous, of the output dtype).  Returns the output.
     """
+    try:  # a configuration seen before: only the token-count-dependent checks (the slow path says why not)
+        xs, x_sf = x if isinstance(x, tuple) else (x, None)
+        shape = xs.shape
+        dev = xs.device
+        key = ("reduce_fused", xs.dtype, dev, shape[1:], token_topk_to_pos.dtype, token_topk_to_pos.device,
+               token_topk_to_pos.shape[1:], fp8_format, type(fp8_format),
+               None if x_sf is None else (x_sf.dtype, x_sf.dim(), x_sf.device),
+               None if topk_weights is None else (topk_weights.dtype, topk_weights.device, topk_weights.shape[1:]),
+               None if sf is None else (sf.dtype, sf.shape, sf.device),
+               None if out is None else (out.dtype, out.device, out.shape[1:]))
+        fast = _fast_table().get(key)
+    except (AttributeError, TypeError, IndexError, ValueError):
+        key = fast = None
+    if fast is not None:
+        result = fast(xs, x_sf, shape, dev, topk_weights, token_topk_to_pos, sf, out)
+        if result is not None:
+            return result
     op = "reduce_fused"
     x_sf = None
     if isinstance(x, tuple):
@@ -278,11 +359,42 @@ def reduce_fused(
     if out is None:
         out = torch.empty((num_tokens, hidden), dtype=out_dtype, device=x.device)
     # absent optional tensors: stand-ins of the right rank, never read (their flag is 0)
-    launcher("moe.reduce_fused", in_dtype=_REDUCE_DTYPES[x.dtype], out_dtype=_OUT_KEYS[out_dtype])(
-        x, token_topk_to_pos if topk_weights is None else topk_weights, token_topk_to_pos, out,
-        x if sf is None else sf, x if x_sf is None else x_sf,
-        int(topk_weights is not None), int(x_sf is not None), int(sf is not None))
+    fn = launcher("moe.reduce_fused", in_dtype=_REDUCE_DTYPES[x.dtype], out_dtype=_OUT_KEYS[out_dtype])
+    flags = (int(topk_weights is not None), int(x_sf is not None), int(sf is not None))
+    fn(x, token_topk_to_pos if topk_weights is None else topk_weights, token_topk_to_pos, out,
+       x if sf is None else sf, x if x_sf is None else x_sf, *flags)
+    _remember(key, _Reduce(fn, out_dtype, flags))
     return out
+
+
+class _Reduce:
+    """A validated reduce_fused configuration (all but the token/slot counts, pointers and strides)."""
+
+    __slots__ = ("fn", "out_dtype", "flags")
+
+    def __init__(self, fn: Any, out_dtype: torch.dtype, flags: tuple) -> None:
+        self.fn, self.out_dtype, self.flags = fn, out_dtype, flags
+
+    def __call__(self, x: torch.Tensor, x_sf: Any, shape: Any, dev: torch.device, topk_weights: Any,
+                 token_topk_to_pos: torch.Tensor, sf: Any, out: Any) -> Optional[torch.Tensor]:
+        """The output, or None when a per-call check fails (the slow path then says why)."""
+        if not x.is_contiguous() or x.data_ptr() & 15 or not token_topk_to_pos.is_contiguous():
+            return None
+        num_tokens = token_topk_to_pos.shape[0]
+        if x_sf is None:
+            x_sf = x
+        elif x_sf.shape[0] != shape[0] or not x_sf.is_contiguous():
+            return None
+        if topk_weights is None:
+            topk_weights = token_topk_to_pos
+        elif topk_weights.shape[0] != num_tokens or not topk_weights.is_contiguous():
+            return None
+        if out is None:
+            out = torch.empty((num_tokens, shape[1]), dtype=self.out_dtype, device=dev)
+        elif out.shape[0] != num_tokens or not out.is_contiguous() or out.data_ptr() & 15:
+            return None
+        self.fn(x, topk_weights, token_topk_to_pos, out, x if sf is None else sf, x_sf, *self.flags)
+        return out
 
 
 __all__ = ["expand_to_fused", "expand_to_fused_with_sf", "get_fused_mapping", "reduce_fused"]

@@ -55,6 +55,20 @@ def _check_2d(op: str, name: str, t: Any, dtypes: tuple = _INT64) -> None:
         raise fail(op, f"{name} has {t.shape[0]} x {t.shape[1]} entries, more than 2**30; split the tokens")
 
 
+_FAST: dict[tuple, Any] = {}  # validated configurations (see _fast_table)
+_FAST_DEPS: list[Any] = [None, None]
+_FAST_MAX = 256
+
+
+def _fast_table() -> dict[tuple, Any]:
+    """The memo of validated configurations, emptied when the launcher or the device check it
+    was filled under changed (tests stub both; a stubbed device check lets CPU tensors in)."""
+    if _FAST_DEPS[0] is not launcher or _FAST_DEPS[1] is not check_cuda:
+        _FAST.clear()
+        _FAST_DEPS[0], _FAST_DEPS[1] = launcher, check_cuda
+    return _FAST
+
+
 def aux_fi(topk_idx: torch.Tensor, num_experts: int, num_aux_topk: int) -> torch.Tensor:
     """Per-expert load frequency ``f_i`` for the auxiliary load-balancing loss.
 
@@ -95,6 +109,20 @@ def normalize_weight(topk_weights: torch.Tensor) -> tuple[torch.Tensor, torch.Te
     to right) of shape ``[num_tokens]`` and ``normalized_weights = w / denominator[:, None]``,
     bit-exact with the same torch expression.
     """
+    try:  # a configuration seen before: only the token-count-dependent checks (the slow path says why not)
+        shape = topk_weights.shape
+        device = topk_weights.device
+        key = ("normalize_weight", topk_weights.dtype, device, shape[1:])
+        fn = _fast_table().get(key)
+    except (AttributeError, TypeError, IndexError):
+        key = fn = None
+    if fn is not None and topk_weights.is_contiguous():
+        num_tokens, num_topk = shape
+        if num_tokens and num_tokens * num_topk <= MAX_ENTRIES:
+            denominator = torch.empty((num_tokens,), dtype=torch.float32, device=device)
+            normalized = torch.empty((num_tokens, num_topk), dtype=torch.float32, device=device)
+            fn(topk_weights, denominator, normalized)
+            return denominator, normalized
     op = "normalize_weight"
     _check_2d(op, "topk_weights", topk_weights, (torch.float32,))
     check_cuda(op, topk_weights=topk_weights)
@@ -102,7 +130,10 @@ def normalize_weight(topk_weights: torch.Tensor) -> tuple[torch.Tensor, torch.Te
     denominator = torch.empty((num_tokens,), dtype=torch.float32, device=topk_weights.device)
     normalized = torch.empty((num_tokens, num_topk), dtype=torch.float32, device=topk_weights.device)
     if num_tokens:
-        launcher("moe.normalize_weight")(topk_weights, denominator, normalized)
+        fn = launcher("moe.normalize_weight")
+        fn(topk_weights, denominator, normalized)
+        if key is not None and len(_FAST) < _FAST_MAX:
+            _fast_table()[key] = fn
     return denominator, normalized
 
 

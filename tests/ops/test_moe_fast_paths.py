@@ -1,0 +1,199 @@
+"""The MoE ops' memoized fast paths (CPU): a configuration seen before launches exactly what the
+slow path launches (kernel, key, arguments, outputs' dtype/shape/strides) and never accepts what
+the slow path rejects.  The launcher is a recorder and the device check a no-op."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tilebin.ops.moe import _gating as g, _routing as r, _stats as st
+from tilebin.runtime import ArgumentError
+
+
+@pytest.fixture
+def rec(monkeypatch):
+    calls = []
+
+    def launcher(name, **key):
+        return lambda *args: calls.append((name, tuple(sorted(key.items())), args))
+
+    for m in (g, st, r):
+        monkeypatch.setattr(m, "launcher", launcher)
+    monkeypatch.setattr(g, "_LAUNCHERS", {})
+    monkeypatch.setattr(g, "_on_cuda", lambda op, first, **others: None)
+    monkeypatch.setattr(st, "check_cuda", lambda op, **t: None)
+    monkeypatch.setattr(r, "check_cuda", lambda op, **t: None)
+    monkeypatch.setattr(r, "get_num_sms", lambda: 132)
+    return calls
+
+
+def _sig(v):
+    if isinstance(v, torch.Tensor):
+        return ("T", v.dtype, tuple(v.shape), v.stride(), v.storage_offset())
+    if isinstance(v, (tuple, list)):
+        return tuple(_sig(a) for a in v)
+    return (type(v), v)
+
+
+def _same(rec, fn, *args, **kw):
+    """Slow (memo emptied) then fast call: identical launches and outputs; the memo was used."""
+    for m in (g, st, r):
+        m._FAST.clear()
+    rec.clear()
+    a = fn(*args, **kw)
+    slow = [(n, k, _sig(x)) for n, k, x in rec]
+    filled = sum(len(m._FAST) for m in (g, st, r))
+    rec.clear()
+    b = fn(*args, **kw)
+    fast = [(n, k, _sig(x)) for n, k, x in rec]
+    assert slow == fast
+    assert _sig(a) == _sig(b)
+    return filled
+
+
+def _err(fn, *args, **kw):
+    try:
+        fn(*args, **kw)
+    except ArgumentError as e:
+        return str(e)
+    return None
+
+
+def _same_error(rec, warm, fn, *args, **kw):
+    """The error with the memo empty equals the error with the memo warm (``warm`` fills it)."""
+    for m in (g, st, r):
+        m._FAST.clear()
+    cold = _err(fn, *args, **kw)
+    warm()
+    assert sum(len(m._FAST) for m in (g, st, r)), "warm-up did not fill the memo"
+    rec.clear()
+    hot = _err(fn, *args, **kw)
+    assert cold == hot and cold is not None, (cold, hot)
+    assert not rec
+
+
+def _top2(tokens=4, experts=64, **over):
+    kw = dict(logits=torch.randn(tokens, experts), bias=torch.randn(experts), num_topk=6, num_topk_groups=4,
+              num_groups=8, use_shared_as_routed=False, num_shared_experts=0, routed_scaling_factor=1.5, ep_rank=1,
+              num_ep_ranks=4, tp_rank=0, num_tp_ranks=2, scoring_func="sigmoid")
+    kw.update(over)
+    return kw
+
+
+def _shared(tokens=4, experts=64, **over):
+    m = torch.zeros(experts + 1, 5, dtype=torch.int32)
+    c = torch.ones(experts + 1, dtype=torch.int32)
+    return _top2(tokens, experts, num_topk=8, use_shared_as_routed=True, num_shared_experts=1, to_physical_map=m,
+                 logical_count=c, **over)
+
+
+@pytest.mark.parametrize("tokens", [1, 7, 128])
+def test_gating_same_launches(rec, tokens):
+    assert _same(rec, g.top2_sum_gate, **_top2(tokens))
+    assert _same(rec, g.top2_sum_gate, **_top2(tokens, scoring_func="SoftMax", routed_scaling_factor=2))
+    assert _same(rec, g.top2_sum_gate, **_shared(tokens, mask=torch.ones(tokens, 1, dtype=torch.bool),
+                                                 unmapped_topk_idx=torch.zeros(tokens, 8, dtype=torch.int64),
+                                                 fix_routing_mask=torch.zeros(tokens, dtype=torch.bool)))
+    assert _same(rec, g.top2_sum_gate, **_top2(tokens, routed_scaling_factor=-0.0))
+    assert _same(rec, g.topk_gate, torch.randn(tokens, 256), 8)
+    assert _same(rec, g.topk_sum_and_topk_group_idx, torch.randn(tokens, 8, 32), 2, 4)
+    assert not _same(rec, g.top2_sum_gate, **_top2(0))  # 0 tokens: no launch, no memo
+
+
+def test_gating_token_count_changes(rec):
+    g.top2_sum_gate(**_top2(4))
+    rec.clear()
+    idx, w = g.top2_sum_gate(**_top2(9))
+    assert idx.shape == (9, 6) and w.shape == (9, 6) and len(rec) == 1
+    assert rec[0][2][9:] == (6, 8, 4, 0, 0, 0, 1.5, 1, 4, 0, 2)
+
+
+def test_gating_rejections_after_warm_up(rec):
+    warm = lambda: g.top2_sum_gate(**_top2(4))  # noqa: E731
+    for over in [dict(logits=torch.randn(64, 4).t()), dict(bias=torch.randn(128)[::2]), dict(num_topk=True),
+                 dict(num_topk=6.0), dict(use_shared_as_routed=0), dict(routed_scaling_factor=True),
+                 dict(ep_rank=1.0), dict(logits=torch.randn(4, 64, dtype=torch.float64)),
+                 dict(mask=torch.ones(5, dtype=torch.bool)),
+                 dict(unmapped_topk_idx=torch.zeros(6, 4, dtype=torch.int64).t()),
+                 dict(fix_routing_mask=torch.ones(4, dtype=torch.bool))]:
+        _same_error(rec, warm, g.top2_sum_gate, **_top2(4, **over))
+    shared = lambda: g.top2_sum_gate(**_shared(4, mask=torch.ones(4, dtype=torch.bool)))  # noqa: E731
+    _same_error(rec, shared, g.top2_sum_gate, **_shared(4, mask=torch.ones(8, dtype=torch.bool)[::2]))
+    _same_error(rec, shared, g.top2_sum_gate, **_shared(4, mask=torch.ones(5, dtype=torch.bool)))
+    bad_map = _shared(4, mask=torch.ones(4, dtype=torch.bool))
+    bad_map["to_physical_map"] = torch.zeros(5, 65, dtype=torch.int32).t()
+    _same_error(rec, shared, g.top2_sum_gate, **bad_map)
+    warm = lambda: g.topk_gate(torch.randn(4, 64), 6)  # noqa: E731
+    _same_error(rec, warm, g.topk_gate, torch.randn(64, 4).t(), 6)
+    _same_error(rec, warm, g.topk_gate, torch.randn(4, 64), True)
+    warm = lambda: g.topk_sum_and_topk_group_idx(torch.randn(4, 8, 8), 1, 1)  # noqa: E731
+    _same_error(rec, warm, g.topk_sum_and_topk_group_idx, torch.randn(4, 8, 8), True, 1)
+    _same_error(rec, warm, g.topk_sum_and_topk_group_idx, torch.randn(4, 8, 8).transpose(1, 2), 1, 1)
+
+
+@pytest.mark.parametrize("tokens", [1, 7, 128])
+def test_stats_and_routing_same_launches(rec, tokens):
+    assert _same(rec, st.normalize_weight, torch.rand(tokens, 8))
+    topk_idx = torch.randint(0, 64, (tokens, 8))
+    assert _same(rec, r.get_fused_mapping, topk_idx, 64, tokens * 8 + 64 * 16, 16, True)
+    assert _same(rec, r.get_fused_mapping, topk_idx, 64, 0, 16, True)
+    ttp = torch.randint(-1, 50, (tokens, 8), dtype=torch.int32)
+    pte = torch.zeros(50, dtype=torch.int32)
+    for dtype in (torch.bfloat16, torch.float32, torch.float8_e4m3fn):
+        assert _same(rec, r.expand_to_fused, torch.zeros(tokens, 64, dtype=dtype), ttp, pte)
+    for dtype in (torch.bfloat16, torch.float32):
+        y = torch.randn(50, 64).to(dtype)
+        w = torch.rand(tokens, 8)
+        assert _same(rec, r.reduce_fused, y, w, ttp)
+        assert _same(rec, r.reduce_fused, y, None, ttp)
+        assert _same(rec, r.reduce_fused, (y, torch.rand(50)), w, ttp, "e4m3", torch.ones(1))
+        assert _same(rec, r.reduce_fused, y, w, ttp, out=torch.empty(tokens, 64, dtype=dtype))
+
+
+def test_routing_varying_sizes(rec):
+    r.get_fused_mapping(torch.randint(0, 64, (4, 8)), 64, 4 * 8 + 64 * 16, 16, True)
+    rec.clear()
+    out = r.get_fused_mapping(torch.randint(0, 64, (9, 8)), 64, 100, 16, True)
+    assert out[0].shape == (100,) and out[3].shape == (9, 8) and rec[0][2][-1] == 16
+    assert rec[0][2][-2].shape == (2, 64)
+
+
+def test_stats_routing_rejections_after_warm_up(rec):
+    warm = lambda: st.normalize_weight(torch.rand(4, 8))  # noqa: E731
+    _same_error(rec, warm, st.normalize_weight, torch.rand(8, 4).t())
+    _same_error(rec, warm, st.normalize_weight, torch.rand(4, 8, dtype=torch.float64))
+    idx = torch.randint(0, 64, (4, 8))
+    warm = lambda: r.get_fused_mapping(idx, 64, 1000, 16, True)  # noqa: E731
+    for args in [(idx, 64, True, 16, True), (idx, 64, 1000.0, 16, True), (idx, 64, -1, 16, True),
+                 (idx, 64, 1000, 16, 1.0), (idx, True, 1000, 16, True), (torch.randint(0, 64, (8, 4)).t(), 64,
+                                                                          1000, 16, True)]:
+        _same_error(rec, warm, r.get_fused_mapping, *args)
+    x = torch.zeros(4, 64, dtype=torch.bfloat16)
+    ttp = torch.zeros(4, 8, dtype=torch.int32)
+    pte = torch.zeros(50, dtype=torch.int32)
+    warm = lambda: r.expand_to_fused(x, ttp, pte)  # noqa: E731
+    _same_error(rec, warm, r.expand_to_fused, torch.zeros(4 * 64 + 1, dtype=torch.bfloat16)[1:].view(4, 64), ttp, pte)
+    _same_error(rec, warm, r.expand_to_fused, torch.zeros(64, 4, dtype=torch.bfloat16).t(), ttp, pte)
+    _same_error(rec, warm, r.expand_to_fused, x, torch.zeros(5, 8, dtype=torch.int32), pte)
+    _same_error(rec, warm, r.expand_to_fused, x, torch.zeros(8, 4, dtype=torch.int32).t(), pte)
+    _same_error(rec, warm, r.expand_to_fused, x, ttp, torch.zeros(100, dtype=torch.int32)[::2])
+    y = torch.zeros(50, 64)
+    w = torch.rand(4, 8)
+    warm = lambda: r.reduce_fused((y, torch.rand(50)), w, ttp, "e4m3", torch.ones(1), torch.empty(4, 64, dtype=torch.float8_e4m3fn))  # noqa: E731,E501
+    good = dict(x=(y, torch.rand(50)), topk_weights=w, token_topk_to_pos=ttp, fp8_format="e4m3", sf=torch.ones(1),
+                out=torch.empty(4, 64, dtype=torch.float8_e4m3fn))
+    for over in [dict(x=(y, torch.rand(49))), dict(x=(y, torch.rand(100)[::2])), dict(x=(y, torch.rand(50), 1)),
+                 dict(x=(torch.zeros(64, 50).t(), torch.rand(50))), dict(topk_weights=torch.rand(5, 8)),
+                 dict(topk_weights=torch.rand(8, 4).t()), dict(token_topk_to_pos=torch.zeros(8, 4, dtype=torch.int32).t()),
+                 dict(out=torch.empty(5, 64, dtype=torch.float8_e4m3fn)),
+                 dict(out=torch.empty(64, 4, dtype=torch.float8_e4m3fn).t()),
+                 dict(out=torch.empty(4 * 64 + 1, dtype=torch.float8_e4m3fn)[1:].view(4, 64))]:
+        _same_error(rec, warm, r.reduce_fused, **{**good, **over})
+
+
+def test_memo_dropped_when_stubs_change(rec, monkeypatch):
+    st.normalize_weight(torch.rand(4, 8))
+    assert st._fast_table()
+    monkeypatch.setattr(st, "check_cuda", st.check_cuda.__class__(st.check_cuda.__code__, st.__dict__))
+    assert not st._fast_table()
