@@ -111,6 +111,62 @@ def _read_input(op: str, x: Any, x_block_size: Any, special: Optional[str]):
     return data, sf, layout, fmt, tokens, hidden, shifts
 
 
+class _Plan:
+    """The launch of ``cast_back`` for one validated configuration (data dtype and width, scale
+    layout and block, output dtype): everything but the token count and the pointers.  The checked
+    path builds one and runs it; the memo (``_FAST``) keeps it for later calls, so both paths
+    allocate and launch through this one piece of code."""
+
+    __slots__ = ("hidden", "out_dtype", "name", "key", "shifts", "fn")
+
+    def __init__(self, in_fmt: str, out_dtype: torch.dtype, out_key: str, kind: str, hidden: int,
+                 shifts: tuple[int, int]) -> None:
+        self.hidden = hidden
+        self.out_dtype = out_dtype
+        if in_fmt == "e5m6":
+            self.name, self.key = "quant.cast_back_e5m6", dict(out_dtype=out_key, sf_kind=kind)
+        else:
+            self.name, self.key = "quant.cast_back", dict(in_fmt=in_fmt, out_dtype=out_key, sf_kind=kind)
+        self.shifts = shifts
+        self.fn = None  # the launcher, looked up at the first launch
+
+    def __call__(self, data: torch.Tensor, sf: torch.Tensor, tokens: int) -> torch.Tensor:
+        """The output for ``data`` and kernel-orientation ``sf`` (validated for this configuration)."""
+        out = torch.empty((tokens, self.hidden), dtype=self.out_dtype, device=data.device)
+        if tokens == 0:
+            return out
+        data = _prepare_data(data)
+        fn = self.fn
+        if fn is None:
+            fn = self.fn = launcher(self.name, **self.key)
+        fn(data, sf, out, *self.shifts)
+        return out
+
+
+class _Fast:
+    """A memoized configuration: the checks that depend on the token count, then the plan."""
+
+    __slots__ = ("plan", "block_t", "sf_cols", "col", "packed")
+
+    def __init__(self, plan: _Plan, block_t: int, sf_cols: int, col: bool, packed: bool) -> None:
+        self.plan, self.block_t, self.sf_cols, self.col, self.packed = plan, block_t, sf_cols, col, packed
+
+    def __call__(self, data: torch.Tensor, sf: torch.Tensor) -> Optional[torch.Tensor]:
+        """The output, or None when a check fails (the checked path then says why)."""
+        tokens = data.shape[0]
+        if tokens * self.plan.hidden > _INT32_MAX or sf.shape != (-(-tokens // self.block_t), self.sf_cols):
+            return None
+        if self.col:  # as input_sf: the kernel reads the transpose (packed UE8M0: its bytes)
+            sf = sf.T.view(torch.uint8) if self.packed else sf.T
+        elif sf.stride(1) != 1:
+            return None
+        return self.plan(data, sf, tokens)
+
+
+_FAST: dict[tuple, _Fast] = {}
+_FAST_MAX = 256  # memoized cast_back configurations
+
+
 def cast_back(
     x: QuantTensor,
     fmt: str,
@@ -119,22 +175,46 @@ def cast_back(
 ) -> torch.Tensor:
     """Dequantize ``x = (data, sf)`` to a new contiguous ``[tokens, hidden]`` tensor of ``fmt``
     ('bf16' or 'fp32'); ``x_block_size = (tokens, channels)`` per scale; ``x_special_fmt``
-    None (e4m3 / packed e2m1 data) or 'e5m6' (packed E5M6 uint8 data).  See the module docstring."""
+    None (e4m3 / packed e2m1 data) or 'e5m6' (packed E5M6 uint8 data).  See the module docstring.
+
+    A configuration whose checks passed before (data dtype, dim, width and device; sf dtype, dim,
+    device and whether ``sf.stride(0) == 1``; fmt; x_block_size with its types, a power-of-two
+    token block; x_special_fmt) skips them (a dict lookup): per call only the token count, sf's
+    shape (and for row-major sf its last stride) and the 32-bit element limit are checked."""
+    key = None
+    if type(x) is tuple and len(x) == 2:
+        data, sf = x
+        try:  # types too: True == 1 == 1.0 hash alike, but the checks take ints only
+            key = (data.dtype, data.dim(), data.shape[-1], data.device, sf.dtype, sf.dim(), sf.stride(0) == 1,
+                   sf.device, fmt, x_block_size, type(x_block_size[0]), type(x_block_size[1]), x_special_fmt)
+            fast = _FAST.get(key)
+        except (AttributeError, TypeError, IndexError):  # not tensors, an unhashable argument: the checks say
+            key, fast = None, None
+        if fast is not None:
+            out = fast(data, sf)
+            if out is not None:
+                return out
+    return _cast_back_checked(x, fmt, x_block_size, x_special_fmt, key)
+
+
+def _cast_back_checked(x: Any, fmt: Any, x_block_size: Any, x_special_fmt: Any,
+                       memo_key: Optional[tuple]) -> torch.Tensor:
+    """:func:`cast_back` with every check; memoizes its configuration under ``memo_key`` (when
+    given) once every check passed."""
     op = "cast_back"
     out_dtype, out_key = _check_out_fmt(op, fmt)
     if x_special_fmt not in (None, "e5m6"):
         raise fail(op, f"x_special_fmt={x_special_fmt!r} is not supported; supported: None, 'e5m6'")
-    data, sf, layout, in_fmt, tokens, hidden, (shift_t, shift_c) = _read_input(op, x, x_block_size, x_special_fmt)
+    data, sf, layout, in_fmt, tokens, hidden, shifts = _read_input(op, x, x_block_size, x_special_fmt)
     check_cuda(op, data=data, sf=sf)
-    out = torch.empty((tokens, hidden), dtype=out_dtype, device=data.device)
-    if tokens == 0:
-        return out
-    data = _prepare_data(data)
-    if in_fmt == "e5m6":
-        fn = launcher("quant.cast_back_e5m6", out_dtype=out_key, sf_kind=layout.kind)
-    else:
-        fn = launcher("quant.cast_back", in_fmt=in_fmt, out_dtype=out_key, sf_kind=layout.kind)
-    fn(data, sf, out, shift_t, shift_c)
+    plan = _Plan(in_fmt, out_dtype, out_key, layout.kind, hidden, shifts)
+    out = plan(data, sf, tokens)
+    block_t = x_block_size[0]
+    if memo_key is not None and block_t & (block_t - 1) == 0 and len(_FAST) < _FAST_MAX:
+        # a power-of-two token block: its shift does not depend on the token count
+        _, k = layout.blocks(tokens, hidden)
+        _FAST[memo_key] = _Fast(plan, block_t, _cdiv(k, 4) if layout.packed_ue8m0 else k, layout.col_major,
+                                layout.packed_ue8m0)
     return out
 
 

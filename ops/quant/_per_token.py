@@ -54,6 +54,7 @@ _GROUPS = (16, 32, 64, 128)
 _HIDDEN_ALIGN = 16
 _WHOLE_ROW_SHIFT = 31  # group_shift for one scale per row: every channel index >> 31 is 0
 _INT32_MAX = 2**31 - 1
+_FAST_MAX = 256  # memoized per_token_cast configurations (see per_token_cast)
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -133,7 +134,7 @@ def _flags(op: str, col: Any, rnd: Any, packed: Any) -> tuple[bool, bool, bool]:
 
 
 def _run(op: str, mode: str, x: Any, fmt: Any, num_per_channels: Any, x_block_size: Any, col: Any, rnd: Any,
-         packed: Any, sf: Optional[torch.Tensor] = None) -> Any:
+         packed: Any, sf: Optional[torch.Tensor] = None, memo_key: Optional[tuple] = None) -> Any:
     check_fmt(op, fmt)
     col, rnd, packed = _flags(op, col, rnd, packed)
     if isinstance(x, tuple):
@@ -159,7 +160,7 @@ def _run(op: str, mode: str, x: Any, fmt: Any, num_per_channels: Any, x_block_si
         layout = output_layout(op, (1, group), col, packed, rnd)
     check_cuda(op, x=data, x_sf=x_sf, sf=sf)
     return _launch(mode, data, x_sf, in_layout, sf, layout, fmt, key_in, tokens, hidden, group_shift, whole_row,
-                   rnd)
+                   rnd, memo_key)
 
 
 def _precomputed_layout(op: str, sf: Any, tokens: int, hidden: int, group: int, col: bool,
@@ -181,9 +182,61 @@ def _precomputed_layout(op: str, sf: Any, tokens: int, hidden: int, group: int, 
     return SfLayout((1, group), col, False)
 
 
+class _Plain:
+    """The launch of ``per_token_cast`` for a plain bf16/fp32 ``x`` of one validated configuration
+    (dtype, hidden, fmt, group, flags): everything but the token count and the pointer.
+
+    The checked path (:func:`_run`) builds one after validating and runs it; :func:`per_token_cast`
+    keeps it (``_FAST``) and runs it directly for a later call with the same configuration, so
+    both paths allocate and launch through this one piece of code.
+    """
+
+    __slots__ = ("hidden", "out_cols", "out_dtype", "layout", "sf_cols", "key", "args", "fn")
+
+    def __init__(self, fmt: str, key_in: str, hidden: int, layout: SfLayout, group_shift: int, whole_row: bool,
+                 rnd: bool) -> None:
+        self.hidden = hidden
+        self.out_cols = hidden if fmt == "e4m3" else hidden // 2
+        self.out_dtype = FMT_DTYPES[fmt]
+        self.layout = layout
+        # row-major fp32 scales (the common layout): SfLayout.alloc's tensor, allocated here directly
+        self.sf_cols = layout.shape(1, hidden)[1] if layout.kind == "row" else None
+        self.key = dict(in_dtype=key_in, fmt=fmt, sf="ue8m0" if layout.packed_ue8m0 else "f32", mode="cast",
+                        in_sf="none")
+        col_blocks = 1 if whole_row else _cdiv(hidden, _CHUNK[key_in])
+        self.args = (group_shift, int(whole_row), int(rnd), int(layout.col_major), col_blocks)
+        self.fn = None  # the launcher, looked up at the first launch
+
+    def __call__(self, x: torch.Tensor) -> QuantTensor:
+        """``(out, out_sf)`` for ``x`` (already validated for this configuration)."""
+        tokens, device = x.shape[0], x.device
+        out = torch.empty((tokens, self.out_cols), dtype=self.out_dtype, device=device)
+        if self.sf_cols is not None:
+            raw_sf = torch.empty((tokens, self.sf_cols), dtype=torch.float32, device=device)
+        else:
+            raw_sf = self.layout.alloc(tokens, self.hidden, device)
+        if tokens and self.hidden:
+            # contiguous and 16-byte aligned: what _kernel_input passes through as is (hidden % 16 == 0)
+            x_in = x if x.is_contiguous() and not x.data_ptr() & 15 else _kernel_input(x)
+            fn = self.fn
+            if fn is None:
+                fn = self.fn = launcher(_KERNEL["cast"], **self.key)
+            fn(x_in, out, raw_sf, *self.args)
+        return out, (raw_sf if self.sf_cols is not None else self.layout.finish(raw_sf, tokens))
+
+
+_FAST: dict[tuple, _Plain] = {}
+
+
 def _launch(mode: str, data: torch.Tensor, x_sf: Optional[torch.Tensor], in_layout: Optional[SfLayout],
             sf: Optional[torch.Tensor], layout: SfLayout, fmt: str, key_in: str, tokens: int, hidden: int,
-            group_shift: int, whole_row: bool, rnd: bool) -> Any:
+            group_shift: int, whole_row: bool, rnd: bool, memo_key: Optional[tuple] = None) -> Any:
+    if mode == "cast" and x_sf is None:
+        plan = _Plain(fmt, key_in, hidden, layout, group_shift, whole_row, rnd)
+        result = plan(data)
+        if memo_key is not None and len(_FAST) < _FAST_MAX:  # every check passed: later calls may skip them
+            _FAST[memo_key] = plan
+        return result
     device = data.device
     col_blocks = 1 if whole_row and mode != "precomputed" else _cdiv(hidden, _CHUNK[key_in])
     out = None
@@ -222,7 +275,11 @@ def per_token_cast(
 ) -> QuantTensor:
     """Cast ``x`` to ``fmt`` with one scale per token and ``num_per_channels`` channels; returns
     ``(out, out_sf)`` (layouts and rules: the module docstring).  ``fmt='e5m6'`` runs
-    ``per_token_cast_to_e5m6`` (``x_block_size`` must then be None)."""
+    ``per_token_cast_to_e5m6`` (``x_block_size`` must then be None).
+
+    A plain ``x`` whose configuration (dtype, dim, hidden, device, fmt, ``num_per_channels`` and
+    the flags, with their types) passed the checks before skips them (a dict lookup): only the
+    token count, the row layout (copy or not) and the pointer are read per call."""
     if fmt == "e5m6":
         if x_block_size is not None:
             raise fail("per_token_cast", f"x_block_size={x_block_size!r} is not supported with fmt='e5m6' "
@@ -230,8 +287,19 @@ def per_token_cast(
         from ._e5m6 import per_token_cast_to_e5m6  # imported here: the module is optional at import time
 
         return per_token_cast_to_e5m6(x, num_per_channels, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0)
+    key = None
+    if x_block_size is None:
+        try:  # types too: True == 1 == 1.0 hash alike, but the checks take bools and ints only
+            key = (x.dtype, x.dim(), x.shape[-1], x.device, fmt, num_per_channels, type(num_per_channels),
+                   use_tma_aligned_col_major_sf, type(use_tma_aligned_col_major_sf), round_sf, type(round_sf),
+                   use_packed_ue8m0, type(use_packed_ue8m0))
+            plan = _FAST.get(key)
+        except (AttributeError, TypeError, IndexError):  # not a tensor (a quantized pair), unhashable: the checks say
+            key, plan = None, None
+        if plan is not None:
+            return plan(x)
     return _run("per_token_cast", "cast", x, fmt, num_per_channels, x_block_size, use_tma_aligned_col_major_sf,
-                round_sf, use_packed_ue8m0)
+                round_sf, use_packed_ue8m0, memo_key=key)
 
 
 def per_token_cast_with_sf_only(

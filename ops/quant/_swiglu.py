@@ -44,6 +44,7 @@ _UNITS_PER_BLOCK = 512  # per-group forward kernel: 256 threads x 2 units of 8 c
 # resident blocks per SM of the forward kernels (register-limited), used to size their grids
 _BLOCKS_PER_SM = {("group", "bfloat16"): 4, ("group", "float32"): 3, ("row", "bfloat16"): 2, ("row", "float32"): 2}
 _DUMMIES: dict[tuple, torch.Tensor] = {}
+_FAST_MAX = 256  # memoized swiglu_forward_and_per_token_cast configurations
 
 
 def _dummy(device: torch.device, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
@@ -85,6 +86,66 @@ def _check_vector(op: str, name: str, t: Any, length: int, dtype: torch.dtype = 
 
 
 # ----------------------------------------------------------------------------- per-token forward
+class _Forward:
+    """The launch of ``swiglu_forward_and_per_token_cast`` for one validated configuration (dtype,
+    hidden, scale kind and layout, round_sf, clamp counting): everything but the row count, the
+    pointers and the clamp values.  The checked path builds one and runs it; the memo (``_FAST``)
+    keeps it for later calls, so both paths allocate and launch through this one piece of code.
+    """
+
+    __slots__ = ("hidden", "layout", "sf_cols", "key", "group", "per_sm", "round_sf", "fn", "dummies")
+
+    def __init__(self, dtype: torch.dtype, hidden: int, kind: str, layout: SfLayout, round_sf: bool,
+                 count_clamp: bool) -> None:
+        in_key = _IN_KEY[dtype]
+        self.hidden = hidden
+        self.layout = layout
+        # row-major fp32 scales: SfLayout.alloc's tensor, allocated here directly
+        self.sf_cols = layout.shape(1, hidden)[1] if layout.kind == "row" else None
+        self.key = dict(in_dtype=in_key, sf_kind=kind, count_clamp=count_clamp)
+        if kind == "full_row":  # blocks needed: one per row, or 16 units of 8 channels per group of 128
+            self.group, self.per_sm = None, _BLOCKS_PER_SM[("row", in_key)]
+        else:
+            self.group, self.per_sm = -(-hidden // _GROUP) * 16, _BLOCKS_PER_SM[("group", in_key)]
+        self.round_sf = int(round_sf)
+        self.fn = None  # the launcher, looked up at the first launch
+        self.dummies = None  # _dummy's stand-ins for a call without optional tensors, at the first such launch
+
+    def __call__(self, x: torch.Tensor, pos_to_token_topk: Optional[torch.Tensor], weights: Optional[torch.Tensor],
+                 pos_to_expert: Optional[torch.Tensor], clamped_count: Optional[torch.Tensor], clamp: float,
+                 sf_min: float) -> QuantTensor:
+        """``(out, out_sf)`` for ``x`` and the optional tensors (all validated for this configuration)."""
+        rows, dev = x.shape[0], x.device
+        out = torch.empty((rows, self.hidden), dtype=_E4M3, device=dev)
+        if self.sf_cols is not None:
+            raw_sf = torch.empty((rows, self.sf_cols), dtype=torch.float32, device=dev)
+        else:
+            raw_sf = self.layout.alloc(rows, self.hidden, dev)
+        if rows > 0:
+            needed = rows if self.group is None else -(-rows * self.group // _UNITS_PER_BLOCK)
+            fn = self.fn
+            if fn is None:
+                fn = self.fn = launcher(_FWD, **self.key)
+            if pos_to_token_topk is None and weights is None and pos_to_expert is None and clamped_count is None:
+                # every plan's x is on one device (the memo key holds it): the same stand-ins each time
+                dummies = self.dummies
+                if dummies is None:
+                    i32 = _dummy(dev, torch.int32, (1,))
+                    dummies = self.dummies = (i32, _dummy(dev, torch.float32, (1, 1)), i32,
+                                              _dummy(dev, torch.int64, (3,)))
+            else:
+                dummies = (pos_to_token_topk if pos_to_token_topk is not None else _dummy(dev, torch.int32, (1,)),
+                           weights if weights is not None else _dummy(dev, torch.float32, (1, 1)),
+                           pos_to_expert if pos_to_expert is not None else _dummy(dev, torch.int32, (1,)),
+                           clamped_count if clamped_count is not None else _dummy(dev, torch.int64, (3,)))
+            fn(x, out, raw_sf, *dummies, clamp, sf_min, self.round_sf, int(weights is not None),
+               int(pos_to_expert is not None), min(needed, get_num_sms() * self.per_sm))
+        return out, (raw_sf if self.sf_cols is not None else self.layout.finish(raw_sf, rows))
+
+
+_FAST: dict[tuple, _Forward] = {}
+
+
 def _fwd_layout(op: str, hidden: int, num_per_channels: Any, col: Any, round_sf: Any, packed: Any
                 ) -> tuple[str, SfLayout, bool]:
     """The kernel's sf kind and the output layout for ``num_per_channels`` (128 or ``hidden``)."""
@@ -127,7 +188,40 @@ def swiglu_forward_and_per_token_cast(
     rows); ``clamped_count`` (int64 ``[3]``, needs ``swiglu_clamp_value``) gets the counts of
     gate > c, up > c and up < -c added.  ``topk_weights`` is ignored without
     ``pos_to_token_topk`` (as in tile_kernels).
+
+    A call without ``pos_to_token_topk``, ``pos_to_expert`` and ``clamped_count`` whose
+    configuration (dtype, dim, width, device, fmt, ``num_per_channels`` and the flags, with their
+    types) passed the checks before skips them (a dict lookup): per call only the row count, x's
+    contiguity and alignment, and the clamp values (None or a float) are read.
     """
+    if pos_to_token_topk is None and topk_weights is None and pos_to_expert is None and clamped_count is None:
+        try:  # types too: True == 1 == 1.0 hash alike, but the checks take bools and ints only
+            key = (x.dtype, x.dim(), x.shape[-1], x.device, fmt, num_per_channels, type(num_per_channels),
+                   use_tma_aligned_col_major_sf, type(use_tma_aligned_col_major_sf), round_sf, type(round_sf),
+                   use_packed_ue8m0, type(use_packed_ue8m0))
+            plan = _FAST.get(key)
+        except (AttributeError, TypeError, IndexError):  # not a tensor, an unhashable argument: the checks say
+            key, plan = None, None
+        # per call: what the checks read from the row count and the pointer, and the clamp values
+        # (None or a plain float that is not NaN; anything else goes through _check_float)
+        if plan is not None and x.is_contiguous() and not x.data_ptr() & 15:
+            clamp = math.inf if swiglu_clamp_value is None else swiglu_clamp_value
+            sf_min = 1e-4 if sf_clamp_min is None else sf_clamp_min
+            if type(clamp) is float and clamp == clamp and type(sf_min) is float and sf_min == sf_min:
+                return plan(x, None, None, None, None, clamp, sf_min)
+    else:
+        key = None
+    return _forward_checked(x, fmt, num_per_channels, pos_to_token_topk, topk_weights, pos_to_expert,
+                            use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0, swiglu_clamp_value,
+                            clamped_count, sf_clamp_min, key)
+
+
+def _forward_checked(x: Any, fmt: Any, num_per_channels: Any, pos_to_token_topk: Any, topk_weights: Any,
+                     pos_to_expert: Any, use_tma_aligned_col_major_sf: Any, round_sf: Any, use_packed_ue8m0: Any,
+                     swiglu_clamp_value: Any, clamped_count: Any, sf_clamp_min: Any,
+                     memo_key: Optional[tuple]) -> QuantTensor:
+    """:func:`swiglu_forward_and_per_token_cast` with every check; memoizes its plan under
+    ``memo_key`` (when given) once every check passed."""
     op = "swiglu_forward_and_per_token_cast"
     check_tensor(op, "x", x, tuple(_IN_KEY), 2)
     _check_contiguous(op, "x", x)
@@ -160,25 +254,11 @@ def swiglu_forward_and_per_token_cast(
     check_cuda(op, x=x, pos_to_token_topk=pos_to_token_topk, topk_weights=weights, pos_to_expert=pos_to_expert,
                clamped_count=clamped_count)
 
-    dev = x.device
-    out = torch.empty((rows, hidden), dtype=_E4M3, device=dev)
-    raw_sf = layout.alloc(rows, hidden, dev)
-    if rows > 0:
-        in_key = _IN_KEY[x.dtype]
-        if kind == "full_row":
-            needed, per_sm = rows, _BLOCKS_PER_SM[("row", in_key)]
-        else:
-            needed = -(-rows * -(-hidden // _GROUP) * 16 // _UNITS_PER_BLOCK)
-            per_sm = _BLOCKS_PER_SM[("group", in_key)]
-        launcher(_FWD, in_dtype=in_key, sf_kind=kind, count_clamp=clamped_count is not None)(
-            x, out, raw_sf,
-            pos_to_token_topk if pos_to_token_topk is not None else _dummy(dev, torch.int32, (1,)),
-            weights if weights is not None else _dummy(dev, torch.float32, (1, 1)),
-            pos_to_expert if pos_to_expert is not None else _dummy(dev, torch.int32, (1,)),
-            clamped_count if clamped_count is not None else _dummy(dev, torch.int64, (3,)),
-            clamp, sf_min, int(round_sf), int(weights is not None),
-            int(pos_to_expert is not None), min(needed, get_num_sms() * per_sm))
-    return out, layout.finish(raw_sf, rows)
+    plan = _Forward(x.dtype, hidden, kind, layout, round_sf, clamped_count is not None)
+    result = plan(x, pos_to_token_topk, weights, pos_to_expert, clamped_count, clamp, sf_min)
+    if memo_key is not None and len(_FAST) < _FAST_MAX:  # every check passed: later calls may skip them
+        _FAST[memo_key] = plan
+    return result
 
 
 # -------------------------------------------------------------------------------------- backward

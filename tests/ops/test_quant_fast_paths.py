@@ -1,0 +1,504 @@
+"""The memoized fast paths of per_token_cast, swiglu_forward_and_per_token_cast and cast_back /
+per_token_cast_back (CPU, no GPU: the launcher records, the device check passes).
+
+A configuration is memoized only after the checked path accepted it; a later call with the same
+configuration skips the checks.  Here every fast call is compared with the checked path on the
+same arguments (memo emptied): the same kernel, key and scalar arguments, tensor arguments of the
+same dtype/shape/strides (the same objects where the checked path passes an input or a stand-in
+through), outputs of the same dtype/shape/strides; and everything the checked path refuses is
+still refused, with the same message, once the memo is warm.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from tilebin.ops.quant import _cast_back as cb
+from tilebin.ops.quant import _per_token as pt
+from tilebin.ops.quant import _swiglu as sw
+from tilebin.runtime import ArgumentError
+
+BF16, FP32, E4M3, I8 = torch.bfloat16, torch.float32, torch.float8_e4m3fn, torch.int8
+CHECKED = {pt: "_run", sw: "_forward_checked", cb: "_cast_back_checked"}
+
+
+class Recorder:
+    """Launches (name, key, args) and how often each module's checked path ran."""
+
+    def __init__(self, monkeypatch):
+        self.calls: list = []
+        self.checked = {mod: 0 for mod in CHECKED}
+        for mod, name in CHECKED.items():
+            monkeypatch.setattr(mod, "launcher", self._launcher)
+            monkeypatch.setattr(mod, "check_cuda", lambda op, **tensors: None)
+            monkeypatch.setattr(mod, "_FAST", {})
+            monkeypatch.setattr(mod, name, self._counting(mod, getattr(mod, name)))
+        monkeypatch.setattr(sw, "get_num_sms", lambda: 132)
+        monkeypatch.setattr(sw, "_DUMMIES", {})
+
+    def _launcher(self, name, **key):
+        return lambda *args: self.calls.append((name, key, args))
+
+    def _counting(self, mod, fn):
+        def counted(*args, **kwargs):
+            self.checked[mod] += 1
+            return fn(*args, **kwargs)
+
+        return counted
+
+    def run(self, mod, call, *, fast: bool):
+        """``(result, launches)`` of ``call()``; asserts whether the checked path ran."""
+        before, start = self.checked[mod], len(self.calls)
+        result = call()
+        ran_checked = self.checked[mod] != before
+        assert ran_checked != fast, f"expected the {'fast' if fast else 'checked'} path"
+        return result, self.calls[start:]
+
+    def checked_run(self, mod, call):
+        """``call()`` through the checked path (memo emptied for it, then restored; what the call
+        memoized stays)."""
+        saved = dict(mod._FAST)
+        mod._FAST.clear()
+        try:
+            return self.run(mod, call, fast=False)
+        finally:
+            mod._FAST.update(saved)
+
+
+@pytest.fixture
+def rec(monkeypatch):
+    return Recorder(monkeypatch)
+
+
+def _storage(t: torch.Tensor) -> int:
+    return t.untyped_storage().data_ptr() if t.device.type != "meta" else id(t)
+
+
+def _sig(value, known: list, args: tuple = ()):
+    """Comparable description: tensors by dtype/shape/strides/offset, which known tensor they are
+    (inputs, stand-ins) and which launch argument they share memory with (outputs)."""
+    if isinstance(value, (tuple, list)):
+        return tuple(_sig(v, known, args) for v in value)
+    if isinstance(value, torch.Tensor):
+        same = next((i for i, k in enumerate(known) if value is k), None)
+        shares = next((i for i, a in enumerate(args) if isinstance(a, torch.Tensor) and a.numel() and value.numel()
+                       and _storage(a) == _storage(value)), None)
+        return ("tensor", value.dtype, tuple(value.shape), value.stride(), value.storage_offset(), value.device,
+                same, shares)
+    return (type(value), value)
+
+
+def assert_same(mod, slow, fast, known: list):
+    """Two ``(result, launches)`` describe the same work."""
+    known = known + list(sw._DUMMIES.values())
+    (r_slow, l_slow), (r_fast, l_fast) = slow, fast
+    assert len(l_slow) == len(l_fast) <= 1
+    args_slow = l_slow[0][2] if l_slow else ()
+    args_fast = l_fast[0][2] if l_fast else ()
+    if l_slow:
+        (n1, k1, a1), (n2, k2, a2) = l_slow[0], l_fast[0]
+        assert n1 == n2 and k1 == k2
+        assert _sig(a1, known) == _sig(a2, known)
+        for x1, x2 in zip(a1, a2):  # inputs (or their copies) hold the same values
+            if isinstance(x1, torch.Tensor) and any(x1 is k or _shares(x1, k) for k in known):
+                assert torch.equal(x1.view(torch.uint8) if x1.dtype == E4M3 else x1,
+                                   x2.view(torch.uint8) if x2.dtype == E4M3 else x2)
+    assert _sig(r_slow, known, args_slow) == _sig(r_fast, known, args_fast)
+
+
+def _shares(t: torch.Tensor, k: torch.Tensor) -> bool:
+    return t.numel() > 0 and k.numel() > 0 and _storage(t) == _storage(k)
+
+
+def _raises(match: str, fn, *args, **kwargs):
+    """``fn`` raises ArgumentError matching ``match``, with a warm memo and with an empty one
+    (the same message), and memoizes nothing."""
+    mod = {pt.per_token_cast: pt, sw.swiglu_forward_and_per_token_cast: sw, cb.cast_back: cb}.get(fn)
+    saved = dict(mod._FAST) if mod else {}
+    with pytest.raises(ArgumentError, match=match) as warm:
+        fn(*args, **kwargs)
+    if mod:
+        assert mod._FAST == saved
+        mod._FAST.clear()
+        try:
+            with pytest.raises(ArgumentError) as cold:
+                fn(*args, **kwargs)
+        finally:
+            mod._FAST.update(saved)
+        assert str(cold.value) == str(warm.value)
+        assert mod._FAST == saved
+
+
+def _misaligned(shape, dtype):
+    """A contiguous tensor whose data pointer is one element past a 16-byte boundary."""
+    flat = torch.randn(math.prod(shape) + 1).to(dtype)
+    return flat[1:].view(shape)
+
+
+# ------------------------------------------------------------------------------- per_token_cast
+def _pt(x, fmt="e4m3", npc=128, *flags):
+    return lambda: pt.per_token_cast(x, fmt, npc, None, *flags)
+
+
+def _pt_both(rec, x, fmt, npc, *flags):
+    """The fast call and the checked call on the same arguments agree."""
+    slow = rec.checked_run(pt, _pt(x, fmt, npc, *flags))
+    fast = rec.run(pt, _pt(x, fmt, npc, *flags), fast=True)
+    assert_same(pt, slow, fast, [x])
+
+
+PT_FLAGS = [(), (False, False, False), (True, False, False), (False, True, False), (True, True, True), (1, 1, 1),
+            (True, 0, False)]
+
+
+@pytest.mark.parametrize("dtype", [BF16, FP32])
+@pytest.mark.parametrize("fmt", ["e4m3", "e2m1"])
+@pytest.mark.parametrize("hidden, npc", [(576, 16), (576, 32), (576, 64), (7168, 128), (576, 576), (7168, 7168),
+                                         (576, 128)])
+@pytest.mark.parametrize("flags", PT_FLAGS)
+def test_per_token_fast_matches_checked(rec, dtype, fmt, hidden, npc, flags):
+    x = torch.randn(4, hidden).to(dtype)
+    rec.run(pt, _pt(x, fmt, npc, *flags), fast=False)  # warms the memo
+    assert len(pt._FAST) == 1
+    for tokens in (4, 0, 1, 7, 300):
+        _pt_both(rec, torch.randn(tokens, hidden).to(dtype), fmt, npc, *flags)
+
+
+@pytest.mark.parametrize("dtype", [BF16, FP32])
+def test_per_token_fast_row_layouts(rec, dtype):
+    """Strided rows (passed as is), misaligned pointers and a transposed x (copied) take the fast
+    path too, with the checked path's kernel input."""
+    rec.run(pt, _pt(torch.randn(4, 576).to(dtype)), fast=False)
+    wide = torch.randn(5, 640).to(dtype)
+    for x in (wide[:, :576], wide[1:, 32:608], _misaligned((4, 576), dtype), _misaligned((1, 576), dtype),
+              torch.randn(576, 6).to(dtype).T, wide[:, :576][::2]):
+        _pt_both(rec, x, "e4m3", 128)
+
+
+def test_per_token_miss_other_configs(rec):
+    rec.run(pt, _pt(torch.randn(4, 576).to(BF16)), fast=False)
+    for call in (_pt(torch.randn(4, 576)), _pt(torch.randn(4, 640).to(BF16)), _pt(torch.randn(4, 576).to(BF16), "e2m1"),
+                 _pt(torch.randn(4, 576).to(BF16), "e4m3", 64), _pt(torch.randn(4, 576).to(BF16), "e4m3", 128, True),
+                 _pt(torch.randn(4, 576).to(BF16), "e4m3", 128, 0),  # False and 0: a key each (same launch)
+                 _pt(torch.empty(4, 576, dtype=BF16, device="meta"))):  # another device
+        rec.run(pt, call, fast=False)
+    assert len(pt._FAST) == 8
+
+
+def test_per_token_true_and_one_launch_alike(rec):
+    x = torch.randn(4, 576).to(BF16)
+    a = rec.run(pt, _pt(x, "e4m3", 128, True, True, True), fast=False)
+    b = rec.run(pt, _pt(x, "e4m3", 128, 1, 1, 1), fast=False)
+    assert_same(pt, a, b, [x])
+
+
+def test_per_token_refusals_after_warm(rec):
+    x = torch.randn(4, 576).to(BF16)
+    for flags in [(), (True, True, True)]:
+        rec.run(pt, _pt(x, "e4m3", 128, *flags), fast=False)
+        rec.run(pt, _pt(x, "e4m3", 128, *flags), fast=True)
+    op = "per_token_cast"
+    _raises(rf"{op}: num_per_channels=128.0 is not supported", pt.per_token_cast, x, "e4m3", 128.0)
+    _raises(rf"{op}: num_per_channels=True is not supported", pt.per_token_cast, x, "e4m3", True)
+    _raises(rf"{op}: round_sf must be a bool, got float 1.0", pt.per_token_cast, x, "e4m3", 128, None, True, 1.0, True)
+    _raises(rf"{op}: use_tma_aligned_col_major_sf must be a bool, got float 0.0", pt.per_token_cast, x, "e4m3", 128,
+            None, 0.0)
+    _raises(rf"{op}: use_packed_ue8m0=True needs use_tma_aligned_col_major_sf=True", pt.per_token_cast, x, "e4m3",
+            128, None, False, True, True)
+    _raises(rf"{op}: x has dtype float16", pt.per_token_cast, x.half(), "e4m3", 128)
+    _raises(rf"{op}: x must be 2-D, got shape \(1, 4, 576\)", pt.per_token_cast, x[None], "e4m3", 128)
+    _raises(rf"{op}: x has hidden size 584", pt.per_token_cast, torch.randn(4, 584).to(BF16), "e4m3", 128)
+    _raises(rf"{op}: x_block_size=\(1, 128\) is only for a quantized", pt.per_token_cast, x, "e4m3", 128, (1, 128))
+    _raises(rf"{op}: fmt='e3m2' is not supported", pt.per_token_cast, x, "e3m2", 128)
+    _raises(rf"{op}: fmt=\['e4m3'\] is not supported", pt.per_token_cast, x, ["e4m3"], 128)
+    _raises(rf"{op}: num_per_channels=\[128\] is not supported", pt.per_token_cast, x, "e4m3", [128])
+    _raises(rf"{op}: x must be a torch.Tensor, got list", pt.per_token_cast, [[1.0]], "e4m3", 128)
+    assert len(pt._FAST) == 2
+
+
+def test_per_token_memo_bounded(rec, monkeypatch):
+    monkeypatch.setattr(pt, "_FAST_MAX", 3)
+    for hidden in (64, 128, 192, 256, 320):
+        rec.run(pt, _pt(torch.randn(2, hidden).to(BF16)), fast=False)
+    assert len(pt._FAST) == 3
+    rec.run(pt, _pt(torch.randn(2, 320).to(BF16)), fast=False)  # not memoized: checked every time
+    rec.run(pt, _pt(torch.randn(2, 64).to(BF16)), fast=True)
+
+
+def test_per_token_other_forms_unchanged(rec):
+    """Quantized inputs, sf-only and precomputed scales never use or fill the memo."""
+    x = torch.randn(4, 576).to(BF16)
+    pair = (torch.zeros(4, 576, dtype=E4M3), torch.ones(1, 5))
+    for _ in range(2):
+        rec.run(pt, lambda: pt.per_token_cast(pair, "e4m3", 128, (128, 128)), fast=False)
+        rec.run(pt, lambda: pt.per_token_cast_with_sf_only(x, "e4m3", 128), fast=False)
+        rec.run(pt, lambda: pt.per_token_cast_with_precomputed_sf(x, "e4m3", 128, torch.ones(4, 5)), fast=False)
+    assert not pt._FAST
+
+
+# -------------------------------------------------------------------- swiglu per-token forward
+def _sw(x, npc=128, *flags, **kw):
+    return lambda: sw.swiglu_forward_and_per_token_cast(x, "e4m3", npc, None, None, None, *flags, **kw)
+
+
+def _sw_both(rec, x, npc, *flags, **kw):
+    slow = rec.checked_run(sw, _sw(x, npc, *flags, **kw))
+    fast = rec.run(sw, _sw(x, npc, *flags, **kw), fast=True)
+    assert_same(sw, slow, fast, [x])
+
+
+SW_FLAGS = [(), (False, False, False), (True, False, False), (False, True, False), (True, True, True), (1, 1, 1)]
+
+
+@pytest.mark.parametrize("dtype", [BF16, FP32])
+@pytest.mark.parametrize("hidden, npc, flags", [
+    (hidden, npc, flags) for hidden, npc in [(576, 128), (7168, 128), (576, 576), (7168, 7168), (64, 64)]
+    for flags in SW_FLAGS if npc == 128 or not (flags and flags[0])])  # column-major needs 128
+def test_swiglu_fast_matches_checked(rec, dtype, hidden, npc, flags):
+    rec.run(sw, _sw(torch.zeros(4, 2 * hidden, dtype=dtype), npc, *flags), fast=False)
+    assert len(sw._FAST) == 1
+    for tokens in (4, 0, 1, 7, 300, 5000):  # (x is passed as is: its values do not matter)
+        x = torch.zeros(tokens, 2 * hidden, dtype=dtype)
+        _sw_both(rec, x, npc, *flags)
+        for kw in ({"swiglu_clamp_value": 10.0}, {"sf_clamp_min": 1e-3}, {"swiglu_clamp_value": math.inf},
+                   {"swiglu_clamp_value": -0.5, "sf_clamp_min": 0.0}):
+            _sw_both(rec, x, npc, *flags, **kw)
+
+
+def test_swiglu_clamp_values_not_plain_floats(rec):
+    """Clamp values that are not plain floats go through the checks (same launch)."""
+    x = torch.randn(4, 1152).to(BF16)
+    rec.run(sw, _sw(x), fast=False)
+    for kw in ({"swiglu_clamp_value": 10}, {"sf_clamp_min": 1}):
+        slow = rec.checked_run(sw, _sw(x, **kw))
+        again = rec.run(sw, _sw(x, **kw), fast=False)
+        assert_same(sw, slow, again, [x])
+        assert type(again[1][0][2][7]) is float and type(again[1][0][2][8]) is float
+
+
+def test_swiglu_optional_tensors_checked(rec):
+    x = torch.randn(4, 1152).to(BF16)
+    rec.run(sw, _sw(x), fast=False)
+    p2t, w, p2e = torch.arange(4, dtype=torch.int32), torch.ones(4, 1), torch.zeros(4, dtype=torch.int32)
+    cc = torch.zeros(3, dtype=torch.int64)
+    for kw in ({"pos_to_token_topk": p2t, "topk_weights": w}, {"topk_weights": w}, {"pos_to_expert": p2e},
+               {"clamped_count": cc, "swiglu_clamp_value": 1.0}):
+        for _ in range(2):
+            rec.run(sw, lambda: sw.swiglu_forward_and_per_token_cast(x, "e4m3", 128, **kw), fast=False)
+    assert len(sw._FAST) == 1
+    rec.run(sw, _sw(x), fast=True)
+
+
+def test_swiglu_refusals_after_warm(rec):
+    x = torch.randn(4, 1152).to(BF16)
+    rec.run(sw, _sw(x), fast=False)
+    rec.run(sw, _sw(x), fast=True)
+    op = "swiglu_forward_and_per_token_cast"
+    wide = torch.randn(4, 1280).to(BF16)
+    _raises(rf"{op}: x must be contiguous", sw.swiglu_forward_and_per_token_cast, wide[:, :1152], "e4m3", 128)
+    _raises(rf"{op}: x must be contiguous", sw.swiglu_forward_and_per_token_cast, x[::2], "e4m3", 128)
+    _raises(rf"{op}: x's data pointer .* is not 16-byte aligned", sw.swiglu_forward_and_per_token_cast,
+            _misaligned((4, 1152), BF16), "e4m3", 128)
+    _raises(rf"{op}: swiglu_clamp_value must be a float or None, got float nan", sw.swiglu_forward_and_per_token_cast,
+            x, "e4m3", 128, swiglu_clamp_value=math.nan)
+    _raises(rf"{op}: sf_clamp_min must be a float or None, got bool True", sw.swiglu_forward_and_per_token_cast,
+            x, "e4m3", 128, sf_clamp_min=True)
+    _raises(rf"{op}: swiglu_clamp_value must be a float or None, got str", sw.swiglu_forward_and_per_token_cast,
+            x, "e4m3", 128, swiglu_clamp_value="1")
+    _raises(rf"{op}: num_per_channels=128.0 is not supported", sw.swiglu_forward_and_per_token_cast, x, "e4m3", 128.0)
+    _raises(rf"{op}: round_sf must be a bool, got float", sw.swiglu_forward_and_per_token_cast, x, "e4m3", 128,
+            round_sf=1.0)
+    _raises(rf"{op}: fmt='e2m1' is not supported", sw.swiglu_forward_and_per_token_cast, x, "e2m1", 128)
+    _raises(rf"{op}: x has dtype float16", sw.swiglu_forward_and_per_token_cast, x.half(), "e4m3", 128)
+    _raises(rf"{op}: x has 1088 columns", sw.swiglu_forward_and_per_token_cast, torch.randn(4, 1088).to(BF16),
+            "e4m3", 128)
+    _raises(rf"{op}: clamped_count needs swiglu_clamp_value", sw.swiglu_forward_and_per_token_cast, x, "e4m3", 128,
+            clamped_count=torch.zeros(3, dtype=torch.int64))
+    assert len(sw._FAST) == 1
+
+
+def test_swiglu_other_device_misses(rec):
+    rec.run(sw, _sw(torch.randn(4, 1152).to(BF16)), fast=False)
+    rec.run(sw, _sw(torch.empty(4, 1152, dtype=BF16, device="meta")), fast=False)
+    rec.run(sw, _sw(torch.empty(4, 1152, dtype=BF16, device="meta")), fast=True)
+    assert len(sw._FAST) == 2
+
+
+# ------------------------------------------------------------------------------------ cast_back
+def _data(tokens, hidden, dtype):
+    if dtype == I8:
+        return torch.randint(-128, 128, (tokens, hidden // 2), dtype=I8)
+    return torch.randn(tokens, hidden).clamp(-400, 400).to(E4M3)
+
+
+def _sf(tokens, hidden, block, kind):
+    m, k = -(-tokens // block[0]), -(-hidden // block[1])
+    if kind == "row":
+        return torch.rand(m, k) + 0.5
+    if kind == "col":
+        return (torch.rand(k, m) + 0.5).T
+    return torch.randint(100, 140, (-(-k // 4), m), dtype=torch.int32).T  # packed UE8M0, column-major
+
+
+def _cb(data, sf, fmt, block):
+    return lambda: cb.cast_back((data, sf), fmt, block)
+
+
+def _cb_both(rec, data, sf, fmt, block):
+    slow = rec.checked_run(cb, _cb(data, sf, fmt, block))
+    fast = rec.run(cb, _cb(data, sf, fmt, block), fast=True)
+    assert_same(cb, slow, fast, [data, sf])
+
+
+@pytest.mark.parametrize("dtype", [E4M3, I8])
+@pytest.mark.parametrize("fmt", ["bf16", "fp32"])
+@pytest.mark.parametrize("hidden, block", [(576, (1, 128)), (576, (1, 32)), (7168, (1, 128)), (576, (128, 128)),
+                                           (576, (32, 32)), (576, (1, 576)), (576, (1, 64)), (1024, (1, 1024))])
+@pytest.mark.parametrize("kind", ["row", "col", "ue8m0"])
+def test_cast_back_fast_matches_checked(rec, dtype, fmt, hidden, block, kind):
+    rec.run(cb, _cb(_data(4, hidden, dtype), _sf(4, hidden, block, kind), fmt, block), fast=False)
+    assert len(cb._FAST) <= 1
+    for tokens in (4, 0, 1, 7, 300):  # (a one-column or one-row sf may read as column-major: another key)
+        _cb_both(rec, _data(tokens, hidden, dtype), _sf(tokens, hidden, block, kind), fmt, block)
+
+
+def test_per_token_cast_back_fast(rec):
+    data, sf = _data(4, 576, E4M3), _sf(4, 576, (1, 128), "row")
+    rec.run(cb, lambda: cb.per_token_cast_back((data, sf), "bf16", 128), fast=False)
+    slow = rec.checked_run(cb, lambda: cb.per_token_cast_back((data, sf), "bf16", 128))
+    fast = rec.run(cb, lambda: cb.per_token_cast_back((data, sf), "bf16", 128), fast=True)
+    assert_same(cb, slow, fast, [data, sf])
+    one = torch.rand(4, 1)  # one scale per token: strides (1, 1), read as column-major (the checks' rule)
+    rec.run(cb, lambda: cb.per_token_cast_back((data, one), "bf16", 576), fast=False)
+    slow = rec.checked_run(cb, lambda: cb.per_token_cast_back((data, one), "bf16", 576))
+    fast = rec.run(cb, lambda: cb.per_token_cast_back((data, one), "bf16", 576), fast=True)
+    assert_same(cb, slow, fast, [data, one])
+    assert slow[1][0][1]["sf_kind"] == "col"
+
+
+def test_cast_back_data_layouts(rec):
+    """Non-contiguous or misaligned data is copied, as by the checked path."""
+    block = (1, 128)
+    rec.run(cb, _cb(_data(4, 576, E4M3), _sf(4, 576, block, "row"), "bf16", block), fast=False)
+    wide = _data(5, 640, E4M3)
+    for data in (wide[:4, :576], wide[1:, 64:640], _misaligned((4, 576), FP32).to(E4M3)[:, :], wide[::2, :576]):
+        _cb_both(rec, data, _sf(data.shape[0], 576, block, "row"), "bf16", block)
+    flat = torch.zeros(4 * 576 + 1, dtype=torch.uint8)
+    _cb_both(rec, flat[1:].view(E4M3).view(4, 576), _sf(4, 576, block, "row"), "bf16", block)
+    # a row-major sf with a row stride (a slice of a wider one) passes as is
+    sf = (torch.rand(4, 9) + 0.5)[:, :5]
+    _cb_both(rec, _data(4, 576, E4M3), sf, "bf16", block)
+
+
+def test_cast_back_token_block_not_power_of_two(rec):
+    """A token block that is not a power of two depends on the token count: never memoized."""
+    data, sf = _data(2, 576, E4M3), _sf(2, 576, (3, 128), "row")
+    for _ in range(2):
+        rec.run(cb, _cb(data, sf, "bf16", (3, 128)), fast=False)
+    assert not cb._FAST
+    _raises(r"cast_back: x_block_size tokens per scale=3 is not supported for a dimension of 4",
+            cb.cast_back, (_data(4, 576, E4M3), _sf(4, 576, (3, 128), "row")), "bf16", (3, 128))
+
+
+def test_cast_back_refusals_after_warm(rec):
+    block = (1, 128)
+    data, sf = _data(4, 576, E4M3), _sf(4, 576, block, "row")
+    for kind in ("row", "col", "ue8m0"):
+        s = _sf(4, 576, block, kind)
+        rec.run(cb, _cb(data, s, "bf16", block), fast=False)
+        rec.run(cb, _cb(data, s, "bf16", block), fast=True)
+    assert len(cb._FAST) == 3
+    op = "cast_back"
+    _raises(rf"{op}: x's sf has shape \(5, 5\)", cb.cast_back, (data, _sf(5, 576, block, "row")), "bf16", block)
+    _raises(rf"{op}: x's sf has shape \(4, 6\)", cb.cast_back, (data, torch.ones(4, 6)), "bf16", block)
+    _raises(rf"{op}: x's sf has shape \(3, 5\)", cb.cast_back, (data, _sf(3, 576, block, "col")), "bf16", block)
+    _raises(rf"{op}: x's sf has shape \(4, 1\)", cb.cast_back, (data, _sf(4, 576, (1, 1024), "ue8m0")), "bf16",
+            block)
+    _raises(rf"{op}: row-major input sf must be float32 with stride\(1\) == 1", cb.cast_back,
+            (data, torch.ones(4, 10)[:, ::2]), "bf16", block)
+    _raises(rf"{op}: x_block_size channels per scale must be a positive int, got 128.0", cb.cast_back, (data, sf),
+            "bf16", (1, 128.0))
+    _raises(rf"{op}: x_block_size tokens per scale must be a positive int, got True", cb.cast_back, (data, sf),
+            "bf16", (True, 128))
+    _raises(rf"{op}: x_block_size must be a \(rows, cols\) tuple", cb.cast_back, (data, sf), "bf16", [1, 128])
+    _raises(rf"{op}: x must be a \(data, sf\) tuple, got list", cb.cast_back, [data, sf], "bf16", block)
+    _raises(rf"{op}: x must be a \(data, sf\) tuple, got tuple", cb.cast_back, (data, sf, sf), "bf16", block)
+    _raises(rf"{op}: fmt='fp16' is not supported", cb.cast_back, (data, sf), "fp16", block)
+    _raises(rf"{op}: x_special_fmt='e4m3' is not supported", cb.cast_back, (data, sf), "bf16", block, "e4m3")
+    _raises(rf"{op}: x_special_fmt='e5m6' needs uint8", cb.cast_back, (data, sf), "bf16", block, "e5m6")
+    _raises(rf"{op}: hidden=560 is not supported", cb.cast_back, (_data(4, 560, E4M3), torch.ones(4, 5)), "bf16",
+            block)
+    _raises(rf"{op}: quantized data has dtype torch.float32", cb.cast_back, (data.float(), sf), "bf16", block)
+    _raises(rf"{op}: the input's sf must be a 2-D tensor", cb.cast_back, (data, sf[None]), "bf16", block)
+    _raises(rf"{op}: the input's sf must be a 2-D tensor", cb.cast_back, (data, 1.0), "bf16", block)
+    _raises(rf"{op}: column-major input sf has dtype torch.float64", cb.cast_back, (data, _sf(4, 576, block, "col")
+                                                                                    .double()), "bf16", block)
+    assert len(cb._FAST) == 3
+
+
+def test_cast_back_int32_limit_after_warm(rec):
+    """The 32-bit element limit is checked per call (meta tensors: no memory)."""
+    block = (1, 128)
+    small = torch.empty(4, 4096, dtype=E4M3, device="meta")
+    rec.run(cb, _cb(small, torch.empty(4, 32, device="meta"), "bf16", block), fast=False)
+    rec.run(cb, _cb(small, torch.empty(4, 32, device="meta"), "bf16", block), fast=True)
+    big = torch.empty(2**19, 4096, dtype=E4M3, device="meta")
+    _raises(r"cast_back: the output has 2147483648 elements", cb.cast_back,
+            (big, torch.empty(2**19, 32, device="meta")), "bf16", block)
+    rec.run(cb, _cb(big[:-1], torch.empty(2**19 - 1, 32, device="meta"), "bf16", block), fast=True)
+
+
+def test_cast_back_e5m6_fast(rec):
+    block = (1, 128)
+    data = torch.randint(0, 256, (4, 576 * 3 // 2), dtype=torch.uint8)
+    sf = _sf(4, 576, block, "row")
+    rec.run(cb, lambda: cb.cast_back((data, sf), "bf16", block, "e5m6"), fast=False)
+    slow = rec.checked_run(cb, lambda: cb.cast_back((data, sf), "bf16", block, "e5m6"))
+    fast = rec.run(cb, lambda: cb.cast_back((data, sf), "bf16", block, "e5m6"), fast=True)
+    assert_same(cb, slow, fast, [data, sf])
+    assert fast[1][0][0] == "quant.cast_back_e5m6"
+    _raises(r"cast_back: x's data has dtype torch.uint8", cb.cast_back, (data, sf), "bf16", block)
+
+
+# ------------------------------------------------------------- the hot calls, spelled out in full
+def test_hot_launches_explicit(rec):
+    """The launches both paths make for the decode-size hot calls, written out (independent of
+    the ops' own arithmetic)."""
+    x = torch.randn(4, 7168).to(BF16)
+    for fast in (False, True):
+        (out, sf), [(name, key, args)] = rec.run(pt, _pt(x), fast=fast)
+        assert name == "quant.per_token_cast"
+        assert key == dict(in_dtype="bfloat16", fmt="e4m3", sf="f32", mode="cast", in_sf="none")
+        assert args[0] is x and args[1] is out and args[2] is sf and args[3:] == (7, 0, 0, 0, 7)
+        assert (out.dtype, out.shape, out.stride()) == (E4M3, (4, 7168), (7168, 1))
+        assert (sf.dtype, sf.shape, sf.stride()) == (FP32, (4, 56), (56, 1))
+
+        (out, sf), [(name, key, args)] = rec.run(pt, _pt(x, "e4m3", 128, True, True, True), fast=fast)
+        assert key["sf"] == "ue8m0" and args[3:] == (7, 0, 1, 1, 7)
+        assert (args[2].dtype, args[2].shape, args[2].stride()) == (torch.uint8, (14, 16), (16, 1))
+        assert (sf.dtype, sf.shape, sf.stride()) == (torch.int32, (4, 14), (1, 4))
+
+    x2 = torch.zeros(4, 2 * 7168, dtype=BF16)
+    for fast in (False, True):
+        (out, sf), [(name, key, args)] = rec.run(sw, _sw(x2), fast=fast)
+        assert name == "quant.swiglu_forward_and_per_token_cast"
+        assert key == dict(in_dtype="bfloat16", sf_kind="row", count_clamp=False)
+        assert args[0] is x2 and args[1] is out and args[2] is sf
+        assert [(a.dtype, tuple(a.shape)) for a in args[3:7]] == [(torch.int32, (1,)), (FP32, (1, 1)),
+                                                                  (torch.int32, (1,)), (torch.int64, (3,))]
+        assert args[7:] == (math.inf, 1e-4, 0, 0, 0, 7)
+        assert (out.dtype, out.shape, out.stride()) == (E4M3, (4, 7168), (7168, 1))
+        assert (sf.dtype, sf.shape, sf.stride()) == (FP32, (4, 56), (56, 1))
+        (_, _), [(_, _, args)] = rec.run(sw, _sw(torch.zeros(5000, 2 * 7168, dtype=BF16), 7168, False, True,
+                                                 swiglu_clamp_value=7.5), fast=fast)
+        assert args[7:] == (7.5, 1e-4, 1, 0, 0, 264)
+
+    data, sf = torch.zeros(4, 7168, dtype=E4M3), torch.ones(4, 56)
+    for fast in (False, True):
+        out, [(name, key, args)] = rec.run(cb, lambda: cb.per_token_cast_back((data, sf), "bf16", 128), fast=fast)
+        assert name == "quant.cast_back" and key == dict(in_fmt="e4m3", out_dtype="bfloat16", sf_kind="row")
+        assert args[0] is data and args[1] is sf and args[2] is out and args[3:] == (0, 7)
+        assert (out.dtype, out.shape, out.stride()) == (BF16, (4, 7168), (7168, 1))
