@@ -8,6 +8,7 @@ unchecked path, which costs a few microseconds whatever the shape (no per-shape 
 
 from __future__ import annotations
 
+import operator
 from typing import Any
 
 import torch
@@ -38,6 +39,20 @@ def fail(op: str, message: str) -> ArgumentError:
 
 def _names(dtypes: tuple) -> str:
     return ", ".join(str(d).removeprefix("torch.") for d in dtypes)
+
+
+def check_int(op: str, name: str, value: Any, lo: int, hi: int = 2**31 - 1) -> int:
+    """``value`` as a Python int in ``[lo, hi]`` (integer-likes accepted, bools refused)."""
+    if type(value) is not int:
+        if isinstance(value, bool):
+            raise fail(op, f"{name} must be an int, got bool {value!r}")
+        try:
+            value = operator.index(value)
+        except TypeError:
+            raise fail(op, f"{name} must be an int, got {type(value).__name__} {value!r}") from None
+    if not lo <= value <= hi:
+        raise fail(op, f"{name}={value} is out of range; supported: {lo} <= {name} <= {hi}")
+    return value
 
 
 def check_tensor(op: str, name: str, t: Any, dtypes: tuple, ndim: int | None = None) -> None:

@@ -30,7 +30,7 @@ from typing import Any
 from . import _driver
 from ._errors import ArgumentError, NoVariantError
 from ._expr import OPS, Expr
-from ._launch import _RETRY, scalar_bits
+from ._launch import _RETRY, ex_config, scalar_bits
 from ._manifest import KernelSpec, LaunchSpec, VariantSpec
 from ._plan import convert_scalar
 from ._tensors import torch_stream_getter
@@ -140,7 +140,7 @@ class _Launch:
         self.packer = struct.Struct("<" + "Q" * len(ptrs) + "".join(_SLOT_FORMAT[a.dtype] for _, a in scalars))
         self.special = spec.cooperative or spec.pdl or tuple(spec.cluster) != (1, 1, 1)
         # cuLaunchKernelEx's config: built once; grid and stream are set per call (under the lock)
-        self.config = _ex_config(spec, (1, 1, 1), self.block, 0) if self.special else None
+        self.config = ex_config(spec, (1, 1, 1), self.block, spec.smem) if self.special else None
 
     def configured(self, grid: tuple, stream: int) -> Any:
         cfg = self.config
@@ -265,30 +265,6 @@ class UncheckedLauncher:
         return dev, fns
 
 
-def _ex_config(spec: LaunchSpec, grid: tuple, block: tuple, stream: int) -> Any:
-    """A ``CUlaunchConfig`` for cooperative / PDL / cluster launches (built per call: grids vary)."""
-    mod = _driver.driver()
-    cfg = mod.CUlaunchConfig()
-    cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ = grid
-    cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = block
-    cfg.sharedMemBytes, cfg.hStream = spec.smem, stream
-    ids, attrs = mod.CUlaunchAttributeID, []
-    if spec.cooperative:
-        a = mod.CUlaunchAttribute()
-        a.id, a.value.cooperative = ids.CU_LAUNCH_ATTRIBUTE_COOPERATIVE, 1
-        attrs.append(a)
-    if spec.pdl:
-        a = mod.CUlaunchAttribute()
-        a.id = ids.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
-        a.value.programmaticStreamSerializationAllowed = 1
-        attrs.append(a)
-    if tuple(spec.cluster) != (1, 1, 1):
-        a = mod.CUlaunchAttribute()
-        a.id = ids.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
-        a.value.clusterDim.x, a.value.clusterDim.y, a.value.clusterDim.z = spec.cluster
-        attrs.append(a)
-    cfg.attrs, cfg.numAttrs = attrs, len(attrs)
-    return cfg
 
 
 def find_variant(spec: KernelSpec, key: dict[str, Any]) -> VariantSpec:

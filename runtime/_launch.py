@@ -101,7 +101,7 @@ class PreparedLaunch:
         self._fill(bound, binding, base, n_ptr)
         self._identity = self._ptr_index == list(range(len(binding.tensor_positions)))
         special = spec.cooperative or spec.pdl or tuple(spec.cluster) != (1, 1, 1)
-        self._config = self._ex_config(spec) if special else None  # None: plain cuLaunchKernel
+        self._config = ex_config(spec, self.grid, self.block, self.smem) if special else None  # None: plain cuLaunchKernel
         mod = _driver.driver()
         self._launch, self._launch_ex = mod.cuLaunchKernel, mod.cuLaunchKernelEx
         self._head = (self.fn, *self.grid, *self.block, self.smem)  # cuLaunchKernel's leading arguments
@@ -124,29 +124,6 @@ class PreparedLaunch:
                 if pos is not None:
                     self._direct.append(_Direct(slot, pos, dtype, f"{self.where} argument {j}"))
 
-    def _ex_config(self, spec: Any) -> Any:
-        mod = _driver.driver()
-        cfg = mod.CUlaunchConfig()
-        cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ = self.grid
-        cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = self.block
-        cfg.sharedMemBytes = self.smem
-        ids, attrs = mod.CUlaunchAttributeID, []
-        if spec.cooperative:
-            a = mod.CUlaunchAttribute()
-            a.id, a.value.cooperative = ids.CU_LAUNCH_ATTRIBUTE_COOPERATIVE, 1
-            attrs.append(a)
-        if spec.pdl:
-            a = mod.CUlaunchAttribute()
-            a.id = ids.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
-            a.value.programmaticStreamSerializationAllowed = 1
-            attrs.append(a)
-        if tuple(spec.cluster) != (1, 1, 1):
-            a = mod.CUlaunchAttribute()
-            a.id = ids.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
-            a.value.clusterDim.x, a.value.clusterDim.y, a.value.clusterDim.z = spec.cluster
-            attrs.append(a)
-        cfg.attrs, cfg.numAttrs = attrs, len(attrs)
-        return cfg
 
     def fire(self, values: Any, ptrs: tuple, stream: int, dev: _driver.DeviceInfo) -> None:
         """Patch this call's pointers and scalars, then launch (caller holds the plan lock)."""
@@ -188,6 +165,32 @@ class PreparedLaunch:
         what = (f"{'cuLaunchKernelEx' if self._config is not None else 'cuLaunchKernel'}"
                 f"(grid={self.grid}, block={self.block}, smem={self.smem}, stream={stream:#x})")
         _driver.check((err,), what, f"{self.where} on {dev.describe()}")
+
+
+def ex_config(spec: Any, grid: tuple, block: tuple, smem: int, stream: int = 0) -> Any:
+    """A ``CUlaunchConfig`` with the launch's cooperative / PDL / cluster attributes."""
+    mod = _driver.driver()
+    cfg = mod.CUlaunchConfig()
+    cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ = grid
+    cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = block
+    cfg.sharedMemBytes, cfg.hStream = smem, stream
+    ids, attrs = mod.CUlaunchAttributeID, []
+    if spec.cooperative:
+        a = mod.CUlaunchAttribute()
+        a.id, a.value.cooperative = ids.CU_LAUNCH_ATTRIBUTE_COOPERATIVE, 1
+        attrs.append(a)
+    if spec.pdl:
+        a = mod.CUlaunchAttribute()
+        a.id = ids.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+        a.value.programmaticStreamSerializationAllowed = 1
+        attrs.append(a)
+    if tuple(spec.cluster) != (1, 1, 1):
+        a = mod.CUlaunchAttribute()
+        a.id = ids.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+        a.value.clusterDim.x, a.value.clusterDim.y, a.value.clusterDim.z = spec.cluster
+        attrs.append(a)
+    cfg.attrs, cfg.numAttrs = attrs, len(attrs)
+    return cfg
 
 
 def pointer_reader(positions: tuple[int, ...], all_torch: bool) -> Any:

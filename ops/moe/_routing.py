@@ -21,12 +21,11 @@ Where tilebin is stricter or more defined than tile_kernels:
 
 from __future__ import annotations
 
-import operator
 from typing import Any, Optional, Union
 
 import torch
 
-from .._common import check_cuda, check_tensor, fail, launcher
+from .._common import check_cuda, check_int, check_tensor, fail, launcher
 from ..config import get_num_sms
 
 QuantTensor = tuple[torch.Tensor, torch.Tensor]
@@ -47,18 +46,6 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def _int(op: str, name: str, value: Any, lo: int, hi: int = _INT32_MAX) -> int:
-    """``value`` as a Python int in ``[lo, hi]`` (integer-likes accepted, bools refused)."""
-    if type(value) is not int:
-        if isinstance(value, bool):
-            raise fail(op, f"{name} must be an int, got bool {value!r}")
-        try:
-            value = operator.index(value)
-        except TypeError:
-            raise fail(op, f"{name} must be an int, got {type(value).__name__} {value!r}") from None
-    if not lo <= value <= hi:
-        raise fail(op, f"{name}={value} is out of range; supported: {lo} <= {name} <= {hi}")
-    return value
 
 
 def _flag(op: str, name: str, value: Any) -> bool:
@@ -156,9 +143,9 @@ def get_fused_mapping(
     op = "get_fused_mapping"
     check_tensor(op, "topk_idx", topk_idx, (torch.int64,), 2)
     _contiguous(op, "topk_idx", topk_idx)
-    num_experts = _int(op, "num_experts", num_experts, 1, MAX_EXPERTS)
-    num_expanded_tokens = _int(op, "num_expanded_tokens", num_expanded_tokens, 0)
-    alignment = _int(op, "alignment", alignment, 1)
+    num_experts = check_int(op, "num_experts", num_experts, 1, MAX_EXPERTS)
+    num_expanded_tokens = check_int(op, "num_expanded_tokens", num_expanded_tokens, 0)
+    alignment = check_int(op, "alignment", alignment, 1)
     force_no_sync = _flag(op, "force_no_sync", force_no_sync)
     num_tokens, num_topk = topk_idx.shape
     numel = num_tokens * num_topk

@@ -16,12 +16,11 @@ counted (tile_kernels asserts on the device instead).
 
 from __future__ import annotations
 
-import operator
 from typing import Any
 
 import torch
 
-from .._common import check_cuda, check_tensor, fail, launcher
+from .._common import check_cuda, check_int, check_tensor, fail, launcher
 from ..config import get_num_sms
 
 MAX_ENTRIES = 1 << 30  # flat index arithmetic in the kernels is int32, with room for a grid sweep
@@ -31,18 +30,6 @@ _INT64 = (torch.int64,)
 _MASK_DTYPES = {torch.int64: "int64", torch.int32: "int32"}
 
 
-def _int(op: str, name: str, value: Any, lo: int, hi: int = _INT32_MAX) -> int:
-    """``value`` as a Python int in ``[lo, hi]`` (integer-likes accepted, bools refused)."""
-    if type(value) is not int:
-        if isinstance(value, bool):
-            raise fail(op, f"{name} must be an int, got bool {value!r}")
-        try:
-            value = operator.index(value)
-        except TypeError:
-            raise fail(op, f"{name} must be an int, got {type(value).__name__} {value!r}") from None
-    if not lo <= value <= hi:
-        raise fail(op, f"{name}={value} is out of range; supported: {lo} <= {name} <= {hi}")
-    return value
 
 
 def _check_2d(op: str, name: str, t: Any, dtypes: tuple = _INT64) -> None:
@@ -79,8 +66,8 @@ def aux_fi(topk_idx: torch.Tensor, num_experts: int, num_aux_topk: int) -> torch
     """
     op = "aux_fi"
     _check_2d(op, "topk_idx", topk_idx)
-    num_experts = _int(op, "num_experts", num_experts, 1)
-    num_aux_topk = _int(op, "num_aux_topk", num_aux_topk, 1)
+    num_experts = check_int(op, "num_experts", num_experts, 1)
+    num_aux_topk = check_int(op, "num_aux_topk", num_aux_topk, 1)
     check_cuda(op, topk_idx=topk_idx)
     out = torch.empty(num_experts, dtype=torch.float32, device=topk_idx.device)
     single = topk_idx.numel() <= SINGLE_BLOCK_ENTRIES
@@ -93,7 +80,7 @@ def group_count(group_idx: torch.Tensor, num_groups: int) -> torch.Tensor:
     group: int32 ``[num_groups]``.  Negative entries (``-1``: empty slot) are not counted."""
     op = "group_count"
     _check_2d(op, "group_idx", group_idx)
-    num_groups = _int(op, "num_groups", num_groups, 1)
+    num_groups = check_int(op, "num_groups", num_groups, 1)
     check_cuda(op, group_idx=group_idx)
     out = torch.empty(num_groups, dtype=torch.int32, device=group_idx.device)
     single = group_idx.numel() <= SINGLE_BLOCK_ENTRIES
@@ -149,10 +136,10 @@ def mask_indices_by_tp(indices: torch.Tensor, n: int, num_ep_ranks: int, tp_rank
     """
     op = "mask_indices_by_tp"
     _check_2d(op, "indices", indices, tuple(_MASK_DTYPES))
-    n = _int(op, "n", n, 1)
-    num_ep_ranks = _int(op, "num_ep_ranks", num_ep_ranks, 1, n)
-    num_tp_ranks = _int(op, "num_tp_ranks", num_tp_ranks, 1)
-    tp_rank = _int(op, "tp_rank", tp_rank, 0, num_tp_ranks - 1)
+    n = check_int(op, "n", n, 1)
+    num_ep_ranks = check_int(op, "num_ep_ranks", num_ep_ranks, 1, n)
+    num_tp_ranks = check_int(op, "num_tp_ranks", num_tp_ranks, 1)
+    tp_rank = check_int(op, "tp_rank", tp_rank, 0, num_tp_ranks - 1)
     per_gpu = n // num_ep_ranks
     if num_tp_ranks * per_gpu > _INT32_MAX:
         raise fail(op, f"num_tp_ranks * (n // num_ep_ranks) = {num_tp_ranks} * {per_gpu} exceeds 2**31 - 1; "
@@ -174,7 +161,7 @@ def inplace_unique_group_indices(group_indices: torch.Tensor, num_groups: int) -
     """
     op = "inplace_unique_group_indices"
     _check_2d(op, "group_indices", group_indices)
-    _int(op, "num_groups", num_groups, 1)
+    check_int(op, "num_groups", num_groups, 1)
     check_cuda(op, group_indices=group_indices)
     if group_indices.numel():
         launcher("moe.inplace_unique_group_indices")(group_indices)
