@@ -1,15 +1,18 @@
 """The artifact contract: a versioned JSON manifest, parsed into frozen specs.
 
 The manifest is data only.  :func:`parse_manifest` checks its structure and the
-consistency of its expressions up front, so a bad artifact fails at load with an
-:class:`ArtifactError` naming the kernel, never halfway through a launch.
+consistency of its expressions, so a bad artifact fails with an :class:`ArtifactError` naming
+the kernel, never halfway through a launch: all of it up front (the build and wheel checks),
+or, for a runtime registry (``lazy=True``), the envelope at load and each kernel before its
+first launch.
 ``tilebin.aot`` writes it with :meth:`Manifest.to_json`.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+import threading
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, fields, is_dataclass
 from types import MappingProxyType
 from typing import Any
@@ -220,8 +223,58 @@ def _check_variant(v: VariantSpec, where: str) -> None:
         raise ArtifactError(f"{where}: expressions read unbound symbols {sorted(missing)}")
 
 
-def parse_manifest(data: Mapping[str, Any] | str | bytes, source: str = "manifest") -> Manifest:
-    """Check and freeze a manifest given as parsed JSON or as JSON text."""
+def parse_kernel(name: str, k: Any, source: str) -> KernelSpec:
+    """Check and freeze one kernel entry of a manifest (:class:`ArtifactError` naming it)."""
+    where = f"{source}: kernel {name!r}"
+    if not isinstance(k, Mapping):
+        raise ArtifactError(f"{where}: expected an object, got {type(k).__name__}; rebuild the artifacts")
+    params = tuple(_build(ParamSpec, p, where) for p in k.get("params", []))
+    variants = tuple(_parse_variant(v, f"{where} variant {i}") for i, v in enumerate(k.get("variants", [])))
+    return _build(KernelSpec, k, where, params=params, variants=variants)
+
+
+class LazyKernels(Mapping):
+    """The kernels of a manifest, each checked and frozen on first access (thread-safe).
+
+    A wheel's manifest holds every variant of every family; checking all of them costs tens of
+    milliseconds at the first launch, for kernels a process may never call.  The names are
+    known at once; a malformed entry raises :class:`ArtifactError` naming the kernel when it is
+    first used, before any GPU work (``tilebin.aot`` and ``wheels/verify_wheel.py`` check every
+    entry eagerly when the artifacts are built).
+    """
+
+    def __init__(self, raw: Mapping[str, Any], source: str) -> None:
+        self._raw, self._source = dict(raw), source
+        self._parsed: dict[str, KernelSpec] = {}
+        self._lock = threading.Lock()
+
+    def __getitem__(self, name: str) -> KernelSpec:
+        spec = self._parsed.get(name)
+        if spec is None:
+            raw = self._raw[name]  # KeyError for an unknown name, as a Mapping should
+            with self._lock:
+                spec = self._parsed.get(name)
+                if spec is None:
+                    spec = self._parsed[name] = parse_kernel(name, raw, self._source)
+        return spec
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._raw)
+
+    def __len__(self) -> int:
+        return len(self._raw)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._raw
+
+
+def parse_manifest(data: Mapping[str, Any] | str | bytes, source: str = "manifest", *,
+                   lazy: bool = False) -> Manifest:
+    """Check and freeze a manifest given as parsed JSON or as JSON text.
+
+    ``lazy``: check the envelope now and each kernel on first access (:class:`LazyKernels`);
+    the default checks everything now.
+    """
     if isinstance(data, (str, bytes)):
         try:
             data = json.loads(data)
@@ -236,10 +289,11 @@ def parse_manifest(data: Mapping[str, Any] | str | bytes, source: str = "manifes
             "install a tilebin whose runtime matches the artifacts (rebuild the wheel)"
         )
     build = _build(BuildInfo, data.get("build", {}), f"{source}: build")
-    kernels = {}
-    for name, k in data.get("kernels", {}).items():
-        where = f"{source}: kernel {name!r}"
-        params = tuple(_build(ParamSpec, p, where) for p in k.get("params", []))
-        variants = tuple(_parse_variant(v, f"{where} variant {i}") for i, v in enumerate(k.get("variants", [])))
-        kernels[name] = _build(KernelSpec, k, where, params=params, variants=variants)
-    return Manifest(build=build, kernels=MappingProxyType(kernels), schema_version=version)
+    raw = data.get("kernels", {})
+    if not isinstance(raw, Mapping):
+        raise ArtifactError(f"{source}: 'kernels' must be an object; rebuild the artifacts")
+    if lazy:
+        kernels: Mapping[str, KernelSpec] = LazyKernels(raw, source)
+    else:
+        kernels = MappingProxyType({name: parse_kernel(name, k, source) for name, k in raw.items()})
+    return Manifest(build=build, kernels=kernels, schema_version=version)

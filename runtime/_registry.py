@@ -160,8 +160,10 @@ class KernelEntry:
 class Registry:
     """The kernels of one artifacts folder (``manifest.json`` + cubins).
 
-    The manifest is read and checked when the registry is created (:class:`ArtifactError`
-    if missing or malformed); cubins are loaded per device at first use.  Thread-safe.
+    The manifest is read when the registry is created and its envelope checked then; each
+    kernel's entry is checked at that kernel's first use, before any GPU work
+    (:class:`ArtifactError` if missing or malformed, naming the kernel).  Cubins are loaded per
+    device at first use.  Thread-safe.
     """
 
     def __init__(self, artifacts_dir: str | os.PathLike | Traversable, *, plan_cache_size: int | None = None) -> None:
@@ -172,13 +174,14 @@ class Registry:
         if self.plan_cache_size < 1:
             raise ArgumentError(f"plan_cache_size must be >= 1, got {self.plan_cache_size}")
         self._loader = Loader(root)
-        self._entries = {name: KernelEntry(self, spec) for name, spec in self.manifest.kernels.items()}
+        self._entries: dict[str, KernelEntry] = {}  # created at a kernel's first use (its spec is parsed then)
+        self._entries_lock = threading.Lock()
         self._unchecked: dict[tuple, UncheckedLauncher] = {}
         self._unchecked_lock = threading.Lock()
 
     def kernel_names(self) -> list[str]:
         """Every kernel name in the manifest, sorted."""
-        return sorted(self._entries)
+        return sorted(self.manifest.kernels)
 
     def spec(self, name: str) -> KernelSpec:
         """The :class:`KernelSpec` of ``name``; :class:`NoVariantError` naming close names if unknown."""
@@ -192,7 +195,13 @@ class Registry:
         """
         entry = self._entries.get(name)
         if entry is None:
-            raise unknown_kernel(name, self._entries)
+            if name not in self.manifest.kernels:
+                raise unknown_kernel(name, self.manifest.kernels)
+            spec = self.manifest.kernels[name]  # checked now (ArtifactError naming the kernel if malformed)
+            with self._entries_lock:
+                entry = self._entries.get(name)
+                if entry is None:
+                    entry = self._entries[name] = KernelEntry(self, spec)
         return entry
 
     def launch(self, name: str, *args: Any, stream: Any = None, **kwargs: Any) -> None:
@@ -266,7 +275,7 @@ def load_manifest(root: Traversable) -> Manifest:
             f"artifacts, or {_settings.ARTIFACTS_DIR.name} points at the wrong folder: reinstall the wheel or "
             "fix the variable"
         ) from None
-    return parse_manifest(data, source=str(path))
+    return parse_manifest(data, source=str(path), lazy=True)
 
 
 _DEFAULT: list[Registry | None] = [None]

@@ -140,3 +140,24 @@ def test_symbols_of():
 def test_malformed_expressions(rt, tree):
     with pytest.raises(rt.ArtifactError):
         check_expr(tree)
+
+
+def test_registry_checks_each_kernel_at_first_use(rt, tmp_path):
+    """A malformed kernel entry does not stop the others: it raises ArtifactError naming it when used."""
+    data = F.manifest(**{"toy.scale": F.scale_kernel(), "toy.quant": F.quant_kernel()})
+    data["kernels"]["toy.quant"]["variants"][0]["launches"][0]["grid"][0] = ["pow", "n", 2]
+    reg = rt.Registry(F.write_artifacts(tmp_path / "a", data))
+    assert reg.kernel_names() == ["toy.quant", "toy.scale"]
+    assert reg.spec("toy.scale").name == "toy.scale"
+    with pytest.raises(rt.ArtifactError, match=r"kernel 'toy.quant'.*unknown operator"):
+        reg.spec("toy.quant")
+    with pytest.raises(rt.NoVariantError, match="toy.scal"):
+        reg.spec("toy.scal")
+
+
+def test_lazy_and_eager_parse_agree(rt):
+    data = F.standard_manifest()
+    eager, lazy = parse_manifest(data), parse_manifest(data, lazy=True)
+    assert sorted(lazy.kernels) == sorted(eager.kernels) and len(lazy.kernels) == len(eager.kernels)
+    assert all(lazy.kernels[n] == eager.kernels[n] for n in eager.kernels)
+    assert lazy.to_json() == eager.to_json()
