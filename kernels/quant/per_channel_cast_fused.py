@@ -21,15 +21,22 @@ its amax over the rows present.
 
 Runtime: num_tokens, num_tokens_out, hidden (``hidden % 16 == 0``, checked by the op).
 
-Design: a block of 256 threads owns a 128-token x 128-channel tile (token tiles on
-``blockIdx.x``, channel tiles on ``blockIdx.y``).  Lane ``% 8`` picks a run of 16 channels,
-``lane // 8`` and the warp pick 4 of the 128 rows (rows ``32 i + 4 warp + lane // 8``), so a
-load instruction reads 4 rows x 256 contiguous bytes (bf16) and a store writes 4 rows x 128
-bytes.  Each thread keeps its 4 x 16 source values in registers as fp32 (one pass over
-global memory): amax over its rows, a butterfly over the 4 lanes of a warp that share the
-channels, then the 8 warps' partial maxima meet in shared memory, where 128 threads each
-finish one channel, write its sf and publish ``sf_inv``; then every thread scales,
-converts (``cvt.rn.satfinite.e4m3x2.f32``) and stores 16 bytes per row.
+Design: a block owns a 128-token x 128-channel tile (token tiles on ``blockIdx.x``, channel
+tiles on ``blockIdx.y``); the layout per input dtype is ``_LAYOUT``.  A thread owns ``VEC``
+channels, exactly one 16-byte load per row (8 bf16, 4 fp32, 16 e4m3), and ``ROWS`` rows:
+``LPR = 128 / VEC`` consecutive lanes cover a tile row, so a warp's load instruction reads
+``32 / LPR`` rows x 256 / 512 / 128 contiguous bytes, and thread ``tid`` reads rows
+``i * (THREADS / LPR) + tid // LPR``.  bf16: 8 ch x 8 rows, 256 threads, 4 blocks/SM (64
+registers); fp32: 4 ch x 16 rows, 256 threads, 3 blocks/SM (80 registers); e4m3: 16 ch x 8 rows,
+128 threads, 6 blocks/SM (80 registers): 128 / 192 / 96 KB of loads in flight per SM (before:
+16 channels x 4 rows, 256 threads, 3 / 2 / 3 blocks/SM, 96 / 128 / 48 KB; bf16 and fp32 took
+two / four 16-byte loads per row, each instruction reading 16 of every 32 / 64 bytes).  Each
+thread issues all its loads first, keeps the source in registers (one pass over global
+memory), takes the amax over its rows, a butterfly over the
+lanes of a warp that share its channels (xor ``LPR`` .. 16; none for fp32), then the warps'
+partial maxima meet in shared memory, where 128 threads each finish one channel, write its sf
+and publish ``sf_inv``; then every thread scales, converts (``cvt.rn.satfinite.e4m3x2.f32``)
+and stores ``VEC`` bytes per row (a warp's store covers whole 128-byte rows).
 """
 
 # No ``from __future__ import annotations``: TileLang evaluates the PrimFunc's tensor
@@ -41,15 +48,20 @@ from ._formats import sf_from_amax, to_e4m3
 
 TILE_T = 128  # tokens per tile = tokens per scale (num_per_tokens)
 TILE_H = 128  # channels per tile
-VEC = 16  # channels per thread
-THREADS = 256
-ROWS = TILE_T * (TILE_H // VEC) // THREADS  # rows per thread: 4
 IN_GROUP = 128  # channels per input scale of a quantized input (num_per_channels)
 _IN_DTYPES = ("bfloat16", "float32", "float8_e4m3fn")
 _E4M3, _F32, _I32 = "float8_e4m3fn", "float32", "int32"  # (names, not string annotations)
-# Blocks per SM to keep resident (caps registers at 80 / 128): fp32 holds 64 source registers
-# per thread and spills at 80; bf16 and e4m3 fit in 80 without spills.  Not measured yet.
-_MIN_BLOCKS = {"bfloat16": 3, "float32": 2, "float8_e4m3fn": 3}
+# Per input dtype: (VEC channels per thread = one 16-byte load, ROWS rows per thread, THREADS per
+# block, blocks per SM to keep resident); VEC * ROWS * THREADS = TILE_T * TILE_H.  A thread holds
+# ROWS * 16 source bytes in registers; the min blocks cap the registers at 64 / 80 / 80 (ptxas
+# keeps at most 8-16 bytes of stack around the sf division) for 128 / 192 / 96 KB of loads in
+# flight per SM.  (bf16 with 16 rows x 128 threads spills 160 bytes at 96 registers.)  Not
+# measured on a GPU yet.
+_LAYOUT = {
+    "bfloat16": (8, 8, 256, 4),
+    "float32": (4, 16, 256, 3),
+    "float8_e4m3fn": (16, 8, 128, 6),
+}
 
 
 def _value(raw, row_sf, i, j, with_sf: bool):
@@ -64,6 +76,11 @@ def per_channel_cast_fused(in_dtype: str, expand: bool):
     if in_dtype not in _IN_DTYPES:
         raise ValueError(f"per_channel_cast_fused: in_dtype must be one of {_IN_DTYPES} (got {in_dtype!r})")
     with_sf = in_dtype == "float8_e4m3fn"
+    VEC, ROWS, THREADS, MIN_BLOCKS = _LAYOUT[in_dtype]
+    WARPS = THREADS // 32
+    LPR = TILE_H // VEC  # lanes per tile row (8, 16 or 32)
+    STRIDE = THREADS // LPR  # rows between a thread's rows (the block covers this many per step)
+    assert VEC * ROWS * THREADS == TILE_T * TILE_H and 32 % LPR == 0 and THREADS >= TILE_H
     num_tokens, hidden = T.dynamic("num_tokens"), T.dynamic("hidden")
     num_out = T.dynamic("num_tokens_out") if expand else num_tokens
     # Shapes of parameters a variant does not read: free symbols of their own.
@@ -80,12 +97,12 @@ def per_channel_cast_fused(in_dtype: str, expand: bool):
         round_sf: T.int32,
     ):
         with T.Kernel(T.ceildiv(num_out, TILE_T), T.ceildiv(hidden, TILE_H), threads=THREADS) as (bt, bh):
-            T.assume(hidden % VEC == 0)
-            T.annotate_min_blocks_per_sm(_MIN_BLOCKS[in_dtype])
+            T.assume(hidden % 16 == 0)
+            T.annotate_min_blocks_per_sm(MIN_BLOCKS)
             tid = T.get_thread_binding()
             warp = tid // 32
             lane = tid % 32
-            col = bh * TILE_H + (lane % 8) * VEC  # first channel of this thread
+            col = bh * TILE_H + (lane % LPR) * VEC  # first channel of this thread
             raw = T.alloc_local((ROWS, VEC), in_dtype)  # the source, as loaded
             row_sf = T.alloc_local((ROWS,), "float32")  # input scale per row (quantized input)
             amax = T.alloc_local((VEC,), "float32")
@@ -95,13 +112,12 @@ def per_channel_cast_fused(in_dtype: str, expand: bool):
             sf = T.alloc_local((1,), "float32")
             sf_inv = T.alloc_local((1,), "float32")
             m = T.alloc_var("float32")
-            partial = T.alloc_shared((THREADS // 32, TILE_H), "float32")
+            partial = T.alloc_shared((WARPS, TILE_H), "float32")
             inv_shared = T.alloc_shared((TILE_H,), "float32")
 
-            for j in T.vectorized(VEC):
-                amax[j] = T.float32(0)
+            # Every load of the thread first (ROWS x 16 bytes in flight), then the maxima.
             for i in T.unroll(ROWS):
-                row = bt * TILE_T + i * 32 + warp * 4 + lane // 8
+                row = bt * TILE_T + i * STRIDE + tid // LPR
                 src = -1
                 if row < num_out and col < hidden:
                     if expand:
@@ -120,20 +136,24 @@ def per_channel_cast_fused(in_dtype: str, expand: bool):
                         raw[i, j] = T.Cast(in_dtype, 0)
                     if with_sf:
                         row_sf[i] = T.float32(0)
+            for j in T.vectorized(VEC):
+                amax[j] = T.float32(0)
+            for i in T.unroll(ROWS):
                 for j in T.vectorized(VEC):
                     amax[j] = T.max(amax[j], T.abs(_value(raw, row_sf, i, j, with_sf)))
 
-            # Lanes l, l ^ 8, l ^ 16, l ^ 24 hold the same channels.
-            for j in T.unroll(VEC):
-                amax[j] = T.max(amax[j], T.shfl_xor(amax[j], 8))
-                amax[j] = T.max(amax[j], T.shfl_xor(amax[j], 16))
-            if lane < 8:
+            # Lanes l ^ (k * LPR) hold the same channels.
+            for d in T.unroll(5):
+                if (1 << d) >= LPR:
+                    for j in T.unroll(VEC):
+                        amax[j] = T.max(amax[j], T.shfl_xor(amax[j], 1 << d))
+            if lane < LPR:
                 for j in T.vectorized(VEC):
                     partial[warp, lane * VEC + j] = amax[j]
             T.sync_threads()
             if tid < TILE_H:
                 m = partial[0, tid]
-                for w in T.unroll(1, THREADS // 32):
+                for w in T.unroll(1, WARPS):
                     m = T.max(m, partial[w, tid])
                 sf[0], sf_inv[0] = sf_from_amax(m, "e4m3", round_sf)
                 inv_shared[tid] = sf_inv[0]
@@ -142,9 +162,9 @@ def per_channel_cast_fused(in_dtype: str, expand: bool):
             T.sync_threads()
 
             for j in T.vectorized(VEC):
-                inv[j] = inv_shared[(lane % 8) * VEC + j]
+                inv[j] = inv_shared[(lane % LPR) * VEC + j]
             for i in T.unroll(ROWS):
-                row = bt * TILE_T + i * 32 + warp * 4 + lane // 8
+                row = bt * TILE_T + i * STRIDE + tid // LPR
                 for j in T.vectorized(VEC):
                     q[j] = to_e4m3(_value(raw, row_sf, i, j, with_sf) * inv[j])
                 if row < num_out and col < hidden:

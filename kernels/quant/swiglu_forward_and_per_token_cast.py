@@ -38,7 +38,8 @@ half-warp; the problem is flattened into ``rows * groups * 16`` units, so every 
 contiguous whatever ``hidden``; the amax is reduced with 4 xor-shuffles.  A block handles
 ``UNROLL`` units per thread per step (all loads issued before the math) and strides over the
 problem with ``num_blocks`` blocks (the op picks a few blocks per SM), which keeps the clamp
-counters to one atomic per block.  ``full_row`` (one scale per row): a block per row, 2048
+counters to one atomic per block.  Without a clamp (``clamp_value == +inf``, a uniform test) and
+without clamp counting, the activation skips the clamp selects, which then keep every value.  ``full_row`` (one scale per row): a block per row, 2048
 channels per pass; the first ``ROW_CHUNKS`` passes stay in registers, wider rows recompute the
 activation for the second (quantizing) pass, which then reads ``x`` from L2.
 """
@@ -120,8 +121,10 @@ def load_halves(x, in_dtype: str, raw_g, raw_u, slot, row, col, rows, hidden):
 
 
 @T.macro
-def activate(raw_g, raw_u, act, slot, clamp_value, w, cnt, count_clamp: bool):
+def activate(raw_g, raw_u, act, slot, clamp_value, w, cnt, count_clamp: bool, clamp: bool = True):
     """``act[slot, :] = swiglu(raw_g[slot, :], raw_u[slot, :]) * w``; counts clamps when asked.
+    ``clamp=False`` leaves out the clamp selects: only for ``clamp_value == +inf``, where they keep
+    every value (NaN included), so the result is the same.
     (Parameter names match the callers': a macro renames the PrimFunc parameters it is given.)"""
     for k in T.unroll(8):
         g = T.Cast("float32", raw_g[slot, k])
@@ -130,7 +133,15 @@ def activate(raw_g, raw_u, act, slot, clamp_value, w, cnt, count_clamp: bool):
             cnt[0] += T.Cast("int32", g > clamp_value)
             cnt[1] += T.Cast("int32", u > clamp_value)
             cnt[2] += T.Cast("int32", u < -clamp_value)
-        act[slot, k] = rn("__fmul_rn", silu_mul(clamp_gate(g, clamp_value), clamp_up(u, clamp_value)), w)
+        if clamp:
+            act[slot, k] = rn("__fmul_rn", silu_mul(clamp_gate(g, clamp_value), clamp_up(u, clamp_value)), w)
+        else:
+            act[slot, k] = rn("__fmul_rn", silu_mul(g, u), w)
+
+
+def no_clamp(clamp_value):
+    """Whether the runtime ``clamp_value`` is +inf (the op's value when there is no clamp); uniform."""
+    return T.reinterpret(clamp_value, "int32") == 0x7F800000
 
 
 @T.macro
@@ -237,7 +248,12 @@ def _per_group(in_dtype: str, sf_kind: str, count_clamp: bool):
                 for s in T.unroll(UNROLL):
                     amax = T.float32(0.0)
                     if masked[s] == 0 and col_of[s] < hidden:
-                        activate(raw_g, raw_u, act, s, clamp_value, w[s], cnt, count_clamp)
+                        if count_clamp:
+                            activate(raw_g, raw_u, act, s, clamp_value, w[s], cnt, True)
+                        elif no_clamp(clamp_value):
+                            activate(raw_g, raw_u, act, s, clamp_value, w[s], cnt, False, False)
+                        else:
+                            activate(raw_g, raw_u, act, s, clamp_value, w[s], cnt, False)
                         for k in T.unroll(8):
                             amax = T.max(amax, T.abs(act[s, k]))
                     else:
