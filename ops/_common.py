@@ -32,6 +32,16 @@ def launcher(name: str, **key: Any) -> runtime.UncheckedLauncher:
     return fn
 
 
+def memo_table(table: dict, made_with: list, *current: Any) -> dict:
+    """``table`` (an op module's memo of validated configurations), emptied first when the objects
+    it was filled under (``made_with``: e.g. the module's launcher and device check, which tests
+    stub) are no longer ``current``; ``made_with`` then records them."""
+    if len(made_with) != len(current) or any(a is not b for a, b in zip(made_with, current)):
+        table.clear()
+        made_with[:] = current
+    return table
+
+
 def fail(op: str, message: str) -> ArgumentError:
     """An :class:`ArgumentError` reading ``"<op>: <message>"`` (raise it)."""
     return ArgumentError(f"{op}: {message}")

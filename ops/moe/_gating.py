@@ -20,7 +20,7 @@ from typing import Any, Optional
 
 import torch
 
-from .._common import check_tensor, fail, launcher
+from .._common import check_tensor, fail, launcher, memo_table
 
 __all__ = ["top2_sum_gate", "topk_gate", "topk_sum_and_topk_group_idx"]
 
@@ -90,10 +90,7 @@ _FAST_MAX = 256
 def _fast_table() -> dict[tuple, Any]:
     """The memo of validated configurations, emptied when the launcher or the device check it
     was filled under changed (tests stub both; a stubbed device check lets CPU tensors in)."""
-    if _FAST_DEPS[0] is not launcher or _FAST_DEPS[1] is not _on_cuda:
-        _FAST.clear()
-        _FAST_DEPS[0], _FAST_DEPS[1] = launcher, _on_cuda
-    return _FAST
+    return memo_table(_FAST, _FAST_DEPS, launcher, _on_cuda)
 
 
 def _remember(table: dict[tuple, Any], key: Optional[tuple], value: Any) -> None:

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from .._common import check_cuda, check_int, check_tensor, fail, launcher
+from .._common import check_cuda, check_int, check_tensor, fail, launcher, memo_table
 from ..config import get_num_sms
 
 MAX_ENTRIES = 1 << 30  # flat index arithmetic in the kernels is int32, with room for a grid sweep
@@ -50,10 +50,7 @@ _FAST_MAX = 256
 def _fast_table() -> dict[tuple, Any]:
     """The memo of validated configurations, emptied when the launcher or the device check it
     was filled under changed (tests stub both; a stubbed device check lets CPU tensors in)."""
-    if _FAST_DEPS[0] is not launcher or _FAST_DEPS[1] is not check_cuda:
-        _FAST.clear()
-        _FAST_DEPS[0], _FAST_DEPS[1] = launcher, check_cuda
-    return _FAST
+    return memo_table(_FAST, _FAST_DEPS, launcher, check_cuda)
 
 
 def aux_fi(topk_idx: torch.Tensor, num_experts: int, num_aux_topk: int) -> torch.Tensor:
