@@ -139,3 +139,14 @@ def _cuda_clean(request):
     torch.cuda.synchronize()
     yield
     torch.cuda.synchronize()
+
+
+@pytest.fixture
+def sm_counts():
+    """SM counts to run under (the device's, 20 fewer, 7, 1) and ``set_num_sms``; restores the default."""
+    from tilebin.ops import config
+
+    full = config.get_device_num_sms()
+    counts = list(dict.fromkeys(c for c in (full, full - 20, 7, 1) if c >= 1))
+    yield counts, config.set_num_sms
+    config.set_num_sms(0)

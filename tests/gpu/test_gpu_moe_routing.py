@@ -13,12 +13,11 @@ reduce_fused's reference computes each FMA exactly (float64, correctly rounded t
 
 from __future__ import annotations
 
-import zlib
-
 import pytest
 import torch
 
 from _gpu_util import assert_bits_equal
+from _moe_util import load_moe_ops, poison_cache, seed, topk_idx
 from moe_ref import routing as ref
 
 OPS = ("get_fused_mapping", "expand_to_fused", "expand_to_fused_with_sf", "reduce_fused")
@@ -49,43 +48,7 @@ def _case_id(case) -> str:
 
 @pytest.fixture(scope="module")
 def moe(require):
-    for name in ("get_fused_mapping", "expand_to_fused", "expand_to_fused_with_sf", "reduce_fused"):
-        require(f"moe.{name}")
-    from tilebin.ops import moe
-
-    missing = [name for name in OPS if not callable(getattr(moe, name, None))]
-    if missing:
-        pytest.fail(f"tilebin.ops.moe does not export {missing} (re-export them from ops/moe/_routing.py)")
-    return moe
-
-
-@pytest.fixture
-def sm_counts():
-    from tilebin.ops import config
-
-    full = config.get_device_num_sms()
-    counts = list(dict.fromkeys(c for c in (full, full - 20, 7, 1) if c >= 1))
-    yield counts, config.set_num_sms
-    config.set_num_sms(0)
-
-
-def _seed(*key) -> None:
-    torch.manual_seed(zlib.crc32(repr(key).encode()))
-
-
-def _poison_cache(nbytes: int) -> None:
-    blob = torch.empty(max(nbytes, 1 << 20), dtype=torch.uint8, device="cuda")
-    blob.fill_(0xFF)
-    del blob
-
-
-def _topk_idx(tokens: int, topk: int, experts: int, ep_ranks: int) -> torch.Tensor:
-    if tokens == 0:
-        return torch.empty((0, topk), dtype=torch.int64, device="cuda")
-    scores = torch.rand((tokens * ep_ranks, experts * ep_ranks), dtype=torch.bfloat16, device="cuda")
-    idx = torch.topk(scores, k=topk, dim=-1, sorted=False).indices
-    idx[idx >= experts] = -1
-    return idx[(idx >= 0).any(dim=1)].contiguous()
+    return load_moe_ops(require, OPS, "ops/moe/_routing.py")
 
 
 NAMES = ("pos_to_expert", "pos_to_token", "pos_to_token_topk", "token_topk_to_pos", "expert_start", "expert_end",
@@ -103,13 +66,13 @@ def _check_mapping(got, want, what: str) -> None:
 @pytest.mark.parametrize("case", MAP_CASES, ids=_case_id)
 def test_get_fused_mapping(moe, sm_counts, case):
     tokens, topk, experts, ep_ranks, alignment = case
-    _seed("gfm", case)
-    idx = _topk_idx(tokens, topk, experts, ep_ranks)
+    seed("gfm", case)
+    idx = topk_idx(tokens, topk, experts, ep_ranks)
     want = ref.get_fused_mapping(idx, experts, 0, alignment)
     counts, set_num_sms = sm_counts
     for sms in counts:
         set_num_sms(sms)
-        _poison_cache(idx.numel() * 16 + (1 << 20))
+        poison_cache(idx.numel() * 16 + (1 << 20))
         got = moe.get_fused_mapping(idx, experts, 0, alignment)
         what = f"get_fused_mapping({tuple(idx.shape)}, E={experts}, alignment={alignment}, num_sms={sms})"
         _check_mapping(got, want, what)
@@ -121,15 +84,15 @@ def test_get_fused_mapping(moe, sm_counts, case):
 def test_get_fused_mapping_fixed_size(moe, sm_counts, extra):
     """A caller-sized buffer (force_no_sync): larger (the tail is -1) or too small (slots past
     the end are not written, token_topk_to_pos still names them); no host sync."""
-    _seed("gfm_fixed", extra)
-    idx = _topk_idx(4001, 8, 32, 8)
+    seed("gfm_fixed", extra)
+    idx = topk_idx(4001, 8, 32, 8)
     need = ref.get_fused_mapping(idx, 32, 0, 64)[6].sum().item()
     size = max(need + extra * 64, 0)
     want = ref.get_fused_mapping(idx, 32, size, 64, force_no_sync=True)
     counts, set_num_sms = sm_counts
     for sms in (counts[0], counts[-1]):
         set_num_sms(sms)
-        _poison_cache(1 << 22)
+        poison_cache(1 << 22)
         got = moe.get_fused_mapping(idx, 32, size, 64, force_no_sync=True)
         _check_mapping(got, want, f"get_fused_mapping(size={size} of {need}, num_sms={sms})")
     set_num_sms(0)
@@ -138,7 +101,7 @@ def test_get_fused_mapping_fixed_size(moe, sm_counts, extra):
 
 
 def test_get_fused_mapping_out_of_range_ids(moe, sm_counts):
-    _seed("gfm_range")
+    seed("gfm_range")
     idx = torch.randint(-3, 40, (3001, 9), dtype=torch.int64, device="cuda")
     want = ref.get_fused_mapping(idx, 33, 0, 16)
     counts, set_num_sms = sm_counts
@@ -154,7 +117,7 @@ EXPAND_CASES = ((0, 8, 32, 8), (1, 6, 72, 8), (37, 9, 16, 1), (4001, 8, 32, 8), 
 
 def _mapping(case, alignment=16):
     tokens, topk, experts, ep = case
-    idx = _topk_idx(tokens, topk, experts, ep)
+    idx = topk_idx(tokens, topk, experts, ep)
     p2e, _, _, ttp, *_ = ref.get_fused_mapping(idx, experts, 0, alignment)
     return idx.shape[0], ttp, p2e
 
@@ -170,11 +133,11 @@ def _data(rows: int, hidden: int, dtype: torch.dtype) -> torch.Tensor:
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.float8_e4m3fn], ids=str)
 @pytest.mark.parametrize("case", EXPAND_CASES, ids=lambda c: "t{}-k{}-e{}-ep{}".format(*c))
 def test_expand_to_fused(moe, case, dtype):
-    _seed("expand", case, str(dtype))
+    seed("expand", case, str(dtype))
     rows, ttp, p2e = _mapping(case)
     for hidden in (HIDDEN if case[0] in (37, 4001) and case[1] == 8 else HIDDEN[::3]):
         x = _data(rows, hidden, dtype)
-        _poison_cache(p2e.numel() * hidden * x.element_size())
+        poison_cache(p2e.numel() * hidden * x.element_size())
         got = moe.expand_to_fused(x, ttp, p2e)
         want = ref.expand_to_fused(x, ttp, p2e)
         assert got.is_contiguous(), f"expand_to_fused out strides {got.stride()}"
@@ -189,7 +152,7 @@ def test_expand_to_fused(moe, case, dtype):
     for d in (torch.float8_e4m3fn, torch.bfloat16) for c in EXPAND_CASES
     if d == torch.float8_e4m3fn or c[0] in (1, 4001)])
 def test_expand_to_fused_with_sf(moe, case, npc, layout, dtype):
-    _seed("expand_sf", case, npc, layout, str(dtype))
+    seed("expand_sf", case, npc, layout, str(dtype))
     rows, ttp, p2e = _mapping(case)
     for hidden in (HIDDEN if case[0] == 4001 and case[1] == 8 else (576, 7168)):
         x = _data(rows, hidden, dtype)
@@ -199,7 +162,7 @@ def test_expand_to_fused_with_sf(moe, case, npc, layout, dtype):
         else:
             sf = torch.rand((rows, groups), dtype=torch.float32, device="cuda") + 0.5
         col = layout != "row"
-        _poison_cache(p2e.numel() * hidden * 2)
+        poison_cache(p2e.numel() * hidden * 2)
         out, out_sf = moe.expand_to_fused_with_sf((x, sf), npc, ttp, p2e, col)
         want, want_sf = ref.expand_to_fused_with_sf((x, sf), npc, ttp, p2e, col)
         what = f"expand_to_fused_with_sf({tuple(x.shape)} {dtype}, sf {tuple(sf.shape)} {layout}, npc={npc})"
@@ -218,9 +181,9 @@ REDUCE_CASES = ((0, 8, 32, 8), (1, 9, 256, 1), (37, 6, 72, 1), (4001, 8, 32, 8),
                          ids=["f32", "bf16", "f32-e4m3", "bf16-e4m3"])
 @pytest.mark.parametrize("case", REDUCE_CASES, ids=lambda c: "t{}-k{}-e{}-ep{}".format(*c))
 def test_reduce_fused(moe, case, in_dtype, out_dtype):
-    _seed("reduce", case, str(in_dtype), out_dtype)
+    seed("reduce", case, str(in_dtype), out_dtype)
     tokens, topk, experts, ep = case
-    idx = _topk_idx(tokens, topk, experts, ep)
+    idx = topk_idx(tokens, topk, experts, ep)
     ttp = ref.get_fused_mapping(idx, experts, 0, 1)[3]
     rows = idx.shape[0]
     fp8 = out_dtype or ""
@@ -236,7 +199,7 @@ def test_reduce_fused(moe, case, in_dtype, out_dtype):
                 x_in = (x, x_sf) if x_sf is not None else x
                 what = (f"reduce_fused({tuple(x.shape)} {in_dtype}, tokens={rows}, topk={topk}, fp8={fp8!r}, "
                         f"weights={with_w}, x_sf={with_xsf}, sf={sf is not None})")
-                _poison_cache(rows * hidden * 4)
+                poison_cache(rows * hidden * 4)
                 got = moe.reduce_fused(x_in, w, ttp, fp8, sf)
                 want = ref.reduce_fused(x_in, w, ttp, fp8, sf)
                 assert got.is_contiguous(), f"{what}: strides {got.stride()}"
@@ -249,8 +212,8 @@ def test_reduce_fused(moe, case, in_dtype, out_dtype):
 
 def test_reduce_fused_saturates_e4m3(moe):
     """Sums past the e4m3 range saturate to +-448 (tile_kernels' kernel does; NaN in a plain .to())."""
-    _seed("reduce_sat")
-    idx = _topk_idx(1000, 8, 32, 8)
+    seed("reduce_sat")
+    idx = topk_idx(1000, 8, 32, 8)
     ttp = ref.get_fused_mapping(idx, 32, 0, 1)[3]
     x = torch.randn((idx.numel(), 2048), device="cuda") * 300
     got = moe.reduce_fused(x, None, ttp, "e4m3")
@@ -260,8 +223,8 @@ def test_reduce_fused_saturates_e4m3(moe):
 
 def test_pipeline_round_trip(moe):
     """expand then reduce with unit weights: each token comes back times its valid top-k count."""
-    _seed("pipeline")
-    idx = _topk_idx(4001, 8, 32, 8)
+    seed("pipeline")
+    idx = topk_idx(4001, 8, 32, 8)
     p2e, _, _, ttp, *_ = moe.get_fused_mapping(idx, 32, 0, 128)
     x = torch.randn((idx.shape[0], 4096), device="cuda")
     y = moe.reduce_fused(moe.expand_to_fused(x, ttp, p2e), None, ttp)

@@ -13,12 +13,11 @@ filled with 0xFF, so an element a kernel forgot to write shows up as poison.
 
 from __future__ import annotations
 
-import zlib
-
 import pytest
 import torch
 
 from _gpu_util import assert_bits_equal
+from _moe_util import load_moe_ops, poison_cache, seed, topk_idx
 from moe_ref import stats as ref
 
 OPS = ("aux_fi", "group_count", "normalize_weight", "mask_indices_by_tp", "inplace_unique_group_indices")
@@ -49,45 +48,7 @@ def _case_id(case) -> str:
 
 @pytest.fixture(scope="module")
 def moe(require):
-    for name in OPS:
-        require(f"moe.{name}")
-    from tilebin.ops import moe
-
-    missing = [name for name in OPS if not callable(getattr(moe, name, None))]
-    if missing:
-        pytest.fail(f"tilebin.ops.moe does not export {missing} (re-export them from ops/moe/_stats.py)")
-    return moe
-
-
-@pytest.fixture
-def sm_counts():
-    """SM counts to run under (the device's, 20 fewer, 7, 1); restores the default afterwards."""
-    from tilebin.ops import config
-
-    full = config.get_device_num_sms()
-    counts = list(dict.fromkeys(c for c in (full, full - 20, 7, 1) if c >= 1))
-    yield counts, config.set_num_sms
-    config.set_num_sms(0)
-
-
-def _seed(*key) -> None:
-    torch.manual_seed(zlib.crc32(repr(key).encode()))
-
-
-def _poison_cache(nbytes: int) -> None:
-    blob = torch.empty(max(nbytes, 1 << 20), dtype=torch.uint8, device="cuda")
-    blob.fill_(0xFF)
-    del blob
-
-
-def _topk_idx(tokens: int, topk: int, experts: int, ep_ranks: int) -> torch.Tensor:
-    """int64 [rows, topk] like tile_kernels' generate_topk_idx (rows <= tokens * ep_ranks)."""
-    if tokens == 0:
-        return torch.empty((0, topk), dtype=torch.int64, device="cuda")
-    scores = torch.rand((tokens * ep_ranks, experts * ep_ranks), dtype=torch.bfloat16, device="cuda")
-    idx = torch.topk(scores, k=topk, dim=-1, sorted=False).indices
-    idx[idx >= experts] = -1
-    return idx[(idx >= 0).any(dim=1)].contiguous()
+    return load_moe_ops(require, OPS, "ops/moe/_stats.py")
 
 
 def _check_layout(out: torch.Tensor, shape: tuple, dtype: torch.dtype, what: str) -> None:
@@ -101,7 +62,7 @@ def _same_under_sm_counts(fn, want: torch.Tensor, sm_counts, what: str) -> None:
     counts, set_num_sms = sm_counts
     for sms in counts:
         set_num_sms(sms)
-        _poison_cache(want.numel() * want.element_size())
+        poison_cache(want.numel() * want.element_size())
         got = fn()
         _check_layout(got, tuple(want.shape), want.dtype, f"{what} num_sms={sms}")
         assert_bits_equal(got, want, f"{what} num_sms={sms}")
@@ -112,8 +73,8 @@ def _same_under_sm_counts(fn, want: torch.Tensor, sm_counts, what: str) -> None:
 @pytest.mark.parametrize("case", CASES, ids=_case_id)
 def test_aux_fi(moe, sm_counts, case):
     tokens, topk, experts, ep_ranks = case
-    _seed("aux_fi", case)
-    idx = _topk_idx(tokens, topk, experts, ep_ranks)
+    seed("aux_fi", case)
+    idx = topk_idx(tokens, topk, experts, ep_ranks)
     for num_aux_topk in dict.fromkeys((1, topk)):
         what = f"aux_fi({tuple(idx.shape)} int64, num_experts={experts}, num_aux_topk={num_aux_topk})"
         want = ref.aux_fi(idx, experts, num_aux_topk)
@@ -128,8 +89,8 @@ def test_aux_fi_reference_is_torchs_cuda_rounding():
     """The explicit reference equals torch's own CUDA evaluation of the literal formula (which
     multiplies by the float32 reciprocal of a host scalar divisor): the op is then bit-exact with
     tile_kernels' torch reference on CUDA, not only within its tolerance."""
-    _seed("aux_fi_literal")
-    idx = _topk_idx(4001, 8, 32, 8)
+    seed("aux_fi_literal")
+    idx = topk_idx(4001, 8, 32, 8)
     for experts, a in ((32, 1), (32, 8), (7, 3)):
         assert_bits_equal(ref.aux_fi(idx, experts, a), ref.aux_fi_divided(idx, experts, a),
                           f"explicit vs literal aux_fi reference on CUDA (E={experts}, A={a}; torch rounding changed?)")
@@ -138,7 +99,7 @@ def test_aux_fi_reference_is_torchs_cuda_rounding():
 @pytest.mark.parametrize("experts", [4097, 9000])
 def test_aux_fi_many_experts(moe, sm_counts, experts):
     """More bins than the shared histogram holds: the global-atomic path; out-of-range entries skipped."""
-    _seed("aux_fi_many", experts)
+    seed("aux_fi_many", experts)
     idx = torch.randint(-2, experts + 3, (3001, 8), dtype=torch.int64, device="cuda")
     want = ref.aux_fi(idx, experts, 8)
     _same_under_sm_counts(lambda: moe.aux_fi(idx, experts, 8), want, sm_counts, f"aux_fi E={experts}")
@@ -148,8 +109,8 @@ def test_aux_fi_many_experts(moe, sm_counts, experts):
 @pytest.mark.parametrize("case", CASES, ids=_case_id)
 def test_group_count(moe, sm_counts, case):
     tokens, topk, experts, ep_ranks = case
-    _seed("group_count", case)
-    idx = _topk_idx(tokens, topk, experts, ep_ranks)
+    seed("group_count", case)
+    idx = topk_idx(tokens, topk, experts, ep_ranks)
     what = f"group_count({tuple(idx.shape)} int64, num_groups={experts})"
     _same_under_sm_counts(lambda: moe.group_count(idx, experts), ref.group_count(idx, experts), sm_counts, what)
 
@@ -157,7 +118,7 @@ def test_group_count(moe, sm_counts, case):
 @pytest.mark.parametrize("groups", [1, 4, 8, 12, 16, 4096, 4097, 70000])
 def test_group_count_any_range(moe, sm_counts, groups):
     """Random ids with -1, other negatives and ids >= num_groups (skipped); both histogram paths."""
-    _seed("group_count_range", groups)
+    seed("group_count_range", groups)
     idx = torch.randint(-3, groups + 2, (8001, 9), dtype=torch.int64, device="cuda")
     what = f"group_count(8001 x 9 ids in [-3, {groups + 2}), num_groups={groups})"
     _same_under_sm_counts(lambda: moe.group_count(idx, groups), ref.group_count(idx, groups), sm_counts, what)
@@ -170,7 +131,7 @@ def test_count_variants_on_any_size(rt, require, sm_counts, kernel, shape, singl
     """Both variants (cooperative grid, single block) at sizes the op would not pick them for,
     through the checked ``runtime.launch`` (an unchecked-path failure then stands out)."""
     require(kernel)
-    _seed("variants", kernel, shape)
+    seed("variants", kernel, shape)
     bins = 72
     idx = torch.randint(-1, bins + 1, shape, dtype=torch.int64, device="cuda")
     aux = kernel == "moe.aux_fi"
@@ -196,10 +157,10 @@ def _weights(rows: int, topk: int) -> torch.Tensor:
 @pytest.mark.parametrize("topk", [1, 2, 6, 8, 9])
 @pytest.mark.parametrize("rows", [0, 1, 4001, 64008])
 def test_normalize_weight(moe, rows, topk):
-    _seed("normalize_weight", rows, topk)
+    seed("normalize_weight", rows, topk)
     w = _weights(rows, topk)
     want_den, want_norm = ref.normalize_weight(w)
-    _poison_cache(w.numel() * 4)
+    poison_cache(w.numel() * 4)
     den, norm = moe.normalize_weight(w)
     _check_layout(den, (rows,), torch.float32, "normalize_weight denominator")
     _check_layout(norm, (rows, topk), torch.float32, "normalize_weight normalized_weights")
@@ -209,8 +170,8 @@ def test_normalize_weight(moe, rows, topk):
 
 @pytest.mark.parametrize("case", CASES[6:10], ids=_case_id)
 def test_normalize_weight_on_routing_rows(moe, case):
-    _seed("normalize_weight_rows", case)
-    w = torch.rand(_topk_idx(*case).shape, dtype=torch.float32, device="cuda")
+    seed("normalize_weight_rows", case)
+    w = torch.rand(topk_idx(*case).shape, dtype=torch.float32, device="cuda")
     den, norm = moe.normalize_weight(w)
     want_den, want_norm = ref.normalize_weight(w)
     assert_bits_equal(den, want_den, f"normalize_weight({tuple(w.shape)}) denominator")
@@ -222,16 +183,16 @@ def test_normalize_weight_on_routing_rows(moe, case):
 @pytest.mark.parametrize("case", CASES, ids=_case_id)
 def test_mask_indices_by_tp(moe, case, dtype):
     tokens, topk, experts, ep_ranks = case
-    _seed("mask", case, str(dtype))
+    seed("mask", case, str(dtype))
     n = experts * ep_ranks
-    idx = _topk_idx(tokens * ep_ranks, topk, n, 1)  # global ids over all EP ranks
+    idx = topk_idx(tokens * ep_ranks, topk, n, 1)  # global ids over all EP ranks
     idx[::3, -1] = -1  # empty slots
     idx = idx.to(dtype)
     for num_tp_ranks in (1, 2, 4, 8):
         for tp_rank in dict.fromkeys((0, num_tp_ranks - 1, (tokens + topk) % num_tp_ranks)):
             what = (f"mask_indices_by_tp({tuple(idx.shape)} {dtype}, n={n}, ep={ep_ranks}, "
                     f"tp_rank={tp_rank}/{num_tp_ranks})")
-            _poison_cache(idx.numel() * idx.element_size())
+            poison_cache(idx.numel() * idx.element_size())
             got = moe.mask_indices_by_tp(idx, n, ep_ranks, tp_rank, num_tp_ranks)
             _check_layout(got, tuple(idx.shape), dtype, what)
             assert_bits_equal(got, ref.mask_indices_by_tp(idx, n, ep_ranks, tp_rank, num_tp_ranks), what)
@@ -239,7 +200,7 @@ def test_mask_indices_by_tp(moe, case, dtype):
 
 def test_mask_indices_by_tp_negative_and_uneven(moe):
     """-1 and other negatives, n not a multiple of num_ep_ranks (per_gpu = n // ep)."""
-    _seed("mask_uneven")
+    seed("mask_uneven")
     idx = torch.randint(-5, 300, (4001, 9), dtype=torch.int64, device="cuda")
     for n, ep, tp, tpr in ((300, 7, 2, 3), (300, 64, 5, 8), (288, 8, 1, 2)):
         what = f"mask_indices_by_tp(n={n}, ep={ep}, tp_rank={tp}/{tpr})"
@@ -251,8 +212,8 @@ def test_mask_indices_by_tp_negative_and_uneven(moe):
 @pytest.mark.parametrize("case", CASES, ids=_case_id)
 def test_inplace_unique_group_indices(moe, sm_counts, case):
     tokens, topk, experts, ep_ranks = case
-    _seed("unique", case)
-    idx = _topk_idx(tokens, topk, experts, ep_ranks)
+    seed("unique", case)
+    idx = topk_idx(tokens, topk, experts, ep_ranks)
     counts, set_num_sms = sm_counts
     for groups in (4, 8, 12, 16, 72):
         if (experts * ep_ranks) % groups:
@@ -274,7 +235,7 @@ def test_inplace_unique_group_indices(moe, sm_counts, case):
 @pytest.mark.parametrize("topk", [1, 2, 6, 8, 9, 16])
 def test_inplace_unique_group_indices_repeats(moe, topk):
     """Many repeats, -1 and other negatives (a repeated -2 becomes -1, as in the reference)."""
-    _seed("unique_repeats", topk)
+    seed("unique_repeats", topk)
     group_idx = torch.randint(-3, 5, (4001, topk), dtype=torch.int64, device="cuda")
     want = group_idx.clone()
     ref.inplace_unique_group_indices(want, 5)
