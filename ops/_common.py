@@ -42,6 +42,36 @@ def memo_table(table: dict, made_with: list, *current: Any) -> dict:
     return table
 
 
+def typed_key(*parts: Any) -> tuple:
+    """A memo key that equals another only when every part has the same type and value.
+
+    ``True == 1 == 1.0`` and ``(128.0, 128.0) == (128, 128)`` hash alike; a memo keyed by raw
+    arguments would serve a configuration validated for one of them to the other.  Here each
+    part is tagged with its exact type (tuples and lists element by element) and floats by their
+    bits (``0.0`` and ``-0.0`` differ).  Unhashable parts raise TypeError (callers then take the
+    checked path).
+    """
+    return tuple([_typed(p) for p in parts])
+
+
+def _typed(value: Any) -> Any:
+    t = type(value)
+    if t is tuple or t is list:
+        return t, tuple([_typed(v) for v in value])
+    if t is float:
+        return t, value.hex()
+    return t, value
+
+
+def check_flag(op: str, name: str, value: Any) -> bool:
+    """``value`` as a bool: a Python bool, or the ints 0 and 1 (tile_kernels' callers pass both)."""
+    if type(value) is bool:
+        return value
+    if type(value) is int and value in (0, 1):
+        return bool(value)
+    raise fail(op, f"{name} must be a bool, got {type(value).__name__} {value!r}")
+
+
 def fail(op: str, message: str) -> ArgumentError:
     """An :class:`ArgumentError` reading ``"<op>: <message>"`` (raise it)."""
     return ArgumentError(f"{op}: {message}")
@@ -52,10 +82,14 @@ def _names(dtypes: tuple) -> str:
 
 
 def check_int(op: str, name: str, value: Any, lo: int, hi: int = 2**31 - 1) -> int:
-    """``value`` as a Python int in ``[lo, hi]`` (integer-likes accepted, bools refused)."""
+    """``value`` as a Python int in ``[lo, hi]``.
+
+    Integer-likes (``operator.index``: numpy ints) are converted once; bools, floats and tensors
+    are refused (reading a CUDA tensor's value would synchronise with the GPU).
+    """
     if type(value) is not int:
-        if isinstance(value, bool):
-            raise fail(op, f"{name} must be an int, got bool {value!r}")
+        if isinstance(value, (bool, torch.Tensor)):
+            raise fail(op, f"{name} must be an int, got {type(value).__name__} {value!r}")
         try:
             value = operator.index(value)
         except TypeError:

@@ -20,7 +20,7 @@ from typing import Any, Optional
 
 import torch
 
-from .._common import check_tensor, fail, launcher, memo_table
+from .._common import check_tensor, fail, launcher, memo_table, typed_key
 
 __all__ = ["top2_sum_gate", "topk_gate", "topk_sum_and_topk_group_idx"]
 
@@ -108,12 +108,12 @@ def topk_gate(scores: torch.Tensor, num_topk: int) -> torch.Tensor:
     """
     try:  # a configuration seen before: only the token-count-dependent checks (the slow path says why not)
         shape = scores.shape
-        key = ("topk_gate", scores.dtype, scores.device, shape[1:], num_topk, type(num_topk))
+        key = typed_key("topk_gate", scores.dtype, scores.device, shape[1:], num_topk)
         fast = _fast_table().get(key)
     except (AttributeError, TypeError, IndexError):
         key = fast = None
     if fast is not None and scores.is_contiguous():
-        topk_idx = torch.empty((shape[0], num_topk), dtype=torch.int64, device=key[2])
+        topk_idx = torch.empty((shape[0], num_topk), dtype=torch.int64, device=scores.device)
         if shape[0] and num_topk:
             fast(scores, topk_idx)
         return topk_idx
@@ -143,13 +143,12 @@ def topk_sum_and_topk_group_idx(scores: torch.Tensor, num_topk_sum: int, num_top
     """
     try:  # a configuration seen before: only the token-count-dependent checks (the slow path says why not)
         shape = scores.shape
-        key = ("topk_sum_and_topk_group_idx", scores.dtype, scores.device, shape[1:], num_topk_sum,
-               type(num_topk_sum), num_topk_groups, type(num_topk_groups))
+        key = typed_key("topk_sum_and_topk_group_idx", scores.dtype, scores.device, shape[1:], num_topk_sum, num_topk_groups)
         fast = _fast_table().get(key)
     except (AttributeError, TypeError, IndexError):
         key = fast = None
     if fast is not None and scores.is_contiguous():
-        group_idx = torch.empty((shape[0], num_topk_groups), dtype=torch.int64, device=key[2])
+        group_idx = torch.empty((shape[0], num_topk_groups), dtype=torch.int64, device=scores.device)
         if shape[0] and num_topk_groups:
             fast(scores, group_idx, num_topk_sum)
         return group_idx
@@ -196,7 +195,8 @@ def _check_routing(op: str, num_experts: int, num_topk: Any, num_topk_groups: An
                            "use at least 2 experts per group")
     if not isinstance(use_shared_as_routed, bool):
         raise fail(op, f"use_shared_as_routed must be a bool, got {use_shared_as_routed!r}")
-    if not use_shared_as_routed:
+    if not use_shared_as_routed:  # unused then, but still an int (a typo must not pass silently)
+        _int(op, "num_shared_experts", num_shared_experts, 0, 32)
         return 0
     _int(op, "num_shared_experts", num_shared_experts, 1, 2)
     if num_topk % num_shared_experts or num_experts % (num_topk // num_shared_experts):
@@ -332,11 +332,10 @@ def top2_sum_gate(
     try:  # a configuration seen before: only the token-count-dependent checks (the slow path says why not)
         shape = logits.shape
         device = logits.device
-        key = ("top2_sum_gate", logits.dtype, device, shape[1:], bias.dtype, bias.shape, bias.device,
-               num_topk, type(num_topk), num_topk_groups, type(num_topk_groups), num_groups, type(num_groups),
-               use_shared_as_routed, type(use_shared_as_routed), num_shared_experts, type(num_shared_experts),
-               type(routed_scaling_factor), ep_rank, type(ep_rank), num_ep_ranks, type(num_ep_ranks),
-               tp_rank, type(tp_rank), num_tp_ranks, type(num_tp_ranks), scoring_func, type(scoring_func),
+        key = typed_key("top2_sum_gate", logits.dtype, device, shape[1:], bias.dtype, bias.shape, bias.device,
+               num_topk, num_topk_groups, num_groups,
+               use_shared_as_routed, num_shared_experts, type(routed_scaling_factor), ep_rank, num_ep_ranks,
+               tp_rank, num_tp_ranks, scoring_func,
                None if mask is None else (mask.dtype, mask.dim(), mask.device),
                None if fix_routing_mask is None else (fix_routing_mask.dtype, fix_routing_mask.dim(),
                                                       fix_routing_mask.device),

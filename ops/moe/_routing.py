@@ -25,7 +25,7 @@ from typing import Any, Optional, Union
 
 import torch
 
-from .._common import check_cuda, check_int, check_tensor, fail, launcher, memo_table
+from .._common import check_cuda, check_int, check_tensor, fail, launcher, memo_table, typed_key
 from ..config import get_num_sms
 
 QuantTensor = tuple[torch.Tensor, torch.Tensor]
@@ -71,15 +71,15 @@ def _rows(op: str, name: str, t: torch.Tensor) -> None:
         raise fail(op, f"{name}'s data pointer {t.data_ptr():#x} is not 16-byte aligned; pass {name}.clone()")
 
 
-def _mapping(op: str, token_topk_to_pos: Any, num_tokens: int, pos_to_expert: Any = None) -> None:
+def _mapping(op: str, token_topk_to_pos: Any, num_tokens: int, pos_to_expert: Any) -> None:
+    """The slot maps of the expand ops: both are required tensors (``None`` is an ArgumentError)."""
     check_tensor(op, "token_topk_to_pos", token_topk_to_pos, _INT32, 2)
     _contiguous(op, "token_topk_to_pos", token_topk_to_pos)
     if token_topk_to_pos.size(0) != num_tokens:
         raise fail(op, f"token_topk_to_pos has {token_topk_to_pos.size(0)} rows but x has {num_tokens} tokens; "
                        "pass the token_topk_to_pos get_fused_mapping returned for these tokens")
-    if pos_to_expert is not None:
-        check_tensor(op, "pos_to_expert", pos_to_expert, _INT32, 1)
-        _contiguous(op, "pos_to_expert", pos_to_expert)
+    check_tensor(op, "pos_to_expert", pos_to_expert, _INT32, 1)
+    _contiguous(op, "pos_to_expert", pos_to_expert)
 
 
 _FAST: dict[tuple, Any] = {}  # validated configurations (see _fast_table)
@@ -122,8 +122,7 @@ def get_fused_mapping(
     try:  # a configuration seen before: only the token-count-dependent checks (the slow path says why not)
         shape = topk_idx.shape
         dev = topk_idx.device
-        key = ("get_fused_mapping", topk_idx.dtype, dev, shape[1:], num_experts, type(num_experts), alignment,
-               type(alignment), force_no_sync, type(force_no_sync))
+        key = typed_key("get_fused_mapping", topk_idx.dtype, dev, shape[1:], num_experts, alignment, force_no_sync)
         fn = _fast_table().get(key)
     except (AttributeError, TypeError, IndexError):
         key = fn = None
@@ -156,7 +155,9 @@ def get_fused_mapping(
     fn = launcher("moe.get_fused_mapping")
     result = _fused_mapping(fn, topk_idx, num_tokens, num_topk, numel, num_experts, num_expanded_tokens, alignment,
                             should_sync, topk_idx.device)
-    if key is not None and key[5] is int and key[7] is int:  # integer-likes other than int: the slow path converts
+    # memoized only when the call's raw arguments are exactly the validated values (types included)
+    if key is not None and key == typed_key("get_fused_mapping", topk_idx.dtype, topk_idx.device, topk_idx.shape[1:],
+                                            num_experts, alignment, force_no_sync):
         _remember(key, fn)
     return result
 
@@ -192,7 +193,7 @@ def expand_to_fused(x: torch.Tensor, token_topk_to_pos: torch.Tensor, pos_to_exp
         shape = x.shape
         dtype = x.dtype
         dev = x.device
-        key = ("expand_to_fused", dtype, dev, shape[1:], token_topk_to_pos.dtype, token_topk_to_pos.device,
+        key = typed_key("expand_to_fused", dtype, dev, shape[1:], token_topk_to_pos.dtype, token_topk_to_pos.device,
                token_topk_to_pos.dim(), pos_to_expert.dtype, pos_to_expert.device, pos_to_expert.dim())
         fn = _fast_table().get(key)
     except (AttributeError, TypeError, IndexError):
@@ -289,8 +290,8 @@ def reduce_fused(
         xs, x_sf = x if isinstance(x, tuple) else (x, None)
         shape = xs.shape
         dev = xs.device
-        key = ("reduce_fused", xs.dtype, dev, shape[1:], token_topk_to_pos.dtype, token_topk_to_pos.device,
-               token_topk_to_pos.shape[1:], fp8_format, type(fp8_format),
+        key = typed_key("reduce_fused", type(x), xs.dtype, dev, shape[1:], token_topk_to_pos.dtype, token_topk_to_pos.device,
+               token_topk_to_pos.shape[1:], fp8_format,
                None if x_sf is None else (x_sf.dtype, x_sf.dim(), x_sf.device),
                None if topk_weights is None else (topk_weights.dtype, topk_weights.device, topk_weights.shape[1:]),
                None if sf is None else (sf.dtype, sf.shape, sf.device),
@@ -308,6 +309,9 @@ def reduce_fused(
         if len(x) != 2:
             raise fail(op, f"a quantized x must be an (x, x_sf) pair, got a tuple of {len(x)}")
         x, x_sf = x
+        if x_sf is None:
+            raise fail(op, "x is an (x, x_sf) pair with x_sf None; pass the plain tensor x for unscaled rows, or "
+                           "fp32 x_sf [slots]")
     check_tensor(op, "x", x, tuple(_REDUCE_DTYPES), 2)
     _rows(op, "x", x)
     slots, hidden = x.shape

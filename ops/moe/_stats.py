@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from .._common import check_cuda, check_int, check_tensor, fail, launcher, memo_table
+from .._common import check_cuda, check_int, check_tensor, fail, launcher, memo_table, typed_key
 from ..config import get_num_sms
 
 MAX_ENTRIES = 1 << 30  # flat index arithmetic in the kernels is int32, with room for a grid sweep
@@ -96,7 +96,7 @@ def normalize_weight(topk_weights: torch.Tensor) -> tuple[torch.Tensor, torch.Te
     try:  # a configuration seen before: only the token-count-dependent checks (the slow path says why not)
         shape = topk_weights.shape
         device = topk_weights.device
-        key = ("normalize_weight", topk_weights.dtype, device, shape[1:])
+        key = typed_key("normalize_weight", topk_weights.dtype, device, shape[1:])
         fn = _fast_table().get(key)
     except (AttributeError, TypeError, IndexError):
         key = fn = None

@@ -24,7 +24,7 @@ from typing import Any, Optional
 
 import torch
 
-from .._common import check_cuda, fail, launcher
+from .._common import check_cuda, fail, launcher, typed_key
 from ._sf import input_sf
 
 QuantTensor = tuple[torch.Tensor, torch.Tensor]
@@ -185,8 +185,8 @@ def cast_back(
     if type(x) is tuple and len(x) == 2:
         data, sf = x
         try:  # types too: True == 1 == 1.0 hash alike, but the checks take ints only
-            key = (data.dtype, data.dim(), data.shape[-1], data.device, sf.dtype, sf.dim(), sf.stride(0) == 1,
-                   sf.device, fmt, x_block_size, type(x_block_size[0]), type(x_block_size[1]), x_special_fmt)
+            key = typed_key(data.dtype, data.dim(), data.shape[-1], data.device, sf.dtype, sf.dim(), sf.stride(0) == 1,
+                   sf.device, fmt, x_block_size, x_special_fmt)
             fast = _FAST.get(key)
         except (AttributeError, TypeError, IndexError):  # not tensors, an unhashable argument: the checks say
             key, fast = None, None

@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from .._common import check_cuda, check_tensor, fail, launcher
+from .._common import check_cuda, check_flag, check_tensor, fail, launcher
 from ._sf import output_layout
 
 QuantTensor = tuple[torch.Tensor, torch.Tensor]
@@ -30,12 +30,6 @@ QuantTensor = tuple[torch.Tensor, torch.Tensor]
 _KERNEL = "quant.per_token_cast_e5m6"
 _DTYPE_KEY = {torch.bfloat16: "bfloat16", torch.float32: "float32"}
 _INT32_MAX = 2**31 - 1
-
-
-def _check_flag(op: str, name: str, value: Any) -> bool:
-    if not isinstance(value, (bool, int)):
-        raise fail(op, f"{name} must be a bool, got {type(value).__name__} {value!r}")
-    return bool(value)
 
 
 def _tokens_per_block(hidden: int) -> int:
@@ -79,9 +73,9 @@ def per_token_cast_to_e5m6(
     (see the module docstring for layouts and rules)."""
     op = "per_token_cast(fmt='e5m6')"
     tokens, hidden = _validate(op, x, num_per_channels)
-    col = _check_flag(op, "use_tma_aligned_col_major_sf", use_tma_aligned_col_major_sf)
-    rnd = _check_flag(op, "round_sf", round_sf)
-    packed = _check_flag(op, "use_packed_ue8m0", use_packed_ue8m0)
+    col = check_flag(op, "use_tma_aligned_col_major_sf", use_tma_aligned_col_major_sf)
+    rnd = check_flag(op, "round_sf", round_sf)
+    packed = check_flag(op, "use_packed_ue8m0", use_packed_ue8m0)
     layout = output_layout(op, (1, hidden), col, packed, rnd)
     check_cuda(op, x=x)
     out = torch.empty((tokens, hidden * 3 // 2), dtype=torch.uint8, device=x.device)

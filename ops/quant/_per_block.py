@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from .._common import check_aligned, check_cuda, check_tensor, fail, launcher
+from .._common import check_aligned, check_cuda, check_flag, check_tensor, fail, launcher, typed_key
 from ._sf import SfLayout, check_fmt, input_sf, output_layout
 
 BLOCKS = ((128, 128), (32, 32))
@@ -29,10 +29,11 @@ def _cdiv(a: int, b: int) -> int:
 
 
 def _block(op: str, name: str, value: Any, allowed: tuple) -> tuple[int, int]:
-    try:
-        block = tuple(int(v) for v in value)
-    except (TypeError, ValueError):
-        block = None
+    """``value`` as one of the ``allowed`` pairs of Python ints (a tuple or list of two ints;
+    bools and floats refused)."""
+    block = None
+    if type(value) in (tuple, list) and all(type(v) is int for v in value):
+        block = tuple(value)
     if block not in allowed:
         raise fail(op, f"{name}={value!r} is not supported; supported: {', '.join(map(str, allowed))}")
     return block
@@ -72,12 +73,19 @@ def _precomputed_sf(op: str, sf: Any, layout: SfLayout, tokens: int, hidden: int
     return sf
 
 
-def _per_block(op: str, x: torch.Tensor, fmt: str, block_size: Any, col: bool, round_sf: bool, packed: bool,
-               sf_only: bool = False, sf: Any = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Validate, allocate, launch; returns (out, user-facing sf) (out is a dummy when sf_only)."""
+def _per_block(op: str, x: torch.Tensor, fmt: str, block_size: Any, col: Any, round_sf: Any, packed: Any,
+               sf_only: bool = False, sf: Any = None, memo_key: tuple | None = None
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Validate, allocate, launch; returns (out, user-facing sf) (out is a dummy when sf_only).
+
+    With ``memo_key``, the validated configuration is memoized under it once every check passed
+    (built from the validated values, never from the raw arguments)."""
     tokens, hidden = _check_input(op, x)
     fmt = check_fmt(op, fmt)
     block = _block(op, "block_size", block_size, BLOCKS)
+    col = check_flag(op, "use_tma_aligned_col_major_sf", col)
+    round_sf = check_flag(op, "round_sf", round_sf)
+    packed = check_flag(op, "use_packed_ue8m0", packed)
     if sf is not None and (col or packed):
         raise fail(op, f"use_tma_aligned_col_major_sf={col}, use_packed_ue8m0={packed}: precomputed scales are "
                        f"row-major fp32 only; pass both as False")
@@ -94,7 +102,9 @@ def _per_block(op: str, x: torch.Tensor, fmt: str, block_size: Any, col: bool, r
     if tokens:
         fn = launcher("quant.per_block_cast", in_dtype=str(x.dtype).removeprefix("torch."), fmt=fmt,
                       block=block[0], sf_only=sf_only)
-        fn(x, out, _byte_view(raw), _KIND[layout.kind], int(bool(round_sf)), int(sf is not None))
+        fn(x, out, _byte_view(raw), _KIND[layout.kind], int(round_sf), int(sf is not None))
+    if memo_key is not None and len(_FAST) < _FAST_MAX:  # every check passed: later calls may skip them
+        _FAST[memo_key] = _Fast(x, fmt, layout, round_sf)
     return out, (layout.finish(raw, tokens) if sf is None else sf)
 
 
@@ -110,7 +120,7 @@ class _Fast:
         self.layout = layout
         self.fn = launcher("quant.per_block_cast", in_dtype=str(x.dtype).removeprefix("torch."), fmt=fmt,
                            block=layout.block[0], sf_only=False)
-        self.args = (_KIND[layout.kind], int(bool(round_sf)), 0)
+        self.args = (_KIND[layout.kind], int(round_sf), 0)
 
     def __call__(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
         """``(out, sf)``, or None when a per-call check fails (the slow path then says why)."""
@@ -125,6 +135,7 @@ class _Fast:
 
 
 _FAST: dict[tuple, _Fast] = {}
+_FAST_MAX = 256
 
 
 def per_block_cast(x: torch.Tensor, fmt: str, block_size: tuple[int, int], use_tma_aligned_col_major_sf: bool = False,
@@ -134,12 +145,12 @@ def per_block_cast(x: torch.Tensor, fmt: str, block_size: tuple[int, int], use_t
     ((128, 128) or (32, 32)).  Returns ``(out, sf)`` laid out as tile_kernels does
     (see ``ops/quant/_sf.py``); raises ArgumentError for anything unsupported.
 
-    A configuration seen before (dtype, hidden, device, fmt, block, flags) skips the argument
-    checks that do not depend on the token count or the pointer (a dict lookup).
+    A configuration seen before (dtype, hidden, device, fmt, block, flags, each with its exact
+    type) skips the argument checks that do not depend on the token count or the pointer.
     """
     try:
-        key = (x.dtype, x.dim(), x.shape[-1], x.device, fmt, block_size, use_tma_aligned_col_major_sf, round_sf,
-               use_packed_ue8m0)
+        key = typed_key(x.dtype, x.dim(), x.shape[-1], x.device, fmt, block_size, use_tma_aligned_col_major_sf,
+                        round_sf, use_packed_ue8m0)
         fast = _FAST.get(key)
     except (AttributeError, TypeError, IndexError):  # not a tensor, an unhashable argument: the checks say
         key, fast = None, None
@@ -147,12 +158,8 @@ def per_block_cast(x: torch.Tensor, fmt: str, block_size: tuple[int, int], use_t
         result = fast(x)
         if result is not None:
             return result
-    result = _per_block("per_block_cast", x, fmt, block_size, use_tma_aligned_col_major_sf, round_sf,
-                        use_packed_ue8m0)
-    if key is not None and len(_FAST) < 256:
-        _FAST[key] = _Fast(x, fmt, output_layout("per_block_cast", tuple(block_size), use_tma_aligned_col_major_sf,
-                                                  use_packed_ue8m0, round_sf), round_sf)
-    return result
+    return _per_block("per_block_cast", x, fmt, block_size, use_tma_aligned_col_major_sf, round_sf,
+                      use_packed_ue8m0, memo_key=key)
 
 
 def per_block_cast_with_sf_only(x: torch.Tensor, fmt: str, block_size: tuple[int, int],

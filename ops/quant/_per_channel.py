@@ -20,7 +20,7 @@ from typing import Any, Optional, Union
 
 import torch
 
-from .._common import check_aligned, check_cuda, check_tensor, fail, launcher
+from .._common import check_aligned, check_cuda, check_flag, check_tensor, fail, launcher
 from ._sf import check_fmt
 
 QuantTensor = tuple[torch.Tensor, torch.Tensor]
@@ -52,12 +52,6 @@ def _check_int(op: str, name: str, value: Any, allowed: tuple[int, ...]) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value not in allowed:
         raise fail(op, f"{name}={value!r} is not supported; supported: {', '.join(map(str, allowed))}")
     return value
-
-
-def _check_flag(op: str, name: str, value: Any) -> bool:
-    if not isinstance(value, (bool, int)):
-        raise fail(op, f"{name} must be a bool, got {type(value).__name__} {value!r}")
-    return bool(value)
 
 
 def _check_matrix(op: str, name: str, t: Any, dtypes: tuple, align: int) -> None:
@@ -105,7 +99,7 @@ def _fused(op: str, x: Any, fmt: Any, num_per_tokens: Any, round_sf: Any, num_pe
            pos_to_token: Any) -> QuantTensor:
     check_fmt(op, fmt, ("e4m3",))
     _check_int(op, "num_per_tokens", num_per_tokens, (128,))
-    round_sf = _check_flag(op, "round_sf", round_sf)
+    round_sf = check_flag(op, "round_sf", round_sf)
     if isinstance(x, tuple):
         data, sf = _check_quantized(op, x, num_per_channels)
     else:
@@ -177,7 +171,7 @@ def per_channel_cast_and_transpose(x: torch.Tensor, fmt: str, num_per_tokens: in
     op = "per_channel_cast_and_transpose"
     check_fmt(op, fmt, ("e4m3",))
     _check_int(op, "num_per_tokens", num_per_tokens, (32, 128))
-    round_sf = _check_flag(op, "round_sf", round_sf)
+    round_sf = check_flag(op, "round_sf", round_sf)
     _check_matrix(op, "x", x, (torch.bfloat16,), _TRANSPOSE_HIDDEN_ALIGN)
     check_cuda(op, x=x)
 

@@ -36,7 +36,7 @@ from typing import Any, Optional, Union
 
 import torch
 
-from .._common import check_cuda, check_tensor, fail, launcher
+from .._common import check_cuda, check_flag, check_tensor, fail, launcher, typed_key
 from ._sf import FMT_DTYPES, SfLayout, check_fmt, input_sf, output_layout
 
 QuantTensor = tuple[torch.Tensor, torch.Tensor]
@@ -59,12 +59,6 @@ _FAST_MAX = 256  # memoized per_token_cast configurations (see per_token_cast)
 
 def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
-
-
-def _check_flag(op: str, name: str, value: Any) -> bool:
-    if not isinstance(value, (bool, int)):
-        raise fail(op, f"{name} must be a bool, got {type(value).__name__} {value!r}")
-    return bool(value)
 
 
 def _pow2_shift(value: int) -> int:
@@ -129,8 +123,8 @@ def _groups(op: str, num_per_channels: Any, hidden: int) -> tuple[int, bool]:
 
 
 def _flags(op: str, col: Any, rnd: Any, packed: Any) -> tuple[bool, bool, bool]:
-    return (_check_flag(op, "use_tma_aligned_col_major_sf", col), _check_flag(op, "round_sf", rnd),
-            _check_flag(op, "use_packed_ue8m0", packed))
+    return (check_flag(op, "use_tma_aligned_col_major_sf", col), check_flag(op, "round_sf", rnd),
+            check_flag(op, "use_packed_ue8m0", packed))
 
 
 def _run(op: str, mode: str, x: Any, fmt: Any, num_per_channels: Any, x_block_size: Any, col: Any, rnd: Any,
@@ -290,9 +284,9 @@ def per_token_cast(
     key = None
     if x_block_size is None:
         try:  # types too: True == 1 == 1.0 hash alike, but the checks take bools and ints only
-            key = (x.dtype, x.dim(), x.shape[-1], x.device, fmt, num_per_channels, type(num_per_channels),
-                   use_tma_aligned_col_major_sf, type(use_tma_aligned_col_major_sf), round_sf, type(round_sf),
-                   use_packed_ue8m0, type(use_packed_ue8m0))
+            key = typed_key(x.dtype, x.dim(), x.shape[-1], x.device, fmt, num_per_channels,
+                   use_tma_aligned_col_major_sf, round_sf,
+                   use_packed_ue8m0)
             plan = _FAST.get(key)
         except (AttributeError, TypeError, IndexError):  # not a tensor (a quantized pair), unhashable: the checks say
             key, plan = None, None

@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from .._common import fail
+from .._common import check_flag, fail
 
 FMT_DTYPES = {"e4m3": torch.float8_e4m3fn, "e2m1": torch.int8}  # e2m1: two values per byte
 
@@ -95,13 +95,17 @@ class SfLayout:
 
 def output_layout(op: str, block: tuple[int, int], use_tma_aligned_col_major_sf: bool = False,
                   use_packed_ue8m0: bool = False, round_sf: bool = False) -> SfLayout:
-    """The layout of scales an op writes; packed UE8M0 needs col-major and power-of-two scales."""
+    """The layout of scales an op writes; packed UE8M0 needs col-major and power-of-two scales.
+    The flags must be bools (or the ints 0/1): :func:`check_flag`."""
+    use_tma_aligned_col_major_sf = check_flag(op, "use_tma_aligned_col_major_sf", use_tma_aligned_col_major_sf)
+    use_packed_ue8m0 = check_flag(op, "use_packed_ue8m0", use_packed_ue8m0)
+    round_sf = check_flag(op, "round_sf", round_sf)
     if use_packed_ue8m0 and not use_tma_aligned_col_major_sf:
         raise fail(op, "use_packed_ue8m0=True needs use_tma_aligned_col_major_sf=True (packed UE8M0 scales are "
                        "stored column-major only)")
     if use_packed_ue8m0 and not round_sf:
         raise fail(op, "use_packed_ue8m0=True needs round_sf=True (a UE8M0 scale is a power of two)")
-    return SfLayout(tuple(block), bool(use_tma_aligned_col_major_sf), bool(use_packed_ue8m0))
+    return SfLayout(tuple(block), use_tma_aligned_col_major_sf, use_packed_ue8m0)
 
 
 def input_sf(op: str, x: Any, x_block_size: Any) -> tuple[torch.Tensor, torch.Tensor, SfLayout]:

@@ -27,7 +27,7 @@ from typing import Any, Optional
 
 import torch
 
-from .._common import check_aligned, check_cuda, check_tensor, fail, launcher
+from .._common import check_aligned, check_cuda, check_flag, check_tensor, fail, launcher, typed_key
 from ..config import get_num_sms
 from ._sf import SfLayout, check_fmt, output_layout
 
@@ -49,17 +49,11 @@ _FAST_MAX = 256  # memoized swiglu_forward_and_per_token_cast configurations
 
 def _dummy(device: torch.device, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
     """A stand-in for an absent optional tensor (never read by the kernel)."""
-    key = (device, dtype, shape)
+    key = typed_key(device, dtype, shape)
     t = _DUMMIES.get(key)
     if t is None:
         t = _DUMMIES[key] = torch.zeros(shape, dtype=dtype, device=device)
     return t
-
-
-def _check_flag(op: str, name: str, value: Any) -> bool:
-    if not isinstance(value, (bool, int)):
-        raise fail(op, f"{name} must be a bool, got {type(value).__name__} {value!r}")
-    return bool(value)
 
 
 def _check_float(op: str, name: str, value: Any, default: float) -> float:
@@ -153,9 +147,9 @@ def _fwd_layout(op: str, hidden: int, num_per_channels: Any, col: Any, round_sf:
             num_per_channels not in (_GROUP, hidden):
         raise fail(op, f"num_per_channels={num_per_channels!r} is not supported; supported: 128, or hidden "
                        f"(= x.shape[1] // 2 = {hidden}) for one scale per row")
-    col = _check_flag(op, "use_tma_aligned_col_major_sf", col)
-    packed = _check_flag(op, "use_packed_ue8m0", packed)
-    round_sf = _check_flag(op, "round_sf", round_sf)
+    col = check_flag(op, "use_tma_aligned_col_major_sf", col)
+    packed = check_flag(op, "use_packed_ue8m0", packed)
+    round_sf = check_flag(op, "round_sf", round_sf)
     if num_per_channels != _GROUP and col:
         raise fail(op, f"use_tma_aligned_col_major_sf=True needs num_per_channels=128 (got {num_per_channels}); "
                        "one scale per row is row-major only")
@@ -196,9 +190,9 @@ def swiglu_forward_and_per_token_cast(
     """
     if pos_to_token_topk is None and topk_weights is None and pos_to_expert is None and clamped_count is None:
         try:  # types too: True == 1 == 1.0 hash alike, but the checks take bools and ints only
-            key = (x.dtype, x.dim(), x.shape[-1], x.device, fmt, num_per_channels, type(num_per_channels),
-                   use_tma_aligned_col_major_sf, type(use_tma_aligned_col_major_sf), round_sf, type(round_sf),
-                   use_packed_ue8m0, type(use_packed_ue8m0))
+            key = typed_key(x.dtype, x.dim(), x.shape[-1], x.device, fmt, num_per_channels,
+                   use_tma_aligned_col_major_sf, round_sf,
+                   use_packed_ue8m0)
             plan = _FAST.get(key)
         except (AttributeError, TypeError, IndexError):  # not a tensor, an unhashable argument: the checks say
             key, plan = None, None
@@ -226,8 +220,8 @@ def _forward_checked(x: Any, fmt: Any, num_per_channels: Any, pos_to_token_topk:
     check_tensor(op, "x", x, tuple(_IN_KEY), 2)
     _check_contiguous(op, "x", x)
     rows, width = x.shape
-    if width % (2 * _FWD_HIDDEN_ALIGN):
-        raise fail(op, f"x has {width} columns; it needs 2 * hidden with hidden % {_FWD_HIDDEN_ALIGN} == 0 "
+    if width == 0 or width % (2 * _FWD_HIDDEN_ALIGN):
+        raise fail(op, f"x has {width} columns; it needs 2 * hidden with hidden > 0, hidden % {_FWD_HIDDEN_ALIGN} == 0 "
                        f"(width a multiple of {2 * _FWD_HIDDEN_ALIGN}): pad the hidden dimension")
     hidden = width // 2
     check_fmt(op, fmt, ("e4m3",))
@@ -325,7 +319,7 @@ def swiglu_backward_and_per_token_cast(
                        f"{tuple(token_topk_to_pos.shape)} ([num_tokens, num_topk])")
     _check_contiguous(op, "weight", weight, 4)
     _check_vector(op, "pos_to_token_topk", pos_to_token_topk, rows)
-    round_sf = _check_flag(op, "round_sf", round_sf)
+    round_sf = check_flag(op, "round_sf", round_sf)
     clamp = _check_float(op, "swiglu_clamp_value", swiglu_clamp_value, math.inf)
     check_cuda(op, x=data, sf=sf, grad_out=grad_out, weight=weight, pos_to_token_topk=pos_to_token_topk,
                token_topk_to_pos=token_topk_to_pos)
@@ -369,8 +363,8 @@ def swiglu_forward_and_per_channel_cast_and_transpose(
                        "multiples of 128: pad the tokens (and the hidden dimension)")
     if isinstance(num_per_tokens, bool) or not isinstance(num_per_tokens, int) or num_per_tokens not in (32, 128):
         raise fail(op, f"num_per_tokens={num_per_tokens!r} is not supported; supported: 32, 128")
-    round_sf = _check_flag(op, "round_sf", round_sf)
-    transpose = not _check_flag(op, "without_transpose", without_transpose)
+    round_sf = check_flag(op, "round_sf", round_sf)
+    transpose = not check_flag(op, "without_transpose", without_transpose)
     clamp = _check_float(op, "swiglu_clamp_value", swiglu_clamp_value, math.inf)
     check_cuda(op, x=x)
 
