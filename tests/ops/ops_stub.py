@@ -1,0 +1,69 @@
+"""Every ``tilebin.ops`` op on CPU tensors with the launch stubbed (no GPU, no driver).
+
+:class:`StubbedOps` patches each op module's ``launcher`` with a recorder, its device checks
+with no-ops and the SM count with 132, and empties every memo table, so that a test sees the
+ops as in a fresh process.  ``launches`` lists ``(kernel, key, args)`` of every launch.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+OP_MODULES = (
+    "tilebin.ops.quant._per_token", "tilebin.ops.quant._per_block", "tilebin.ops.quant._per_channel",
+    "tilebin.ops.quant._swiglu", "tilebin.ops.quant._cast_back", "tilebin.ops.quant._e5m6",
+    "tilebin.ops.moe._gating", "tilebin.ops.moe._routing", "tilebin.ops.moe._stats",
+)
+# module-level dicts that memoize validated configurations or launchers
+MEMO_NAMES = ("_FAST", "_DUMMIES", "_LAUNCHERS", "_PLACEHOLDERS")
+
+
+class StubbedOps:
+    """Patches the op modules through pytest's ``monkeypatch``; :meth:`fresh` empties the memos."""
+
+    def __init__(self, monkeypatch: Any) -> None:
+        self.launches: list[tuple[str, dict, tuple]] = []
+        self.modules = [importlib.import_module(m) for m in OP_MODULES]
+        for mod in self.modules:
+            if hasattr(mod, "launcher"):
+                monkeypatch.setattr(mod, "launcher", self._launcher)
+            for name in ("check_cuda", "_on_cuda"):
+                if hasattr(mod, name):
+                    monkeypatch.setattr(mod, name, lambda *a, **k: None)
+            if hasattr(mod, "get_num_sms"):
+                monkeypatch.setattr(mod, "get_num_sms", lambda: 132)
+            for name in MEMO_NAMES:
+                if isinstance(getattr(mod, name, None), dict):
+                    monkeypatch.setattr(mod, name, {})
+
+    def _launcher(self, name: str, **key: Any):
+        def launch(*args: Any) -> None:
+            self.launches.append((name, dict(key), args))
+
+        return launch
+
+    def fresh(self) -> None:
+        """Empty every memo table: the next call runs as the first call of a fresh process."""
+        for mod in self.modules:
+            for name in MEMO_NAMES:
+                table = getattr(mod, name, None)
+                if isinstance(table, dict):
+                    table.clear()
+
+
+def describe(value: Any) -> Any:
+    """A comparable description of a launch argument or op result: tensors by dtype, shape and
+    strides (their values are whatever torch.empty gave), containers element-wise, scalars with
+    their type (``1`` and ``True`` differ)."""
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return ("tensor", value.dtype, tuple(value.shape), tuple(value.stride()))
+    if isinstance(value, (tuple, list)):
+        return (type(value).__name__, tuple(describe(v) for v in value))
+    return (type(value).__name__, value)
+
+
+def describe_launches(launches: list) -> list:
+    return [(name, sorted(key.items()), describe(args)) for name, key, args in launches]
