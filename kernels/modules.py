@@ -31,4 +31,9 @@ ALL_MODULES = (
     "tilebin.kernels.moe.get_fused_mapping",
     "tilebin.kernels.moe.expand_to_fused",
     "tilebin.kernels.moe.reduce_fused",
+    "tilebin.kernels.engram.engram_hash",
+    "tilebin.kernels.engram.fused_weight",
+    "tilebin.kernels.engram.engram_gate_fwd",
+    "tilebin.kernels.engram.engram_gate_bwd",
+    "tilebin.kernels.engram.grad_w_reduce",
 )
