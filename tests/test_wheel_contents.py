@@ -81,6 +81,8 @@ def _good_files() -> dict[str, bytes]:
         "tilebin/aot/__init__.py": b"", "tilebin/aot/__main__.py": b"",
         "tilebin/kernels/__init__.py": b"",
         "tilebin/ops/__init__.py": b"", "tilebin/ops/quant/__init__.py": b"",
+        "tilebin/ops/engram/__init__.py": b"",
+        "tilebin/modeling/__init__.py": b"", "tilebin/modeling/engram/__init__.py": b"",
         "tilebin/_artifacts/manifest.json": json.dumps(_manifest({cubin: blob})).encode(),
         f"tilebin/_artifacts/{cubin}": blob,
     })

@@ -47,6 +47,9 @@ REQUIRED = (
     "tilebin/kernels/__init__.py",
     "tilebin/ops/__init__.py",
     "tilebin/ops/quant/__init__.py",
+    "tilebin/ops/engram/__init__.py",
+    "tilebin/modeling/__init__.py",
+    "tilebin/modeling/engram/__init__.py",
     ARTIFACTS + "manifest.json",
 )
 FORBIDDEN_SUFFIXES = (".cu", ".cuh", ".c", ".cc", ".cpp", ".h", ".hpp", ".o", ".a", ".so", ".pyc", ".pyo")

@@ -1,0 +1,129 @@
+"""The Engram gate: ``engram_gate_fwd``, ``engram_gate_bwd`` and ``grad_w_reduce``
+(``tile_kernels.engram`` 1.0.0 API).
+
+Every op validates all arguments before touching the GPU (device last) and raises
+:class:`tilebin.runtime.ArgumentError` naming the op, the argument, what is supported and the
+fix; nothing is written when it raises.  Shapes: ``hidden_states`` ``[num_tokens, hc_mult,
+hidden]``; any token count (0 included), any ``hc_mult >= 1``, hidden a multiple of 8 up to
+8192; eps, clamp value and the SM count (:func:`tilebin.ops.config.set_num_sms`) are run-time
+values, so one cubin per op serves every shape.  ``k`` and ``v`` may be strided views (last dim
+contiguous, other strides multiples of 8 elements); everything else must be contiguous.
+Outputs are fresh contiguous tensors (``grad_weight_*`` of ``grad_w_reduce`` are updated in
+place); launches go on torch's current stream, asynchronously.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .._common import check_cuda, fail, launcher
+from ..config import get_num_sms
+from ._checks import (BF16, FP32, check_bool, check_contiguous, check_disjoint, check_float, check_hidden,
+                      check_strided_rows)
+
+
+def _check_gate_inputs(op: str, hidden_states, k, v, weight_fused) -> tuple[int, int, int]:
+    """The tensors both gate ops take; returns ``(num_tokens, hc_mult, hidden)``."""
+    check_contiguous(op, "hidden_states", hidden_states, BF16, ndim=3)
+    num_tokens, hc, hidden = hidden_states.shape
+    if hc < 1:
+        raise fail(op, f"hidden_states has shape {tuple(hidden_states.shape)}; supported: hc_mult >= 1")
+    check_hidden(op, "hidden_states", hidden)
+    check_strided_rows(op, "k", k, (num_tokens, hc, hidden))
+    check_strided_rows(op, "v", v, (num_tokens, hidden))
+    check_contiguous(op, "weight_fused", weight_fused, FP32, shape=(hc, hidden))
+    return num_tokens, hc, hidden
+
+
+def _stats(num_tokens: int, hc: int, device: torch.device) -> tuple[torch.Tensor, ...]:
+    """Four fp32 ``[num_tokens, hc]`` tensors (views of one allocation)."""
+    buf = torch.empty((4, num_tokens, hc), dtype=torch.float32, device=device)
+    return buf[0], buf[1], buf[2], buf[3]
+
+
+def engram_gate_fwd(hidden_states: torch.Tensor, k: torch.Tensor, v: torch.Tensor, weight_fused: torch.Tensor,
+                    eps: float, clamp_value: float, save_for_backward: bool = True):
+    """Engram gate forward: ``output = x + sigmoid(signed_sqrt(s)) * v`` per token and head.
+
+    hidden_states, k: bf16 ``[num_tokens, hc_mult, hidden]``; v: bf16 ``[num_tokens, hidden]``;
+    weight_fused: fp32 ``[hc_mult, hidden]`` (:func:`fused_weight`); eps, clamp_value: floats
+    ``>= 0``.  With ``d = sum(x * weight_fused * k)``, ``rstd_x = rsqrt(mean(x**2) + eps)``,
+    ``rstd_k`` likewise and ``s = d * rstd_x * rstd_k / sqrt(hidden)``: gate =
+    ``sigmoid(sign(s) * sqrt(max(|s|, clamp_value)))``.  Returns ``(output, dot, gate_score,
+    rstd_x, rstd_k)``: output bf16 like hidden_states; with ``save_for_backward`` the raw ``d``,
+    the gate and both rstds as fp32 ``[num_tokens, hc_mult]`` (views of one buffer), else four
+    ``None``.  fp32 math; the sums' order differs from torch's (tolerance, not bit-exact).
+    """
+    op = "engram_gate_fwd"
+    num_tokens, hc, hidden = _check_gate_inputs(op, hidden_states, k, v, weight_fused)
+    eps = check_float(op, "eps", eps)
+    clamp_value = check_float(op, "clamp_value", clamp_value)
+    save = check_bool(op, "save_for_backward", save_for_backward)
+    check_cuda(op, hidden_states=hidden_states, k=k, v=v, weight_fused=weight_fused)
+    device = hidden_states.device
+    output = torch.empty((num_tokens, hc, hidden), dtype=torch.bfloat16, device=device)
+    stats = _stats(num_tokens, hc, device) if save else (weight_fused,) * 4  # stand-ins are never touched
+    if num_tokens:
+        launcher("engram.engram_gate_fwd")(hidden_states, k, v, weight_fused, output, *stats,
+                                            eps, clamp_value, hidden ** -0.5, int(save))
+    return (output, *stats) if save else (output, None, None, None, None)
+
+
+def engram_gate_bwd(grad_out: torch.Tensor, hidden_states: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                    weight_fused: torch.Tensor, dot: torch.Tensor, gate_score: torch.Tensor, rstd_x: torch.Tensor,
+                    rstd_k: torch.Tensor, clamp_value: float):
+    """Gradients of :func:`engram_gate_fwd` given ``grad_out`` (bf16, contiguous, like hidden_states).
+
+    dot, gate_score, rstd_x, rstd_k: the forward's saved fp32 ``[num_tokens, hc_mult]`` tensors
+    (contiguous); the other tensors as in the forward.  Returns ``(grad_hidden_states, grad_k,
+    grad_v, grad_w_partial)``: bf16 gradients (contiguous, of hidden_states'/k's/v's shapes) and
+    fp32 ``[num_sms, hc_mult, hidden]`` partial sums of the fused weight's gradient (one row per
+    token range, zeros where a range is empty) for :func:`grad_w_reduce`.  ``num_sms`` is
+    :func:`tilebin.ops.config.get_num_sms`; the results do not depend on it beyond summation order.
+    """
+    op = "engram_gate_bwd"
+    num_tokens, hc, hidden = _check_gate_inputs(op, hidden_states, k, v, weight_fused)
+    check_contiguous(op, "grad_out", grad_out, BF16, shape=(num_tokens, hc, hidden))
+    for name, t in (("dot", dot), ("gate_score", gate_score), ("rstd_x", rstd_x), ("rstd_k", rstd_k)):
+        check_contiguous(op, name, t, FP32, shape=(num_tokens, hc), align=4)  # scalar accesses
+    clamp_value = check_float(op, "clamp_value", clamp_value)
+    check_cuda(op, grad_out=grad_out, hidden_states=hidden_states, k=k, v=v, weight_fused=weight_fused, dot=dot,
+               gate_score=gate_score, rstd_x=rstd_x, rstd_k=rstd_k)
+    device = hidden_states.device
+    grad_x = torch.empty((num_tokens, hc, hidden), dtype=torch.bfloat16, device=device)
+    grad_k = torch.empty((num_tokens, hc, hidden), dtype=torch.bfloat16, device=device)
+    grad_v = torch.empty((num_tokens, hidden), dtype=torch.bfloat16, device=device)
+    grad_w_partial = torch.empty((get_num_sms(), hc, hidden), dtype=torch.float32, device=device)
+    launcher("engram.engram_gate_bwd")(grad_out, hidden_states, k, v, weight_fused, dot, gate_score, rstd_x, rstd_k,
+                                        grad_x, grad_k, grad_v, grad_w_partial, clamp_value, hidden ** -0.5)
+    return grad_x, grad_k, grad_v, grad_w_partial
+
+
+def grad_w_reduce(grad_w_partial: torch.Tensor, weight_hidden: torch.Tensor, weight_embed: torch.Tensor,
+                  grad_weight_hidden: torch.Tensor, grad_weight_embed: torch.Tensor) -> None:
+    """Sum ``grad_w_partial`` over its first dim into ``s`` and accumulate in place
+    ``grad_weight_hidden += s * weight_embed`` and ``grad_weight_embed += s * weight_hidden``.
+
+    grad_w_partial: fp32 ``[num_blocks, hc_mult, hidden]`` (any ``num_blocks``, so any SM count);
+    weight_hidden, weight_embed: bf16 ``[hc_mult, hidden]``; grad_weight_hidden,
+    grad_weight_embed: fp32 ``[hc_mult, hidden]`` (e.g. a parameter's ``main_grad``), separate
+    memory.  All contiguous.  Deterministic fixed-order fp32 sums.
+    """
+    op = "grad_w_reduce"
+    check_contiguous(op, "grad_w_partial", grad_w_partial, FP32, ndim=3)
+    _, hc, hidden = grad_w_partial.shape
+    check_hidden(op, "grad_w_partial", hidden, None)
+    check_contiguous(op, "weight_hidden", weight_hidden, BF16, shape=(hc, hidden))
+    check_contiguous(op, "weight_embed", weight_embed, BF16, shape=(hc, hidden))
+    check_contiguous(op, "grad_weight_hidden", grad_weight_hidden, FP32, shape=(hc, hidden))
+    check_contiguous(op, "grad_weight_embed", grad_weight_embed, FP32, shape=(hc, hidden))
+    check_cuda(op, grad_w_partial=grad_w_partial, weight_hidden=weight_hidden, weight_embed=weight_embed,
+               grad_weight_hidden=grad_weight_hidden, grad_weight_embed=grad_weight_embed)
+    check_disjoint(op, {"grad_weight_hidden": grad_weight_hidden, "grad_weight_embed": grad_weight_embed},
+                   {"grad_w_partial": grad_w_partial, "weight_hidden": weight_hidden, "weight_embed": weight_embed})
+    if hc:
+        launcher("engram.grad_w_reduce")(grad_w_partial, weight_hidden, weight_embed, grad_weight_hidden,
+                                          grad_weight_embed)
+
+
+__all__ = ["engram_gate_bwd", "engram_gate_fwd", "grad_w_reduce"]
