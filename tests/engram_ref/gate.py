@@ -36,8 +36,9 @@ def fused_weight(weight_hidden: torch.Tensor, weight_embed: torch.Tensor) -> tor
 
 
 def gate_fwd(x: torch.Tensor, k: torch.Tensor, v: torch.Tensor, weight_fused: torch.Tensor, eps: float,
-             clamp_value: float, dtype: torch.dtype = torch.float64):
-    """``(output bf16, dot, gate, rstd_x, rstd_k)``, the last four in ``dtype`` ``[tokens, hc]``."""
+             clamp_value: float, dtype: torch.dtype = torch.float64, out_dtype: torch.dtype = torch.bfloat16):
+    """``(output, dot, gate, rstd_x, rstd_k)``: output in ``out_dtype`` (the kernel's bf16), the
+    others in ``dtype`` ``[tokens, hc]``."""
     hidden = x.shape[-1]
     xf, kf, vf, wf = (a.to(dtype) for a in (x, k, v, weight_fused))
     rstd_x = torch.rsqrt((xf * xf).sum(-1) / hidden + eps)
@@ -45,14 +46,15 @@ def gate_fwd(x: torch.Tensor, k: torch.Tensor, v: torch.Tensor, weight_fused: to
     dot = (xf * wf.unsqueeze(0) * kf).sum(-1)
     s = dot * rstd_x * rstd_k * hidden ** -0.5
     gate = torch.sigmoid(torch.copysign(torch.sqrt(torch.clamp(s.abs(), min=clamp_value)), s))
-    out = (xf + gate.unsqueeze(-1) * vf.unsqueeze(-2)).to(torch.bfloat16)
+    out = (xf + gate.unsqueeze(-1) * vf.unsqueeze(-2)).to(out_dtype)
     return out, dot, gate, rstd_x, rstd_k
 
 
 def gate_bwd(grad_out: torch.Tensor, x: torch.Tensor, k: torch.Tensor, v: torch.Tensor, weight_fused: torch.Tensor,
              dot: torch.Tensor, gate: torch.Tensor, rstd_x: torch.Tensor, rstd_k: torch.Tensor, clamp_value: float,
-             dtype: torch.dtype = torch.float64):
-    """Closed-form backward: ``(grad_x bf16, grad_k bf16, grad_v bf16, grad_w_fused in dtype [hc, hidden])``."""
+             dtype: torch.dtype = torch.float64, out_dtype: torch.dtype = torch.bfloat16):
+    """Closed-form backward: ``(grad_x, grad_k, grad_v)`` in ``out_dtype`` (the kernel's bf16) and
+    ``grad_w_fused`` in ``dtype`` ``[hc, hidden]``."""
     hidden = x.shape[-1]
     go, xf, kf, vf, wf = (a.to(dtype) for a in (grad_out, x, k, v, weight_fused))
     dot, gate, rstd_x, rstd_k = (a.to(dtype) for a in (dot, gate, rstd_x, rstd_k))
@@ -65,8 +67,7 @@ def gate_bwd(grad_out: torch.Tensor, x: torch.Tensor, k: torch.Tensor, v: torch.
     grad_k = big * (xf * wf - kf * (dot * rstd_k * rstd_k / hidden).unsqueeze(-1))
     grad_v = (go * gate.unsqueeze(-1)).sum(-2)
     grad_w = (big * xf * kf).sum(0)
-    bf = torch.bfloat16
-    return grad_x.to(bf), grad_k.to(bf), grad_v.to(bf), grad_w
+    return grad_x.to(out_dtype), grad_k.to(out_dtype), grad_v.to(out_dtype), grad_w
 
 
 def grad_w_reduce(grad_w_partial: torch.Tensor, weight_hidden: torch.Tensor, weight_embed: torch.Tensor,
