@@ -30,6 +30,7 @@ REQUIREMENTS=(
   "cuda-bindings~=13.0"
   "numpy"
   "pytest"
+  "hypothesis"
   "build"
   "wheel"
 )
