@@ -134,12 +134,16 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--big-share", type=float, default=0.1, help="share of valid calls at large token counts")
     ap.add_argument("--json", help="write the counts and examples here")
+    ap.add_argument("--max-seconds", type=float, default=0, help="stop early (and report) after this long; 0: never")
     a = ap.parse_args()
     rng, stats, examples = random.Random(a.seed), collections.Counter(), {}
     refs, t0 = _references(), time.time()
     try:
         for _ in range(a.calls):
             fuzz_one(rng, stats, refs, examples, a.big_share)
+            if a.max_seconds and time.time() - t0 > a.max_seconds:
+                stats["stopped_early"] = 1
+                break
     except RuntimeError as exc:  # a CUDA error: the context is gone
         stats["fault"] += 1
         examples.setdefault("fault", []).append(repr(exc)[:600])

@@ -6,8 +6,11 @@
 #   locally:      OUT=/some/dir bash wheels/gpu_check.sh     (OUT defaults to bench-results/tmp)
 #
 # Environment:
-#   GPU_CHECK_STAGES       stages to run, default "tests bench sanitizer" (env facts + install
-#                          always run); e.g. GPU_CHECK_STAGES="bench"
+#   GPU_CHECK_STAGES       stages to run, default "tests fuzz bench sanitizer" (env facts +
+#                          install always run); e.g. GPU_CHECK_STAGES="bench"
+#   GPU_CHECK_FUZZ_CALLS   calls of the GPU fuzz (wheels/fuzz_ops.py), default 10000; under
+#                          compute-sanitizer memcheck: GPU_CHECK_FUZZ_SANITIZER_CALLS, default 600
+#   GPU_CHECK_FUZZ_SEED    its seed, default 1 (the sanitizer run uses seed + 1)
 #   GPU_CHECK_PYTEST_ARGS  extra pytest arguments (split on spaces), e.g. "-x --maxfail=20"
 #   GPU_CHECK_TESTS_S      seconds the test stage may take at most, default 300
 #   GPU_CHECK_PYTEST_K     a pytest -k expression (may contain spaces), e.g. "quant or unchecked"
@@ -23,14 +26,15 @@
 #   bench.log            the benchmarks' output   bench.md        their markdown tables
 #   bench-quant.json     tilebin.ops.quant device time, GB/s, % of copy_, host us per call
 #   bench-moe.json       tilebin.ops.moe host us at decode sizes, device time and GB/s at prefill
-#   sanitizer.log        compute-sanitizer memcheck + racecheck
+#   fuzz.log             the GPU fuzz's counts (JSON: calls, refused, untyped, mismatch, fault...)
+#   sanitizer.log        compute-sanitizer memcheck + racecheck, and memcheck over fuzzed calls
 # Exit status: 0 when every stage that ran passed, 1 otherwise, 2 when the wheel is missing.
 set -uo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 OUT="${OUT:-$REPO/bench-results/tmp}"
 mkdir -p "$OUT"
-STAGES=" ${GPU_CHECK_STAGES:-tests bench sanitizer} "
+STAGES=" ${GPU_CHECK_STAGES:-tests fuzz bench sanitizer} "
 BUDGET="${GPU_CHECK_BUDGET_S:-540}"
 PY="${GPU_CHECK_PYTHON:-python3}"
 SITE=/tmp/tb-site
@@ -162,6 +166,16 @@ run_bench() {
   stamp "bench: rc${summary}"
 }
 
+run_fuzz() {
+  local cap
+  cap=$(limit 240 200)
+  stamp "fuzz: wheels/fuzz_ops.py --calls ${GPU_CHECK_FUZZ_CALLS:-10000} --seed ${GPU_CHECK_FUZZ_SEED:-1} (limit ${cap}s)"
+  in_tmp timeout -k 10 "$cap" "$PY" "$REPO/wheels/fuzz_ops.py" --calls "${GPU_CHECK_FUZZ_CALLS:-10000}" \
+    --seed "${GPU_CHECK_FUZZ_SEED:-1}" --max-seconds $((cap - 20)) 2>&1 | tee "$OUT/fuzz.log"
+  RC[fuzz]=$?
+  stamp "fuzz: rc=${RC[fuzz]} (1 = untyped errors, mismatches, refused valid calls or a fault; 124 = timeout)"
+}
+
 write_sanitize_script() {
   cat >/tmp/tb_sanitize.py <<'EOF'
 """Small launches of every shipped kernel, checked; run under compute-sanitizer."""
@@ -230,6 +244,22 @@ run_sanitizer() {
     stamp "sanitizer: ops memcheck rc=$rc"
     ((rc != 0)) && all=1
   fi
+  # fuzzed calls (mostly bad or edge-case arguments) under memcheck
+  cap=$(limit 200 10)
+  if ((cap < 30)); then
+    stamp "sanitizer: fuzz memcheck skipped, ${cap}s left in the budget"
+    all=1
+  else
+    local n=${GPU_CHECK_FUZZ_SANITIZER_CALLS:-600} seed=$((${GPU_CHECK_FUZZ_SEED:-1} + 1))
+    stamp "sanitizer: memcheck on wheels/fuzz_ops.py --calls $n --seed $seed (limit ${cap}s)"
+    in_tmp env PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout -k 10 "$cap" \
+      "$cs" --tool memcheck --error-exitcode 3 --print-limit 30 --report-api-errors no \
+      "$PY" "$REPO/wheels/fuzz_ops.py" --calls "$n" --seed "$seed" --big-share 0 --max-seconds $((cap - 30)) \
+      2>&1 | tee -a "$OUT/sanitizer.log"
+    rc=$?
+    stamp "sanitizer: fuzz memcheck rc=$rc"
+    ((rc != 0)) && all=1
+  fi
   RC[sanitizer]=$all
 }
 
@@ -242,6 +272,7 @@ main() {
     return 2
   fi
   wants tests && run_tests
+  wants fuzz && run_fuzz
   wants bench && run_bench
   wants sanitizer && run_sanitizer
   local status=0 k
