@@ -7,7 +7,7 @@ bf16; w = weight_hidden[h] * weight_embed[h], the fused weight)::
     dot    = sum(x * w * k)                          (the raw, un-normalised dot product)
     s      = dot * rstd_x * rstd_k * hidden**-0.5
     gate   = sigmoid(copysign(sqrt(max(|s|, clamp_value)), s))
-    out    = bf16(x + gate * v)
+    out    = bf16(x + gate * v)                      (gate, product and sum rounded to fp32 first)
 
 i.e. ``sigmoid(signed_sqrt(<RMSNorm(x) * wh, RMSNorm(k) * we> / sqrt(hidden)))``.  At ``s == +-0``
 the sign bit of s picks the sign, as tile_kernels' kernel does (its torch reference's
@@ -46,7 +46,10 @@ def gate_fwd(x: torch.Tensor, k: torch.Tensor, v: torch.Tensor, weight_fused: to
     dot = (xf * wf.unsqueeze(0) * kf).sum(-1)
     s = dot * rstd_x * rstd_k * hidden ** -0.5
     gate = torch.sigmoid(torch.copysign(torch.sqrt(torch.clamp(s.abs(), min=clamp_value)), s))
-    out = (xf + gate.unsqueeze(-1) * vf.unsqueeze(-2)).to(out_dtype)
+    if out_dtype == torch.bfloat16:  # the kernel's last step: fp32 gate, fp32 product, fp32 sum, bf16
+        out = (x.float() + gate.float().unsqueeze(-1) * v.float().unsqueeze(-2)).to(out_dtype)
+    else:
+        out = (xf + gate.unsqueeze(-1) * vf.unsqueeze(-2)).to(out_dtype)
     return out, dot, gate, rstd_x, rstd_k
 
 
