@@ -8,6 +8,7 @@ unchecked path, which costs a few microseconds whatever the shape (no per-shape 
 
 from __future__ import annotations
 
+import math
 import operator
 from typing import Any
 
@@ -121,6 +122,30 @@ def check_cuda(op: str, **tensors: Any) -> None:
             first = (name, t.device)
         elif t.device != first[1]:
             raise fail(op, f"{name} is on {t.device} but {first[0]} is on {first[1]}; put every tensor on one GPU")
+
+
+def aligned_input(t: Any, align: int = 16) -> Any:
+    """``t`` (an input the kernel only reads), or a copy of it with the same shape and strides in a
+    fresh, aligned allocation when its data pointer is not ``align``-byte aligned (a view that
+    starts inside a tensor, e.g. the rows of a later chunk of tokens).  None and empty tensors
+    pass through."""
+    if t is None or not t.data_ptr() % align or not t.numel():
+        return t
+    return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device).copy_(t)
+
+
+_F32_OVERFLOW = 3.4028235677973366e38  # the smallest magnitude float32 rounds to infinity
+
+
+def check_float32(op: str, name: str, value: Any) -> float:
+    """``value`` (a real number: int or float, bools and tensors refused) as the Python float the
+    kernel's float32 scalar will hold: magnitudes float32 cannot represent become +-inf, as a
+    float32 cast makes them.  NaN passes through."""
+    if isinstance(value, (bool, torch.Tensor)) or not isinstance(value, (int, float)):
+        raise fail(op, f"{name} must be a float, got {type(value).__name__} {value!r}")
+    if abs(value) < _F32_OVERFLOW or value != value:
+        return float(value)
+    return math.inf if value > 0 else -math.inf
 
 
 def check_aligned(op: str, name: str, t: torch.Tensor, align: int = 16) -> None:

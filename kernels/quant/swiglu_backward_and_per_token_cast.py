@@ -2,7 +2,7 @@
 the input gradient also quantized to e4m3 (one scale per ``num_per_channels`` channels).
 
 Per row ``r`` of ``x`` (``[rows, 2 * hidden]`` e4m3 with row-major fp32 scales ``x_sf``), with
-``w = weight.flat[pos_to_token_topk[r]]`` (0.0 for a negative position) and ``g = grad_out``,
+``w = weight.flat[pos_to_token_topk[r]]`` (0.0 for a position < 0 or past weight's end) and ``g = grad_out``,
 element by element in fp32 and in the reference's order (each step rounded on its own, the one
 fused multiply-add where the reference has one, ``fma(x, 1 - s, 1)``):
 
@@ -171,7 +171,9 @@ def swiglu_backward_and_per_token_cast(num_per_channels: int):
                 if _flat(token_topk_to_pos, "int32")[bx] < 0:
                     _flat(weight_grad, "float32")[bx] = T.float32(0.0)
             if bx < rows:
-                idx = pos_to_token_topk[bx]
+                # a position outside weight (negative, or past its end) counts as no weight: never
+                # read or written out of bounds, whatever the index data holds
+                idx = T.if_then_else(pos_to_token_topk[bx] < n_tok * n_topk, pos_to_token_topk[bx], -1)
                 w = T.if_then_else(idx >= 0, _flat(weight, "float32")[T.max(idx, 0)], T.float32(0.0))
                 acc[0] = T.float32(0.0)
                 for p in T.serial(T.truncdiv(hidden + step - 1, step)):

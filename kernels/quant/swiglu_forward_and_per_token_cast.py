@@ -11,7 +11,7 @@ contiguous.  Per element, in fp32 and in the reference's order, each step rounde
 
 ``c`` is the runtime ``clamp_value`` (+inf when the op has no clamp: the selects then keep every
 value, NaN included, so no flag is needed); ``w`` is 1.0 without weights (an exact multiply), else
-``topk_weights.flat[pos_to_token_topk[row]]``, or 0.0 where that position is negative.  Rows with
+``topk_weights.flat[pos_to_token_topk[row]]``, or 0.0 where that position is negative or past the end.  Rows with
 ``pos_to_expert[row] < 0`` (when ``with_p2e``) are not read and not counted; they are written as
 a zero row (data 0, scale of an all-zero group), what the reference gives for a masked row.
 
@@ -161,7 +161,9 @@ def row_weight(w, masked, s, row, pos_to_token_topk, topk_weights, pos_to_expert
     w[s] = T.float32(1.0)
     if with_weight != 0:
         n_w = topk_weights.shape[0] * topk_weights.shape[1]
-        w[s] = T.if_then_else(pos_to_token_topk[row] >= 0,
+        # a position outside topk_weights (negative, or past its end) is weight 0: never read out
+        # of bounds, whatever the index data holds
+        w[s] = T.if_then_else(pos_to_token_topk[row] >= 0 and pos_to_token_topk[row] < n_w,
                               _view(topk_weights, (n_w,), "float32")[T.max(pos_to_token_topk[row], 0)],
                               T.float32(0.0))
     masked[s] = 0

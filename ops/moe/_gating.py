@@ -20,7 +20,7 @@ from typing import Any, Optional
 
 import torch
 
-from .._common import check_tensor, fail, launcher, memo_table, typed_key
+from .._common import check_float32, check_tensor, fail, launcher, memo_table, typed_key
 
 __all__ = ["top2_sum_gate", "topk_gate", "topk_sum_and_topk_group_idx"]
 
@@ -218,9 +218,7 @@ def _check_ranks(op: str, num_experts: int, num_extra: int, ep_rank: Any, num_ep
     if (num_experts + num_extra) // num_ep_ranks < 1:
         raise fail(op, f"{num_experts} routed + {num_extra} extra experts over num_ep_ranks={num_ep_ranks} "
                        "leaves no expert per rank; use fewer EP ranks")
-    if not isinstance(routed_scaling_factor, (int, float)) or isinstance(routed_scaling_factor, bool):
-        raise fail(op, f"routed_scaling_factor must be a float, got {routed_scaling_factor!r}")
-    return float(routed_scaling_factor)
+    return check_float32(op, "routed_scaling_factor", routed_scaling_factor)
 
 
 def _check_token_mask(op: str, name: str, mask: torch.Tensor, num_tokens: int) -> torch.Tensor:
@@ -298,8 +296,9 @@ class _Top2:
         num_out = self.num_out
         topk_idx = torch.empty((num_tokens, num_out), dtype=torch.int64, device=device)
         topk_weights = torch.empty((num_tokens, num_out), dtype=torch.float32, device=device)
-        self.fn(logits, bias, mask, fix, phys, count, unmapped, topk_idx, topk_weights, *self.head, float(rsf),
-                *self.tail)
+        rsf = rsf if type(rsf) is float and abs(rsf) < 3.4e38 else check_float32("top2_sum_gate", "routed_scaling_factor",
+                                                                                 rsf)
+        self.fn(logits, bias, mask, fix, phys, count, unmapped, topk_idx, topk_weights, *self.head, rsf, *self.tail)
         return topk_idx, topk_weights
 
 

@@ -25,7 +25,7 @@ from typing import Any, Optional, Union
 
 import torch
 
-from .._common import check_cuda, check_int, check_tensor, fail, launcher, memo_table, typed_key
+from .._common import aligned_input, check_cuda, check_int, check_tensor, fail, launcher, memo_table, typed_key
 from ..config import get_num_sms
 
 QuantTensor = tuple[torch.Tensor, torch.Tensor]
@@ -198,8 +198,9 @@ def expand_to_fused(x: torch.Tensor, token_topk_to_pos: torch.Tensor, pos_to_exp
         fn = _fast_table().get(key)
     except (AttributeError, TypeError, IndexError):
         key = fn = None
-    if (fn is not None and x.is_contiguous() and not x.data_ptr() & 15 and token_topk_to_pos.shape[0] == shape[0]
-            and token_topk_to_pos.is_contiguous() and pos_to_expert.is_contiguous()):
+    if (fn is not None and x.is_contiguous() and token_topk_to_pos.shape[0] == shape[0]
+            and token_topk_to_pos.is_contiguous() and pos_to_expert.is_contiguous()
+            and not (x.data_ptr() | token_topk_to_pos.data_ptr() | pos_to_expert.data_ptr()) & 15):
         out = torch.empty((pos_to_expert.shape[0], shape[1]), dtype=dtype, device=dev)
         fn(x, out, token_topk_to_pos, pos_to_expert)
         return out
@@ -208,6 +209,7 @@ def expand_to_fused(x: torch.Tensor, token_topk_to_pos: torch.Tensor, pos_to_exp
     _rows(op, "x", x)
     _mapping(op, token_topk_to_pos, x.size(0), pos_to_expert)
     check_cuda(op, x=x, token_topk_to_pos=token_topk_to_pos, pos_to_expert=pos_to_expert)
+    token_topk_to_pos, pos_to_expert = aligned_input(token_topk_to_pos), aligned_input(pos_to_expert)
     out = torch.empty((pos_to_expert.size(0), x.size(1)), dtype=x.dtype, device=x.device)
     fn = launcher("moe.expand_to_fused", dtype=_EXPAND_DTYPES[x.dtype], sf="none")
     fn(x, out, token_topk_to_pos, pos_to_expert)
@@ -251,6 +253,8 @@ def expand_to_fused_with_sf(
                        f"{(num_tokens, sf_cols)}; pass a row-major (.contiguous()) sf")
     _mapping(op, token_topk_to_pos, num_tokens, pos_to_expert)
     check_cuda(op, data=data, sf=x_sf, token_topk_to_pos=token_topk_to_pos, pos_to_expert=pos_to_expert)
+    x_sf, token_topk_to_pos, pos_to_expert = (aligned_input(x_sf), aligned_input(token_topk_to_pos),
+                                              aligned_input(pos_to_expert))
     slots = pos_to_expert.size(0)
     out = torch.empty((slots, hidden), dtype=data.dtype, device=data.device)
     if col:
@@ -344,6 +348,9 @@ def reduce_fused(
     if out is not None:
         _reduce_out(op, out, (num_tokens, hidden), out_dtype)
     check_cuda(op, x=x, x_sf=x_sf, topk_weights=topk_weights, token_topk_to_pos=token_topk_to_pos, sf=sf, out=out)
+    # read-only inputs in a view that starts inside a tensor (a later chunk of tokens): copied
+    x_sf, topk_weights, token_topk_to_pos, sf = (aligned_input(x_sf), aligned_input(topk_weights),
+                                                 aligned_input(token_topk_to_pos), aligned_input(sf))
     if out is None:
         out = torch.empty((num_tokens, hidden), dtype=out_dtype, device=x.device)
     # absent optional tensors: stand-ins of the right rank, never read (their flag is 0)
@@ -366,16 +373,17 @@ class _Reduce:
     def __call__(self, x: torch.Tensor, x_sf: Any, shape: Any, dev: torch.device, topk_weights: Any,
                  token_topk_to_pos: torch.Tensor, sf: Any, out: Any) -> Optional[torch.Tensor]:
         """The output, or None when a per-call check fails (the slow path then says why)."""
-        if not x.is_contiguous() or x.data_ptr() & 15 or not token_topk_to_pos.is_contiguous():
+        if not x.is_contiguous() or (x.data_ptr() | token_topk_to_pos.data_ptr()) & 15 \
+                or not token_topk_to_pos.is_contiguous() or (sf is not None and sf.data_ptr() & 15):
             return None
         num_tokens = token_topk_to_pos.shape[0]
         if x_sf is None:
             x_sf = x
-        elif x_sf.shape[0] != shape[0] or not x_sf.is_contiguous():
+        elif x_sf.shape[0] != shape[0] or not x_sf.is_contiguous() or x_sf.data_ptr() & 15:
             return None
         if topk_weights is None:
             topk_weights = token_topk_to_pos
-        elif topk_weights.shape[0] != num_tokens or not topk_weights.is_contiguous():
+        elif topk_weights.shape[0] != num_tokens or not topk_weights.is_contiguous() or topk_weights.data_ptr() & 15:
             return None
         if out is None:
             out = torch.empty((num_tokens, shape[1]), dtype=self.out_dtype, device=dev)

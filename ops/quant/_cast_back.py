@@ -24,7 +24,7 @@ from typing import Any, Optional
 
 import torch
 
-from .._common import check_cuda, fail, launcher, typed_key
+from .._common import aligned_input, check_cuda, fail, launcher, typed_key
 from ._sf import input_sf
 
 QuantTensor = tuple[torch.Tensor, torch.Tensor]
@@ -135,7 +135,7 @@ class _Plan:
         out = torch.empty((tokens, self.hidden), dtype=self.out_dtype, device=data.device)
         if tokens == 0:
             return out
-        data = _prepare_data(data)
+        data, sf = _prepare_data(data), aligned_input(sf)
         fn = self.fn
         if fn is None:
             fn = self.fn = launcher(self.name, **self.key)

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from .._common import check_aligned, check_cuda, check_flag, check_tensor, fail, launcher, typed_key
+from .._common import aligned_input, check_aligned, check_cuda, check_flag, check_tensor, fail, launcher, typed_key
 from ._sf import SfLayout, check_fmt, input_sf, output_layout
 
 BLOCKS = ((128, 128), (32, 32))
@@ -202,15 +202,13 @@ def per_block_cast_lossless(x: tuple[torch.Tensor, torch.Tensor], fmt: str, x_bl
     if tuple(x_sf.shape) != want:
         raise fail(op, f"the input sf ({in_layout.kind} layout) has kernel-side shape {tuple(x_sf.shape)}; for data of "
                        f"{tokens} x {hidden} values and x_block_size {in_block} it must be {want}")
-    if x_sf.numel() and x_sf.data_ptr() % 4:
-        raise fail(op, f"the input sf's data pointer {x_sf.data_ptr():#x} is not 4-byte aligned; pass a copy")
     layout = output_layout(op, out_block, use_tma_aligned_col_major_sf, use_packed_ue8m0, True)
     check_cuda(op, data=data, sf=x_sf)
     out = torch.empty((tokens, hidden), dtype=torch.float8_e4m3fn, device=data.device)
     raw = layout.alloc(tokens, hidden, data.device)
     if tokens:
         fn = launcher("quant.per_block_cast_lossless", block_m=out_block[0], block_k=out_block[1])
-        fn(data.view(torch.int8), _byte_view(x_sf), out, _byte_view(raw), _KIND[in_layout.kind], _KIND[layout.kind])
+        fn(data.view(torch.int8), _byte_view(aligned_input(x_sf)), out, _byte_view(raw), _KIND[in_layout.kind], _KIND[layout.kind])
     return out, layout.finish(raw, tokens)
 
 

@@ -20,7 +20,7 @@ from typing import Any, Optional, Union
 
 import torch
 
-from .._common import check_aligned, check_cuda, check_flag, check_tensor, fail, launcher
+from .._common import aligned_input, check_aligned, check_cuda, check_flag, check_tensor, fail, launcher
 from ._sf import check_fmt
 
 QuantTensor = tuple[torch.Tensor, torch.Tensor]
@@ -119,8 +119,8 @@ def _fused(op: str, x: Any, fmt: Any, num_per_tokens: Any, round_sf: Any, num_pe
     if num_out and hidden:
         fn = launcher(_FUSED, in_dtype=_DTYPE_KEY[data.dtype], expand=pos_to_token is not None)
         fn(data, out, out_sf,
-           sf if sf is not None else _dummy(data.device, torch.float32, 2),
-           pos_to_token if pos_to_token is not None else _dummy(data.device, torch.int32, 1),
+           aligned_input(sf) if sf is not None else _dummy(data.device, torch.float32, 2),
+           aligned_input(pos_to_token) if pos_to_token is not None else _dummy(data.device, torch.int32, 1),
            int(round_sf))
     return out, out_sf
 

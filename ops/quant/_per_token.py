@@ -36,7 +36,7 @@ from typing import Any, Optional, Union
 
 import torch
 
-from .._common import check_cuda, check_flag, check_tensor, fail, launcher, typed_key
+from .._common import aligned_input, check_cuda, check_flag, check_tensor, fail, launcher, typed_key
 from ._sf import FMT_DTYPES, SfLayout, check_fmt, input_sf, output_layout
 
 QuantTensor = tuple[torch.Tensor, torch.Tensor]
@@ -244,13 +244,13 @@ def _launch(mode: str, data: torch.Tensor, x_sf: Optional[torch.Tensor], in_layo
         fn = launcher(_KERNEL["quantized" if x_sf is not None else mode], **key)
         col = int(layout.col_major)
         if mode == "precomputed":
-            fn(x_in, raw_sf, out, group_shift, col, col_blocks)
+            fn(x_in, aligned_input(raw_sf), out, group_shift, col, col_blocks)
         elif mode == "sf_only":
             fn(x_in, raw_sf, group_shift, int(whole_row), int(rnd), col, col_blocks)
         elif x_sf is None:
             fn(x_in, out, raw_sf, group_shift, int(whole_row), int(rnd), col, col_blocks)
         else:
-            fn(x_in, x_sf, out, raw_sf, group_shift, int(whole_row), int(rnd), col, col_blocks,
+            fn(x_in, aligned_input(x_sf), out, raw_sf, group_shift, int(whole_row), int(rnd), col, col_blocks,
                int(in_layout.col_major), _pow2_shift(in_layout.block[0]), _pow2_shift(in_layout.block[1]))
     if mode == "precomputed":
         return out

@@ -22,12 +22,11 @@ device sync): the values of the index tensors (``pos_to_token_topk`` must index
 from __future__ import annotations
 
 import math
-import numbers
 from typing import Any, Optional
 
 import torch
 
-from .._common import check_aligned, check_cuda, check_flag, check_tensor, fail, launcher, typed_key
+from .._common import aligned_input, check_aligned, check_cuda, check_flag, check_float32, check_tensor, fail, launcher, typed_key
 from ..config import get_num_sms
 from ._sf import SfLayout, check_fmt, output_layout
 
@@ -60,9 +59,9 @@ def _check_float(op: str, name: str, value: Any, default: float) -> float:
     """``value`` as a float (``default`` when None); real numbers only, NaN refused."""
     if value is None:
         return default
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or math.isnan(float(value)):
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
         raise fail(op, f"{name} must be a float or None, got {type(value).__name__} {value!r}")
-    return float(value)
+    return check_float32(op, name, value)  # beyond float32's range: +-inf, as the kernel's float32 holds it
 
 
 def _check_contiguous(op: str, name: str, t: torch.Tensor, align: int = 16) -> None:
@@ -197,11 +196,13 @@ def swiglu_forward_and_per_token_cast(
         except (AttributeError, TypeError, IndexError):  # not a tensor, an unhashable argument: the checks say
             key, plan = None, None
         # per call: what the checks read from the row count and the pointer, and the clamp values
-        # (None or a plain float that is not NaN; anything else goes through _check_float)
+        # (None or a plain float within float32's range, or infinite; anything else, NaN included,
+        # goes through _check_float)
         if plan is not None and x.is_contiguous() and not x.data_ptr() & 15:
             clamp = math.inf if swiglu_clamp_value is None else swiglu_clamp_value
             sf_min = 1e-4 if sf_clamp_min is None else sf_clamp_min
-            if type(clamp) is float and clamp == clamp and type(sf_min) is float and sf_min == sf_min:
+            if type(clamp) is float and (abs(clamp) < 3.4e38 or abs(clamp) == math.inf) and \
+                    type(sf_min) is float and (abs(sf_min) < 3.4e38 or abs(sf_min) == math.inf):
                 return plan(x, None, None, None, None, clamp, sf_min)
     else:
         key = None
@@ -221,7 +222,7 @@ def _forward_checked(x: Any, fmt: Any, num_per_channels: Any, pos_to_token_topk:
     _check_contiguous(op, "x", x)
     rows, width = x.shape
     if width == 0 or width % (2 * _FWD_HIDDEN_ALIGN):
-        raise fail(op, f"x has {width} columns; it needs 2 * hidden with hidden > 0, hidden % {_FWD_HIDDEN_ALIGN} == 0 "
+        raise fail(op, f"x has {width} columns; it needs 2 * hidden with hidden % {_FWD_HIDDEN_ALIGN} == 0 and hidden > 0 "
                        f"(width a multiple of {2 * _FWD_HIDDEN_ALIGN}): pad the hidden dimension")
     hidden = width // 2
     check_fmt(op, fmt, ("e4m3",))
@@ -242,11 +243,13 @@ def _forward_checked(x: Any, fmt: Any, num_per_channels: Any, pos_to_token_topk:
         check_tensor(op, "clamped_count", clamped_count, (torch.int64,), 1)
         if clamped_count.size(0) != 3:
             raise fail(op, f"clamped_count has {clamped_count.size(0)} entries; it needs 3 (gate > c, up > c, up < -c)")
-        _check_contiguous(op, "clamped_count", clamped_count, 8)
+        _check_contiguous(op, "clamped_count", clamped_count, 16)  # written in place: never copied
     sf_min = _check_float(op, "sf_clamp_min", sf_clamp_min, 1e-4)
     weights = topk_weights if pos_to_token_topk is not None else None
     check_cuda(op, x=x, pos_to_token_topk=pos_to_token_topk, topk_weights=weights, pos_to_expert=pos_to_expert,
                clamped_count=clamped_count)
+    pos_to_token_topk, weights, pos_to_expert = (aligned_input(pos_to_token_topk), aligned_input(weights),
+                                                 aligned_input(pos_to_expert))
 
     plan = _Forward(x.dtype, hidden, kind, layout, round_sf, clamped_count is not None)
     result = plan(x, pos_to_token_topk, weights, pos_to_expert, clamped_count, clamp, sf_min)
@@ -278,8 +281,7 @@ def _check_bwd_x(op: str, x: Any, num_per_channels: int) -> tuple[torch.Tensor, 
     if not sf.is_contiguous():
         raise fail(op, f"x[1] (sf) must be row-major contiguous (got strides {tuple(sf.stride())}); column-major "
                        "and packed UE8M0 scales are not supported here: pass sf.contiguous()")
-    check_aligned(op, "x[1] (sf)", sf, 4)
-    return data.view(rows, 2 * hidden), sf, hidden
+    return data.view(rows, 2 * hidden), aligned_input(sf), hidden
 
 
 def swiglu_backward_and_per_token_cast(
@@ -324,6 +326,10 @@ def swiglu_backward_and_per_token_cast(
     check_cuda(op, x=data, sf=sf, grad_out=grad_out, weight=weight, pos_to_token_topk=pos_to_token_topk,
                token_topk_to_pos=token_topk_to_pos)
 
+    # the index maps and weights are read as the manifest declares them (16-byte aligned): a view
+    # that starts inside a tensor (a later chunk of tokens) is copied, never refused
+    weight, pos_to_token_topk, token_topk_to_pos = (aligned_input(weight), aligned_input(pos_to_token_topk),
+                                                    aligned_input(token_topk_to_pos))
     dev = data.device
     out = torch.empty((rows, hidden), dtype=torch.bfloat16, device=dev)
     x_grad_fp8 = torch.empty((rows, 2 * hidden), dtype=_E4M3, device=dev)

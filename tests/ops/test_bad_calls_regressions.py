@@ -74,7 +74,7 @@ def test_expand_to_fused_with_sf_without_pos_to_expert(ops):
 @pytest.mark.parametrize("num_per_channels", [0, 128])
 def test_swiglu_forward_zero_width(ops, num_per_channels):
     x = torch.empty(3, 0, dtype=torch.bfloat16)
-    with pytest.raises(ArgumentError, match="hidden > 0"):
+    with pytest.raises(ArgumentError, match="and hidden > 0"):
         quant.swiglu_forward_and_per_token_cast(x, "e4m3", num_per_channels)
 
 
@@ -115,3 +115,39 @@ def test_no_variant_error_is_an_argument_error():
     assert issubclass(NoVariantError, TilebinError) and issubclass(NoVariantError, LookupError)
     assert runtime.ArgumentError is ArgumentError
 
+
+
+# ---- found by tests/ops/test_ops_fuzz_props.py (2026-12-01)
+def test_float_scalars_beyond_float32_become_infinite(ops):
+    """1e40 as a clamp used to reach the float32 kernel scalar as is (the packer overflowed)."""
+    x = torch.randn(2, 256, dtype=torch.bfloat16)
+    for _ in range(2):  # checked path, then the memo
+        quant.swiglu_forward_and_per_token_cast(x, "e4m3", 128, swiglu_clamp_value=-1e40)
+        args = [a for a in ops.launches[-1][2] if not isinstance(a, torch.Tensor)]
+        assert float("-inf") in args and not any(type(a) is float and 3.5e38 < abs(a) < float("inf") for a in args)
+    logits, bias = torch.randn(4, 64), torch.zeros(64)
+    for factor in (1e40, 10**400):  # a float and an int past float32 (and past float64)
+        moe.top2_sum_gate(logits, bias, 6, 4, 8, False, 0, factor, 0, 1, 0, 1, "sigmoid")
+        assert float("inf") in [a for a in ops.launches[-1][2] if not isinstance(a, torch.Tensor)]
+
+
+def _misaligned(t: torch.Tensor) -> torch.Tensor:
+    """``t``'s values in a view whose data pointer is 4 bytes past a 16-byte boundary."""
+    base = torch.empty(t.numel() + 16 // t.element_size(), dtype=t.dtype)
+    view = base[4 // t.element_size():][:t.numel()].view(t.shape)
+    view.copy_(t)
+    assert view.data_ptr() % 16
+    return view
+
+
+def test_misaligned_read_only_inputs_are_copied_not_launched(ops):
+    """A chunk of token_topk_to_pos / topk_weights that starts inside a tensor used to be launched
+    misaligned (the kernels' contract is 16 bytes); now it is copied to an aligned buffer."""
+    x = torch.randn(8, 128, dtype=torch.bfloat16)
+    ttp = torch.arange(8, dtype=torch.int32).reshape(4, 2)
+    w = torch.ones(4, 2)
+    for _ in range(2):  # checked path, then the memo
+        moe.reduce_fused(x, _misaligned(w), _misaligned(ttp))
+        args = ops.launches[-1][2]
+        assert all(a.data_ptr() % 16 == 0 for a in args[:5] if isinstance(a, torch.Tensor))
+        assert torch.equal(args[2], ttp) and torch.equal(args[1], w)

@@ -24,7 +24,7 @@ hypothesis = pytest.importorskip("hypothesis", reason="pip install hypothesis (.
 from hypothesis import HealthCheck, given, settings, strategies as st  # noqa: E402
 
 import fuzz_cases as F  # noqa: E402
-from manifest_check import check_launch, manifest_from_wheel, output_names  # noqa: E402
+from manifest_check import built_manifest, check_launch, output_names  # noqa: E402
 from ops_stub import StubbedOps, describe, describe_launches  # noqa: E402
 from tilebin.runtime import TilebinError  # noqa: E402
 
@@ -34,8 +34,8 @@ EXAMPLES = 1200
 
 
 @pytest.fixture(scope="module")
-def harness(built_wheel):
-    manifest = manifest_from_wheel(built_wheel)
+def harness(request):
+    manifest = built_manifest(request)
     mp = pytest.MonkeyPatch()
     stub = StubbedOps(mp)
     stub.manifest = manifest
