@@ -41,6 +41,9 @@ from .._declare import KernelDecl
 from .engram_gate_fwd import MAX_HIDDEN, PASS_CONFIGS, THREADS, U, V, WARPS
 
 
+HEADS_IN_FLIGHT = 4  # grad_v: grad_out loads of this many heads in flight at once
+
+
 def _f(x):
     return T.Cast("float32", x)
 
@@ -86,7 +89,9 @@ def engram_gate_bwd():
             gw = T.alloc_local((U * V,), "float32")
             ogx = T.alloc_local((V,), "bfloat16")
             ogk = T.alloc_local((V,), "bfloat16")
-            gvb = T.alloc_local((V,), "bfloat16")
+            gvb = T.alloc_local((HEADS_IN_FLIGHT * V,), "bfloat16")
+            gvo = T.alloc_local((V,), "bfloat16")
+            gq = T.alloc_local((HEADS_IN_FLIGHT,), "float32")
             gva = T.alloc_local((V,), "float32")
             red = T.alloc_shared((2, WARPS), "float32")
             acc = T.alloc_var("float32")
@@ -99,7 +104,6 @@ def engram_gate_bwd():
             big = T.alloc_var("float32")
             cx = T.alloc_var("float32")
             ck = T.alloc_var("float32")
-            gh = T.alloc_var("float32")
             h = T.alloc_var("int32")
             p = T.alloc_var("int32")
             per = T.alloc_var("int32")
@@ -131,16 +135,21 @@ def engram_gate_bwd():
                     if (u * THREADS + tid) * hc >= h * nvec and (u * THREADS + tid) * hc < (h + 1) * nvec:
                         for i in T.unroll(V):
                             gva[i] = T.float32(0)
-                        for hh in T.serial(hc):
-                            gh = gate_score[t, hh]
-                            for i in T.vectorized(V):
-                                gvb[i] = T.Tensor(x_vec, "bfloat16", grad_out.data)[t, hh, (u * THREADS + tid) * V + i]
-                            for i in T.unroll(V):
-                                gva[i] = T.ieee_add(gva[i], T.ieee_mul(_f(gvb[i]), gh))
+                        for hb in T.serial(T.ceildiv(hc, HEADS_IN_FLIGHT)):
+                            for q in T.unroll(HEADS_IN_FLIGHT):  # these heads' loads issued together
+                                if hb * HEADS_IN_FLIGHT + q < hc:
+                                    gq[q] = gate_score[t, hb * HEADS_IN_FLIGHT + q]
+                                    for i in T.vectorized(V):
+                                        gvb[q * V + i] = T.Tensor(x_vec, "bfloat16", grad_out.data)[
+                                            t, hb * HEADS_IN_FLIGHT + q, (u * THREADS + tid) * V + i]
+                            for q in T.unroll(HEADS_IN_FLIGHT):
+                                if hb * HEADS_IN_FLIGHT + q < hc:
+                                    for i in T.unroll(V):
+                                        gva[i] = T.ieee_add(gva[i], T.ieee_mul(_f(gvb[q * V + i]), gq[q]))
                         for i in T.unroll(V):
-                            gvb[i] = T.Cast("bfloat16", gva[i])
+                            gvo[i] = T.Cast("bfloat16", gva[i])
                         for i in T.vectorized(V):
-                            T.Tensor(gv_vec, "bfloat16", grad_v.data)[t, (u * THREADS + tid) * V + i] = gvb[i]
+                            T.Tensor(gv_vec, "bfloat16", grad_v.data)[t, (u * THREADS + tid) * V + i] = gvo[i]
                 acc = T.float32(0)
                 for u in T.unroll(U):
                     if u * THREADS + tid < nvec:
