@@ -30,6 +30,7 @@ class Call:
     op: str  # "quant.per_token_cast"
     args: list
     kwargs: dict = field(default_factory=dict)
+    values_kept: bool = True  # every tensor holds the values the builder gave it (layout changes only)
 
     def describe(self) -> str:
         return f"{self.op}({', '.join([_short(a) for a in self.args] + [f'{k}={_short(v)}' for k, v in self.kwargs.items()])})"
@@ -329,12 +330,16 @@ def bad_tensor(t: torch.Tensor, rng: random.Random) -> Any:
     if kind == 0:
         return torch.zeros(t.shape, dtype=rng.choice([d for d in _DTYPES if d != t.dtype]), device=dev)
     if kind == 1 and t.dim() == 2 and t.numel():
-        return t.t()  # transposed view
+        return t.t().contiguous().t()  # the same values, column-major
     if kind == 2 and t.dim() >= 1 and t.shape[-1] > 1:
-        return t[..., ::2]  # strided
+        wide = torch.empty(t.shape[:-1] + (2 * t.shape[-1],), dtype=t.dtype, device=dev)
+        wide[..., ::2] = t
+        return wide[..., ::2]  # the same values, strided
     if kind == 3 and t.numel():
         flat = torch.empty(t.numel() + 1, dtype=t.dtype, device=dev)
-        return flat[1:].view(t.shape)  # misaligned data pointer
+        view = flat[1:].view(t.shape)
+        view.copy_(t)
+        return view  # the same values, misaligned data pointer
     if kind == 4:
         return t.unsqueeze(0)
     if kind == 5:
@@ -394,15 +399,31 @@ def corrupt(call: Call, rng: random.Random, optional: tuple[tuple[int, str], ...
     ``(position, name)`` of the parameters with defaults, which the call may gain (with a bad
     value) unless it passes them already."""
     args, kwargs = list(call.args), dict(call.kwargs)
+    kept = True
     for _ in range(rng.choice((1, 1, 2))):
         extra = [("k", k) for i, k in optional if i >= len(args) and k not in kwargs]
         slots = [("a", i) for i in range(len(args))] + [("k", k) for k in kwargs] + extra
         where, key = rng.choice(slots)
+        old = args[key] if where == "a" else kwargs.get(key)
+        new = bad_value(old, rng)
+        kept = kept and _same_values(old, new)
         if where == "a":
-            args[key] = bad_value(args[key], rng)
+            args[key] = new
         else:
-            kwargs[key] = bad_value(kwargs.get(key), rng)
-    return Call(call.op, args, kwargs)
+            kwargs[key] = new
+    return Call(call.op, args, kwargs, kept)
+
+
+def _same_values(old: Any, new: Any) -> bool:
+    """``new`` is ``old`` in another memory layout (same dtype, shape and values)."""
+    if not (isinstance(old, torch.Tensor) and isinstance(new, torch.Tensor)):
+        return False
+    if old.dtype != new.dtype or old.shape != new.shape or old.device != new.device:
+        return False
+    a, b = old.contiguous().view(-1), new.contiguous().view(-1)
+    if a.dtype.itemsize == 1:
+        a, b = a.view(torch.uint8), b.view(torch.uint8)
+    return bool(torch.equal(a, b))
 
 
 def optional_params(op: str) -> tuple[tuple[int, str], ...]:
