@@ -43,15 +43,20 @@ def engram_hash():
         with T.Kernel(T.ceildiv(layers * num_tokens * cols, THREADS), threads=THREADS) as bx:
             tid = T.get_thread_binding()
             acc = T.alloc_var("int64")
+            row = T.alloc_var("int32")  # lyr * num_tokens + t
+            c = T.alloc_var("int32")
+            j = T.alloc_var("int32")  # n-gram order - 1
             if bx * THREADS + tid < layers * num_tokens * cols:
-                c = (bx * THREADS + tid) % cols
-                t = ((bx * THREADS + tid) // cols) % num_tokens
-                lyr = (bx * THREADS + tid) // (cols * num_tokens)
+                c = T.truncmod(bx * THREADS + tid, cols)
+                row = T.truncdiv(bx * THREADS + tid, cols)
+                j = T.truncdiv(c, tables)
                 acc = T.int64(0)
-                for i in T.serial(c // tables + 2):
-                    acc = T.bitwise_xor(acc, T.Cast("int64", ngram_token_ids[t, i]) * multipliers[lyr, i])
-                output[lyr, t, c] = T.Cast("int32", T.floormod(
-                    acc, T.Cast("int64", vocab_sizes[lyr, c // tables, c % tables])) + T.Cast("int64", offsets[lyr, c]))
+                for i in T.serial(j + 2):
+                    acc = T.bitwise_xor(acc, T.Cast("int64", ngram_token_ids[T.truncmod(row, num_tokens), i])
+                                        * multipliers[T.truncdiv(row, num_tokens), i])
+                output[T.truncdiv(row, num_tokens), T.truncmod(row, num_tokens), c] = T.Cast("int32", T.floormod(
+                    acc, T.Cast("int64", vocab_sizes[T.truncdiv(row, num_tokens), j, c - j * tables]))
+                    + T.Cast("int64", offsets[T.truncdiv(row, num_tokens), c]))
 
     return main
 
