@@ -135,15 +135,25 @@ def engram_gate_bwd():
                     if (u * THREADS + tid) * hc >= h * nvec and (u * THREADS + tid) * hc < (h + 1) * nvec:
                         for i in T.unroll(V):
                             gva[i] = T.float32(0)
-                        for hb in T.serial(T.ceildiv(hc, HEADS_IN_FLIGHT)):
-                            for q in T.unroll(HEADS_IN_FLIGHT):  # these heads' loads issued together
-                                if hb * HEADS_IN_FLIGHT + q < hc:
-                                    gq[q] = gate_score[t, hb * HEADS_IN_FLIGHT + q]
+                        for q in T.unroll(HEADS_IN_FLIGHT):  # the first heads' loads: straight-line code
+                            if q < hc:
+                                gq[q] = gate_score[t, q]
+                                for i in T.vectorized(V):
+                                    gvb[q * V + i] = T.Tensor(x_vec, "bfloat16", grad_out.data)[
+                                        t, q, (u * THREADS + tid) * V + i]
+                        for q in T.unroll(HEADS_IN_FLIGHT):
+                            if q < hc:
+                                for i in T.unroll(V):
+                                    gva[i] = T.ieee_add(gva[i], T.ieee_mul(_f(gvb[q * V + i]), gq[q]))
+                        for hb in T.serial(T.ceildiv(hc, HEADS_IN_FLIGHT) - 1):  # more heads, in groups
+                            for q in T.unroll(HEADS_IN_FLIGHT):
+                                if (hb + 1) * HEADS_IN_FLIGHT + q < hc:
+                                    gq[q] = gate_score[t, (hb + 1) * HEADS_IN_FLIGHT + q]
                                     for i in T.vectorized(V):
                                         gvb[q * V + i] = T.Tensor(x_vec, "bfloat16", grad_out.data)[
-                                            t, hb * HEADS_IN_FLIGHT + q, (u * THREADS + tid) * V + i]
+                                            t, (hb + 1) * HEADS_IN_FLIGHT + q, (u * THREADS + tid) * V + i]
                             for q in T.unroll(HEADS_IN_FLIGHT):
-                                if hb * HEADS_IN_FLIGHT + q < hc:
+                                if (hb + 1) * HEADS_IN_FLIGHT + q < hc:
                                     for i in T.unroll(V):
                                         gva[i] = T.ieee_add(gva[i], T.ieee_mul(_f(gvb[q * V + i]), gq[q]))
                         for i in T.unroll(V):
