@@ -72,6 +72,9 @@ def check_strided_rows(op: str, name: str, t: torch.Tensor, shape: tuple) -> tup
     check_tensor(op, name, t, BF16, len(shape))
     if tuple(t.shape) != tuple(shape):
         raise fail(op, f"{name} has shape {tuple(t.shape)}, want {tuple(shape)} (it must match hidden_states)")
+    if t.is_contiguous():  # the common case: every stride is a multiple of hidden (checked by the caller)
+        check_base(op, name, t)
+        return tuple(t.stride())
     strides = []
     if t.shape[-1] > 1 and t.stride(-1) != 1:
         raise fail(op, f"{name} has strides {tuple(t.stride())}; supported: dim {len(shape) - 1} stride 1 "

@@ -37,8 +37,7 @@ def _check_gate_inputs(op: str, hidden_states, k, v, weight_fused) -> tuple[int,
 
 def _stats(num_tokens: int, hc: int, device: torch.device) -> tuple[torch.Tensor, ...]:
     """Four fp32 ``[num_tokens, hc]`` tensors (views of one allocation)."""
-    buf = torch.empty((4, num_tokens, hc), dtype=torch.float32, device=device)
-    return buf[0], buf[1], buf[2], buf[3]
+    return torch.empty((4, num_tokens, hc), dtype=torch.float32, device=device).unbind(0)
 
 
 def engram_gate_fwd(hidden_states: torch.Tensor, k: torch.Tensor, v: torch.Tensor, weight_fused: torch.Tensor,
