@@ -26,23 +26,26 @@ def rows(rt) -> list[tuple[str, float]]:
     rt.launch("transpose.batched_transpose", x, out)
     torch.cuda.synchronize()
     entry = rt._registry.default_registry()._entries["transpose.batched_transpose"]
-    (plan,) = [*entry.fast_plans.values(), *entry.plans.values()]
+    (plan,) = [*entry.fast_plans.values(), *entry.plans.values()]  # the bound Launcher (compiled or Python)
     sig = entry._fast_sig
     raw_stream = torch._C._cuda_getCurrentRawStream
+    unchecked = rt.unchecked_launcher("transpose.batched_transpose", dtype="bfloat16")
     g = {"x": x, "out": out, "T": torch.Tensor, "rt": rt, "plan": plan, "sig": sig, "args": (x, out),
-         "fast": entry.fast_plans, "raw_stream": raw_stream, "torch": torch}
+         "fast": entry.fast_plans, "raw_stream": raw_stream, "torch": torch, "twin": plan.twin(),
+         "prepared": rt.prepare("transpose.batched_transpose", x, out), "unchecked": unchecked}
     exprs = [
         "x.dtype", "x.size()", "x.shape", "x.stride()", "x.device", "x.get_device()", "x.is_cuda",
         "x.data_ptr()", "x.__class__ is T", "raw_stream(0)", "torch.cuda.current_stream().cuda_stream",
-        "sig(args)", "fast.get(sig(args))", "plan.pointers(args)",
-        "plan.run_checked(args, plan.pointers(args))", "plan.run(args)",
+        "sig(args)", "fast.get(sig(args))", "twin.check_values(args)", "twin.packed(args)",
+        "plan.run(args)", "twin.run(args)", "prepared()", "unchecked(x, out)",
         "rt.launch('transpose.batched_transpose', x, out)",
     ]
     result = []
     for e in exprs:
-        n = 100_000 if "run" not in e and "launch" not in e else 20_000
+        heavy = any(w in e for w in ("run", "launch", "prepared", "unchecked", "packed"))
+        n = 20_000 if heavy else 100_000
         best = min(timeit.repeat(e, globals=g, number=n, repeat=7)) / n * 1e9
-        if "run" in e or "launch" in e:
+        if heavy:
             torch.cuda.synchronize()
         result.append((e, best))
     return result
@@ -58,6 +61,8 @@ def main() -> int:
     facts = env_facts()
     measured = rows(rt)
     md = "\n".join(["### Host cost of launch parts (ns, min of 7 x timeit)", "", env_markdown(facts), "",
+                    f"hot path: {rt.hot_path()} (plan, prepared and unchecked rows use it; twin.* is the "
+                    "pure-Python Launcher)", "",
                     markdown_table(["expression", "ns"], [[f"`{e}`", f"{ns:.0f}"] for e, ns in measured])])
     print(md)
     if args.md:

@@ -1,23 +1,27 @@
 #!/usr/bin/env python3
-"""Host cost of one launch, and of ``import`` + first launch in a fresh process.
+"""Host cost of one launch, per hot path, next to the driver's floors; and import + first launch.
 
     PYTHONPATH=<site with the tilebin wheel> python3 bench/bench_launch.py [--json F] [--md F]
 
-Host µs per call: ``time.perf_counter_ns`` around a loop of ``--batch`` launches (tiny
+Host µs per call: ``time.perf_counter_ns`` around a loop of ``--batch`` calls (tiny torch
 tensors: the GPU keeps up, the queue never fills), a sync between batches outside the timed
-loop; the figure is the median over batches of the per-call mean, over ``--calls`` calls.
-Each call is a ``functools.partial`` so the loop overhead is the same for every row:
+loop; the figure is the median over batches of the per-call mean.  Rows:
 
-  a  raw ``cuLaunchKernel`` of the transpose, on the function handle and prepacked ``void**``
-     buffer the runtime built for these tensors (the floor: no lookup, validation or refresh)
-  b  ``runtime.launch("transpose.batched_transpose", x, out)`` (torch's current stream)
-  b2 the same with ``stream=<int handle>``
-  c  ``runtime.launch("gemm.gemm_nt", a, b, c)`` (TMA descriptors; same tensors every call)
-  d  torch eager ``out.copy_(x)`` and ``torch.add(x, 1, out=y)``
-  e  ``runtime.launch("testing.pdl_chain", x, y, z)``: two launches, the second with PDL
-  f  ``runtime.prepare("transpose.batched_transpose", x, out)()``: validated once, re-launched
+  floor C        a C loop around ``cuLaunchKernel`` / ``cuLaunchKernelEx`` (compiled here with
+                 ``cc`` at run time, not shipped), on the runtime's function handle and packed
+                 arguments: the driver's own cost, nothing else
+  floor cuda-py  cuda-python's ``cuLaunchKernel`` on a prepacked ``void**`` (transpose)
+  per hot path (``c``: the compiled extension, ``python``: the pure-Python twin), transpose
+  (plain ``cuLaunchKernel``) and gemm (TMA descriptor + cluster + PDL, ``cuLaunchKernelEx``):
+    launch           ``runtime.launch(name, ...)``, a plan-cache hit, torch's current stream
+    launch stream=   the same with ``stream=<int handle>``
+    prepared         ``runtime.prepare(name, ...)()``
+    unchecked        ``runtime.unchecked_launcher(...)(x, out)`` (the op layer's call)
+    pdl chain        ``runtime.launch("testing.pdl_chain", ...)``: two launches
+  torch eager ``out.copy_(x)`` and ``torch.add(x, 1, out=y)``.
 
-Targets: b/a <= 1.2, c - b <= 1 µs, import + first launch <= 100 ms.
+Targets (issue 10): launch / floor cuda-py <= 1.2, prepared / floor cuda-py <= 1.05, gemm minus
+transpose <= 0.5 µs beyond the same difference of the C floors; import + first launch <= 100 ms.
 """
 
 from __future__ import annotations
@@ -37,141 +41,226 @@ import time
 from _common import env_facts, env_markdown, markdown_table, summary, write_reports
 
 TRANSPOSE, GEMM, PDL_CHAIN = "transpose.batched_transpose", "gemm.gemm_nt", "testing.pdl_chain"
-_CTYPES = {"int32": ctypes.c_int32, "int64": ctypes.c_int64, "uint32": ctypes.c_uint32,
-           "uint64": ctypes.c_uint64, "float32": ctypes.c_float, "float64": ctypes.c_double,
-           "int": ctypes.c_int32, "bool": ctypes.c_bool}
-
-
-def _check(result, what: str):
-    from cuda.bindings import driver as cu
-
-    err, *rest = result if isinstance(result, tuple) else (result,)
-    if err != cu.CUresult.CUDA_SUCCESS:
-        raise RuntimeError(f"{what} failed: {err!r}")
-    return rest[0] if len(rest) == 1 else rest
+_FLOOR_C = r"""
+typedef int (*launch_fn)(void *, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, void *,
+                         void **, void **);
+typedef int (*launch_ex_fn)(const void *, void *, void **, void **);
+typedef struct { unsigned g[3], b[3], smem; void *stream; const void *attrs; unsigned nattrs; } Config;
+int loop(void *launch, void *launch_ex, void *fn, const unsigned *dims, unsigned smem, void *stream, void **params,
+         const void *attrs, unsigned nattrs, int n) {
+    int err = 0;
+    if (nattrs) {
+        Config c = {{dims[0], dims[1], dims[2]}, {dims[3], dims[4], dims[5]}, smem, stream, attrs, nattrs};
+        for (int i = 0; i < n && !err; i++) err = ((launch_ex_fn)launch_ex)(&c, fn, params, 0);
+    } else {
+        for (int i = 0; i < n && !err; i++)
+            err = ((launch_fn)launch)(fn, dims[0], dims[1], dims[2], dims[3], dims[4], dims[5], smem, stream,
+                                      params, 0);
+    }
+    return err;
+}
+"""
 
 
 def time_host_us(fn, calls: int, batch: int, warmup: int) -> list[float]:
-    """Per-call host µs of each batch (sum of launch-loop time only; syncs outside)."""
+    """Per-call host µs of each batch (the launch loop only; syncs outside)."""
     import torch
 
     for _ in range(warmup):
         fn()
-    torch.cuda.synchronize()
-    per_batch = []
-    clock = time.perf_counter_ns
+    per_batch, clock = [], time.perf_counter_ns
     for _ in range(max(1, calls // batch)):
         torch.cuda.synchronize()
         t0 = clock()
         for _ in range(batch):
             fn()
-        t1 = clock()
-        per_batch.append((t1 - t0) / batch / 1e3)
+        per_batch.append((clock() - t0) / batch / 1e3)
     torch.cuda.synchronize()
     return per_batch
 
 
-def launch_methods(rt):
-    """The timed callables, each built and called once first; one that fails is reported, not timed."""
+def floor_library(folder: str):
+    """The C floor loop, compiled now with the system C compiler (a benchmark tool, not in the wheel)."""
+    src, lib = os.path.join(folder, "floor.c"), os.path.join(folder, "floor.so")
+    with open(src, "w") as f:
+        f.write(_FLOOR_C)
+    subprocess.run([os.environ.get("CC", "cc"), "-O2", "-shared", "-fPIC", src, "-o", lib], check=True)
+    return ctypes.CDLL(lib)
+
+
+class Tensors:
+    def __init__(self):
+        import torch
+
+        self.x = torch.randn(1, 32, 64, device="cuda").to(torch.bfloat16)
+        self.out = torch.empty(1, 64, 32, device="cuda", dtype=torch.bfloat16)
+        self.a = torch.randn(16, 1024, device="cuda").to(torch.bfloat16)
+        self.b = torch.randn(1024, 1024, device="cuda").to(torch.bfloat16)
+        self.c = torch.empty(16, 1024, device="cuda", dtype=torch.bfloat16)
+        self.xf, self.yf, self.zf = (torch.randn(1024, device="cuda"), torch.empty(1024, device="cuda"),
+                                     torch.empty(1024, device="cuda"))
+        self.stream = torch.cuda.current_stream().cuda_stream
+
+
+def floors(rt, t: Tensors, lib) -> dict:
+    """Row callables of the driver floors (each runs one launch, or one batch for the C loop)."""
+    import torch
+    from cuda.bindings import driver as cu
+
+    from tilebin.runtime import _driver
+
+    out = {}
+    launch, launch_ex = _driver.entry_points()[:2]
+    for label, name, args in (("transpose", TRANSPOSE, (t.x, t.out)), ("gemm", GEMM, (t.a, t.b, t.c))):
+        rt.launch(name, *args)
+        torch.cuda.synchronize()
+        twin = rt.prepare(name, *args).launcher().twin()  # the bound Launcher's Python twin
+        ((fn, grid, block, smem, address),) = twin.packed(args)
+        spec = twin.layout.launches[0].spec
+        attrs = _driver.attribute_bytes(spec) if twin.layout.launches[0].special else b""
+        dims = (ctypes.c_uint * 6)(*grid, *block)
+        keep = ctypes.create_string_buffer(attrs, max(len(attrs), 1))
+        run = functools.partial(lib.loop, ctypes.c_void_p(launch), ctypes.c_void_p(launch_ex),
+                                ctypes.c_void_p(int(fn)), dims, ctypes.c_uint(smem), ctypes.c_void_p(t.stream),
+                                ctypes.c_void_p(address), keep, ctypes.c_uint(len(attrs) // 72))
+        out[f"floor C: {label}"] = (run, (dims, keep, twin))
+        if label == "transpose":
+            raw = functools.partial(cu.cuLaunchKernel, fn, *grid, *block, smem, t.stream, address, 0)
+            if raw()[0]:
+                raise RuntimeError(f"cuLaunchKernel failed: {raw()}")
+            out["floor cuda-py: transpose cuLaunchKernel"] = (raw, None)
+    return out
+
+
+def path_rows(rt, t: Tensors, path: str) -> dict:
+    """The runtime's rows for the current default registry (whose Launchers use ``path``)."""
     import torch
 
-    x = torch.randn(1, 32, 64, device="cuda").to(torch.bfloat16)
-    out = torch.empty(1, 64, 32, device="cuda", dtype=torch.bfloat16)
-    a = torch.randn(16, 1024, device="cuda").to(torch.bfloat16)
-    b = torch.randn(1024, 1024, device="cuda").to(torch.bfloat16)
-    c = torch.empty(16, 1024, device="cuda", dtype=torch.bfloat16)
-    xf, yf, zf = torch.randn(1024, device="cuda"), torch.empty(1024, device="cuda"), torch.empty(1024, device="cuda")
-    stream = torch.cuda.current_stream().cuda_stream
-    extra: dict = {"errors": {}}
-
-    def raw():
-        # The floor: cuda-python's cuLaunchKernel on the very function handle and prepacked
-        # void** buffer that runtime.launch built for these tensors (private attributes, read
-        # once here): same kernel, same bytes, no lookup, no validation, no pointer refresh.
-        rt.launch(TRANSPOSE, x, out)
-        torch.cuda.synchronize()
-        from cuda.bindings import driver as cu
-
-        entry = rt._registry.default_registry()._entries[TRANSPOSE]
-        (plan,) = [*entry.fast_plans.values(), *entry.plans.values()]
-        (ln,) = plan.launches
-        extra["raw_launches"] = [(ln.where, list(ln.grid), list(ln.block), ln.smem)]
-        fn = functools.partial(cu.cuLaunchKernel, *ln._head, stream, ln.address, 0)
-        _check(fn(), "cuLaunchKernel")
-        return fn
-
-    builders = {
-        "a_raw_cuLaunchKernel": raw,
-        "b_runtime_launch": lambda: functools.partial(rt.launch, TRANSPOSE, x, out),
-        "b2_runtime_launch_stream_int": lambda: functools.partial(rt.launch, TRANSPOSE, x, out, stream=stream),
-        "c_runtime_launch_gemm_tma": lambda: functools.partial(rt.launch, GEMM, a, b, c),
-        "f_runtime_prepared_call": lambda: rt.prepare(TRANSPOSE, x, out),
-        "e_runtime_launch_pdl_chain_2_launches": lambda: functools.partial(rt.launch, PDL_CHAIN, xf, yf, zf),
-        "d_torch_copy_": lambda: functools.partial(out.view(1, 32, 64).copy_, x),
-        "d_torch_add_out": lambda: functools.partial(torch.add, xf, 1, out=yf),
+    rows = {
+        f"{path}: launch transpose": functools.partial(rt.launch, TRANSPOSE, t.x, t.out),
+        f"{path}: launch transpose stream=": functools.partial(rt.launch, TRANSPOSE, t.x, t.out, stream=t.stream),
+        f"{path}: launch gemm (TMA)": functools.partial(rt.launch, GEMM, t.a, t.b, t.c),
+        f"{path}: prepared transpose": rt.prepare(TRANSPOSE, t.x, t.out),
+        f"{path}: prepared gemm (TMA)": rt.prepare(GEMM, t.a, t.b, t.c),
+        f"{path}: unchecked transpose": functools.partial(
+            rt.unchecked_launcher(TRANSPOSE, dtype="bfloat16"), t.x, t.out),
+        f"{path}: launch pdl chain (2 launches)": functools.partial(rt.launch, PDL_CHAIN, t.xf, t.yf, t.zf),
     }
-    methods = {}
-    for name, build in builders.items():
-        try:
-            fn = build()
-            fn()
-            torch.cuda.synchronize()
-            methods[name] = fn
-        except Exception as exc:  # reported in the JSON and the table
-            extra["errors"][name] = repr(exc)
-            print(f"[bench_launch] {name}: not timed: {exc!r}", file=sys.stderr)
-    if "b_runtime_launch" in methods:
-        out.fill_(float("nan"))
-        rt.launch(TRANSPOSE, x, out)
-        torch.cuda.synchronize()
-        if not torch.equal(out, x.transpose(1, 2)):
-            raise RuntimeError("runtime.launch transpose gave a wrong result; refusing to time it")
-    return methods, extra
+    for fn in rows.values():
+        fn()
+    torch.cuda.synchronize()
+    return rows
 
 
-def new_signature_us(rt, shapes: int = 300) -> float:
-    """Median host µs of a transpose call whose shape the runtime has not seen (plan built)."""
+def registries(rt) -> dict:
+    """{"c": registry with compiled Launchers (if the extension loads), "python": one with the twin}."""
+    from tilebin.runtime import _launcher, _registry, _settings
+
+    found = {}
+    hot = _launcher.hot_module()
+    for path, mod in (("c", hot), ("python", None)):
+        if path == "c" and mod is None:
+            continue
+        _launcher.use_hot_module(mod)
+        found[path] = _registry.Registry(_settings.artifacts_dir())
+    _launcher.use_hot_module(hot)
+    return found
+
+
+def measure(rt, args) -> tuple[dict, dict, dict]:
+    import torch
+    from tilebin.runtime import _registry
+
+    t = Tensors()
+    errors: dict = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        lib = floor_library(tmp)
+        regs = registries(rt)
+        _registry._DEFAULT[0] = regs.get("c") or regs["python"]
+        base = floors(rt, t, lib)
+        rows = {k: v for k, v in base.items()}
+        per_path = {}
+        for path, reg in regs.items():
+            _registry._DEFAULT[0] = reg
+            per_path[path] = path_rows(rt, t, path)
+        eager = {"torch eager: out.copy_(x)": functools.partial(t.out.view(1, 32, 64).copy_, t.x),
+                 "torch eager: torch.add(x, 1, out=y)": functools.partial(torch.add, t.xf, 1, out=t.yf)}
+        times: dict = {}
+        for _ in range(args.rounds):
+            for name, (fn, _keep) in rows.items():
+                if name.startswith("floor C"):
+                    samples = _floor_samples(fn, args)
+                else:
+                    samples = time_host_us(fn, args.calls, args.batch, args.warmup)
+                times.setdefault(name, []).append(summary(samples))
+            for path, prow in per_path.items():
+                _registry._DEFAULT[0] = regs[path]
+                for name, fn in prow.items():
+                    times.setdefault(name, []).append(summary(time_host_us(fn, args.calls, args.batch, args.warmup)))
+            for name, fn in eager.items():
+                times.setdefault(name, []).append(summary(time_host_us(fn, args.calls, args.batch, args.warmup)))
+        _registry._DEFAULT[0] = regs.get("c") or regs["python"]
+        check_outputs(rt, t, errors)
+    med = {n: statistics.median(r["median"] for r in rs) for n, rs in times.items()}
+    return med, times, errors
+
+
+def _floor_samples(run, args) -> list[float]:
     import torch
 
-    pairs = [(torch.empty(1, 8 + i, 64, device="cuda", dtype=torch.bfloat16),
-              torch.empty(1, 64, 8 + i, device="cuda", dtype=torch.bfloat16)) for i in range(shapes)]
-    rt.launch(TRANSPOSE, *pairs[0])  # module loaded, driver warm
+    if run(args.warmup):
+        raise RuntimeError("the C floor's launch failed")
+    samples = []
+    for _ in range(max(1, args.calls // args.batch)):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter_ns()
+        err = run(args.batch)
+        samples.append((time.perf_counter_ns() - t0) / args.batch / 1e3)
+        if err:
+            raise RuntimeError(f"the C floor's launch failed: CUresult {err}")
     torch.cuda.synchronize()
-    samples, clock = [], time.perf_counter_ns
-    for x, out in pairs[1:]:
-        t0 = clock()
-        rt.launch(TRANSPOSE, x, out)
-        samples.append((clock() - t0) / 1e3)
+    return samples
+
+
+def check_outputs(rt, t: Tensors, errors: dict) -> None:
+    import torch
+
+    t.out.fill_(float("nan"))
+    rt.launch(TRANSPOSE, t.x, t.out)
     torch.cuda.synchronize()
-    return statistics.median(samples)
+    if not torch.equal(t.out, t.x.transpose(1, 2)):
+        errors["transpose"] = "runtime.launch transpose gave a wrong result"
 
 
 _FIRST = textwrap.dedent("""
     import json, sys, time, torch
     x = torch.randn(1, 32, 64, device="cuda").to(torch.bfloat16)
     out = torch.empty(1, 64, 32, device="cuda", dtype=torch.bfloat16)
-    a = torch.randn(16, 1024, device="cuda").to(torch.bfloat16)
-    b = torch.randn(1024, 1024, device="cuda").to(torch.bfloat16)
-    c = torch.empty(16, 1024, device="cuda", dtype=torch.bfloat16)
+    x4 = torch.randn(4, 7168, device="cuda", dtype=torch.bfloat16)
     torch.cuda.synchronize()
-    had_bindings = "cuda.bindings.driver" in sys.modules
     t0 = time.perf_counter_ns()
     from tilebin import runtime
     t1 = time.perf_counter_ns()
     runtime.launch("transpose.batched_transpose", x, out)
     torch.cuda.synchronize()
     t2 = time.perf_counter_ns()
-    runtime.launch("gemm.gemm_nt", a, b, c)
+    from tilebin.ops import quant
+    quant.per_token_cast(x4, "e4m3", 128)
     torch.cuda.synchronize()
     t3 = time.perf_counter_ns()
-    runtime.launch("transpose.batched_transpose", x, out)
-    torch.cuda.synchronize()
-    t4 = time.perf_counter_ns()
-    ok = bool(torch.equal(out, x.transpose(1, 2)))
     print("RESULT " + json.dumps({"import_ms": (t1 - t0) / 1e6, "first_launch_ms": (t2 - t1) / 1e6,
-          "import_plus_first_ms": (t2 - t0) / 1e6, "first_gemm_launch_ms": (t3 - t2) / 1e6,
-          "second_transpose_launch_ms": (t4 - t3) / 1e6, "correct": ok,
-          "cuda_bindings_preloaded_by_torch": had_bindings}))
+          "import_plus_first_ms": (t2 - t0) / 1e6, "import_ops_quant_plus_first_op_ms": (t3 - t2) / 1e6,
+          "hot_path": runtime.hot_path(), "correct": bool(torch.equal(out, x.transpose(1, 2)))}))
+""")
+_FIRST_OP = textwrap.dedent("""
+    import json, time, torch
+    x4 = torch.randn(4, 7168, device="cuda", dtype=torch.bfloat16)
+    torch.cuda.synchronize()
+    t0 = time.perf_counter_ns()
+    from tilebin.ops import quant
+    quant.per_token_cast(x4, "e4m3", 128)
+    torch.cuda.synchronize()
+    print("RESULT " + json.dumps({"cold_import_ops_quant_plus_first_op_ms": (time.perf_counter_ns() - t0) / 1e6}))
 """)
 
 
@@ -179,16 +268,62 @@ def first_launch(runs: int) -> dict:
     samples, errors = [], []
     with tempfile.TemporaryDirectory() as cwd:  # outside the checkout
         for _ in range(runs):
-            p = subprocess.run([sys.executable, "-c", _FIRST], cwd=cwd, capture_output=True, text=True,
-                               timeout=300, env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"})
-            line = next((ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")), None)
-            if p.returncode or line is None:
-                errors.append(f"rc={p.returncode} stdout={p.stdout[-800:]!r} stderr={p.stderr[-2000:]!r}")
-                continue
-            samples.append(json.loads(line[7:]))
+            sample = {}
+            for code in (_FIRST, _FIRST_OP):
+                p = subprocess.run([sys.executable, "-c", code], cwd=cwd, capture_output=True, text=True,
+                                   timeout=300, env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"})
+                line = next((ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")), None)
+                if p.returncode or line is None:
+                    errors.append(f"rc={p.returncode} stdout={p.stdout[-800:]!r} stderr={p.stderr[-2000:]!r}")
+                    continue
+                sample.update(json.loads(line[7:]))
+            samples.append(sample)
     keys = [k for k in (samples[0] if samples else {}) if k.endswith("_ms")]
-    med = {k: statistics.median(s[k] for s in samples) for k in keys}
+    med = {k: statistics.median(s[k] for s in samples if k in s) for k in keys}
     return {"median": med, "samples": samples, "errors": errors}
+
+
+def ratios(med: dict) -> list[list]:
+    nan = float("nan")
+    raw, floor_t, floor_g = (med.get("floor cuda-py: transpose cuLaunchKernel", nan),
+                             med.get("floor C: transpose", nan), med.get("floor C: gemm", nan))
+    rows = []
+    for path in ("c", "python"):
+        launch, prep = med.get(f"{path}: launch transpose", nan), med.get(f"{path}: prepared transpose", nan)
+        tma = med.get(f"{path}: launch gemm (TMA)", nan) - launch - (floor_g - floor_t)
+        ptma = med.get(f"{path}: prepared gemm (TMA)", nan) - prep - (floor_g - floor_t)
+        rows += [
+            [f"{path}: launch / floor cuda-py", f"{launch / raw:.2f}", "<= 1.2", _verdict(launch / raw <= 1.2)],
+            [f"{path}: prepared / floor cuda-py", f"{prep / raw:.2f}", "<= 1.05", _verdict(prep / raw <= 1.05)],
+            [f"{path}: launch / floor C", f"{launch / floor_t:.2f}", "", ""],
+            [f"{path}: prepared / floor C", f"{prep / floor_t:.2f}", "", ""],
+            [f"{path}: unchecked / floor C", f"{med.get(f'{path}: unchecked transpose', nan) / floor_t:.2f}", "", ""],
+            [f"{path}: TMA extra, launch (gemm - transpose - floor C diff)", f"{tma:.2f} µs", "<= 0.5 µs",
+             _verdict(tma <= 0.5)],
+            [f"{path}: TMA extra, prepared", f"{ptma:.2f} µs", "<= 0.5 µs", _verdict(ptma <= 0.5)],
+        ]
+    return rows
+
+
+def _verdict(ok: bool) -> str:
+    return "yes" if ok else "**NO**"
+
+
+def render(r: dict) -> str:
+    rows = [[n, f"{us:.2f}", " / ".join(f"{x['median']:.2f}" for x in r["host_us_rounds"][n])]
+            for n, us in r["host_us"].items()]
+    fl = r["first_launch"]["median"]
+    first = [[k, f"{v:.1f} ms"] for k, v in fl.items()]
+    lines = ["### Launch overhead (host µs per call)", "", env_markdown(r["env"]), "",
+             f"hot path of this process: {r['hot_path']} ({r['hot_module']})", "",
+             markdown_table(["call", "µs (median)", "per round"], rows), "",
+             markdown_table(["metric", "value", "target", "met"], r["ratios"]), "",
+             markdown_table(["cold process (torch imported first)", "median"], first)]
+    if r.get("errors"):
+        lines += ["", f"errors: {r['errors']}"]
+    if r["first_launch"]["errors"]:
+        lines += ["", f"first-launch subprocess errors: {r['first_launch']['errors']}"]
+    return "\n".join(lines)
 
 
 def main() -> int:
@@ -203,57 +338,16 @@ def main() -> int:
     args = ap.parse_args()
 
     from tilebin import runtime as rt
+    from tilebin.runtime import _launcher
 
     facts = env_facts()
-    methods, extra = launch_methods(rt)
-    per_round = {name: [] for name in methods}
-    for _ in range(args.rounds):
-        for name, fn in methods.items():
-            per_round[name].append(summary(time_host_us(fn, args.calls, args.batch, args.warmup)))
-    med = {n: statistics.median(r["median"] for r in rs) for n, rs in per_round.items()}
-    nan = float("nan")
-    first = first_launch(args.first_launch_runs)
-    extra["new_signature_us"] = new_signature_us(rt)
-    result = {"env": facts, "host_us": med, "host_us_rounds": per_round, "first_launch": first, **extra,
-              "ratio_b_over_a": med.get("b_runtime_launch", nan) / med.get("a_raw_cuLaunchKernel", nan),
-              "c_minus_b_us": med.get("c_runtime_launch_gemm_tma", nan) - med.get("b_runtime_launch", nan),
-              "ratio_f_over_a": med.get("f_runtime_prepared_call", nan) / med.get("a_raw_cuLaunchKernel", nan),
-              "params": vars(args)}
-    md = render(result)
-    write_reports(result, md, args.json, args.md)
-    return 0 if not extra["errors"] and not first["errors"] else 1
-
-
-def _verdict(ok: bool) -> str:
-    return "yes" if ok else "**NO**"
-
-
-def render(r: dict) -> str:
-    rows = [[n, f"{us:.2f}", " / ".join(f"{x['median']:.2f}" for x in r["host_us_rounds"][n])]
-            for n, us in r["host_us"].items()]
-    ratio, diff = r["ratio_b_over_a"], r["c_minus_b_us"]
-    fl = r["first_launch"]["median"]
-    imp = fl.get("import_ms", float("nan"))
-    first = fl.get("first_launch_ms", float("nan"))
-    lines = ["### Launch overhead (host µs per call)", "", env_markdown(r["env"]), "",
-             markdown_table(["call", "µs (median)", "per round"], rows), "",
-             markdown_table(["metric", "value", "target", "met"], [
-                 ["b / a (runtime vs raw cuLaunchKernel)", f"{ratio:.2f}", "<= 1.2", _verdict(ratio <= 1.2)],
-                 ["c - b (TMA gemm vs transpose)", f"{diff:.2f} µs", "<= 1 µs", _verdict(diff <= 1.0)],
-                 ["f / a (runtime.prepare'd call vs raw)", f"{r.get('ratio_f_over_a', float('nan')):.2f}", "", ""],
-                 ["import tilebin.runtime (torch loaded)", f"{imp:.1f} ms", "", ""],
-                 ["first launch incl. module load + sync", f"{first:.1f} ms", "", ""],
-                 ["import + first launch", f"{imp + first:.1f} ms", "<= 100 ms", _verdict(imp + first <= 100)],
-                 ["call with a new shape (validation + plan build)", f"{r.get('new_signature_us', float('nan')):.1f} µs",
-                  "", ""],
-                 ["first gemm launch (after transpose)", f"{fl.get('first_gemm_launch_ms', float('nan')):.1f} ms",
-                  "", ""],
-             ])]
-    if r.get("errors"):
-        lines += ["", f"not timed: {r['errors']}"]
-    if r["first_launch"]["errors"]:
-        lines += ["", f"first-launch subprocess errors: {r['first_launch']['errors']}"]
-    return "\n".join(lines)
+    med, rounds, errors = measure(rt, args)
+    hot = _launcher.hot_module()
+    result = {"env": facts, "host_us": med, "host_us_rounds": rounds, "errors": errors,
+              "hot_path": rt.hot_path(), "hot_module": getattr(hot, "__file__", None),
+              "first_launch": first_launch(args.first_launch_runs), "ratios": ratios(med), "params": vars(args)}
+    write_reports(result, render(result), args.json, args.md)
+    return 0 if not errors and not result["first_launch"]["errors"] else 1
 
 
 if __name__ == "__main__":

@@ -75,8 +75,9 @@ def _raw_launch(runtime, x, out):
     torch.cuda.synchronize()
     entry = runtime._registry.default_registry()._entries["transpose.batched_transpose"]
     plan = [*entry.fast_plans.values(), *entry.plans.values()][-1]
-    (ln,) = plan.launches
-    return functools.partial(cu.cuLaunchKernel, *ln._head, torch.cuda.current_stream().cuda_stream, ln.address, 0)
+    ((fn, grid, block, smem, address),) = plan.twin().packed((x, out))  # the Python twin's own buffer
+    return functools.partial(cu.cuLaunchKernel, fn, *grid, *block, smem, torch.cuda.current_stream().cuda_stream,
+                             address, 0)
 
 
 def profile(label: str, fn, n: int = 3000) -> str:

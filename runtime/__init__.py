@@ -19,13 +19,14 @@ from typing import Any
 
 from ._errors import ArgumentError, ArtifactError, DeviceError, NoVariantError, TilebinError
 from ._manifest import SCHEMA_VERSION, KernelSpec
-from ._direct import UncheckedLauncher
-from ._launch import PreparedCall
+from ._launcher import Launcher, PreparedCall, hot_module
 from ._registry import _DEFAULT, Registry, default_registry
 
+UncheckedLauncher = Launcher  # the name the op layer's annotations use
+
 __all__ = [
-    "launch", "prepare", "unchecked_launcher", "kernel_names", "spec", "Registry", "PreparedCall",
-    "UncheckedLauncher", "KernelSpec",
+    "launch", "prepare", "unchecked_launcher", "kernel_names", "spec", "hot_path", "Registry", "PreparedCall",
+    "Launcher", "UncheckedLauncher", "KernelSpec",
     "TilebinError", "NoVariantError", "ArgumentError", "ArtifactError", "DeviceError", "SCHEMA_VERSION",
 ]
 
@@ -52,15 +53,21 @@ def prepare(name: str, *args: Any, **kwargs: Any) -> PreparedCall:
     return default_registry().prepare(name, *args, **kwargs)
 
 
-def unchecked_launcher(name: str, **key: Any) -> UncheckedLauncher:
+def unchecked_launcher(name: str, **key: Any) -> Launcher:
     """A launcher of one variant (key given in full) that skips all argument validation.
 
     For op layers (``tilebin.ops``) that validate their own arguments and allocate their own
-    outputs: a call reads sizes, strides and pointers and launches, whatever the shape, with
-    no per-shape plan.  A wrong call reads or writes out of bounds.  See
+    outputs: ``launcher(*args)`` reads sizes, strides and pointers and launches, whatever the
+    shape, with no per-shape plan.  A wrong call reads or writes out of bounds.  See
     :meth:`Registry.unchecked_launcher`.
     """
     return default_registry().unchecked_launcher(name, **key)
+
+
+def hot_path() -> str:
+    """``"c"`` when Launchers use the compiled hot path (``tilebin.runtime._hot``), ``"python"`` when
+    they use the pure-Python twin (the extension did not load, or ``TILEBIN_HOT_PATH=python``)."""
+    return "python" if hot_module() is None else "c"
 
 
 def kernel_names() -> list[str]:

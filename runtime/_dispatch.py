@@ -13,7 +13,7 @@ from typing import Any
 
 from ._errors import ArgumentError, NoVariantError
 from ._manifest import KernelSpec, VariantSpec
-from ._tensors import TensorInfo, key_value
+from ._tensors import TensorInfo, key_text, key_value
 
 _MAX_LISTED = 8
 
@@ -23,6 +23,16 @@ def unknown_kernel(name: str, known: Iterable[str]) -> NoVariantError:
     close = difflib.get_close_matches(name, known, n=5, cutoff=0.5)
     hint = f"did you mean {', '.join(map(repr, close))}?" if close else f"known kernels: {', '.join(known) or 'none'}"
     return NoVariantError(f"unknown kernel {name!r}; {hint} (runtime.kernel_names() lists all {len(known)})")
+
+
+def find_variant(spec: KernelSpec, key: dict[str, Any]) -> VariantSpec:
+    """The variant whose key is exactly ``key``; :class:`NoVariantError` listing the keys otherwise."""
+    for v in spec.variants:
+        if dict(v.key) == key:
+            return v
+    shown = "; ".join(key_text(v.key) for v in spec.variants[:12])
+    more = f" (+{len(spec.variants) - 12} more)" if len(spec.variants) > 12 else ""
+    raise NoVariantError(f"kernel {spec.name!r}: no prebuilt variant has key {key}; available: {shown}{more}")
 
 
 def key_names(spec: KernelSpec) -> list[str]:
@@ -148,7 +158,7 @@ def select(spec: KernelSpec, infos: Mapping[str, TensorInfo], key_items: tuple) 
     scored.sort(key=lambda s: (s[0], s[1]))
     asked = ", ".join(f"{n}: {t.dtype}{list(t.shape)}" for n, t in infos.items())
     kw = ", ".join(f"{k}={v!r}" for k, v in key_items)
-    lines = [f"  {_key_text(v)} -- needs {'; '.join(why)}" for _, _, v, why in scored[:_MAX_LISTED]]
+    lines = [f"  {key_text(v.key)} -- needs {'; '.join(why)}" for _, _, v, why in scored[:_MAX_LISTED]]
     if len(scored) > _MAX_LISTED:
         lines.append(f"  ... and {len(scored) - _MAX_LISTED} more (runtime.spec({spec.name!r}).variants)")
     raise NoVariantError(
@@ -158,7 +168,3 @@ def select(spec: KernelSpec, infos: Mapping[str, TensorInfo], key_items: tuple) 
         + "\nAvailable variants, nearest first:\n" + "\n".join(lines)
         + "\nPass arguments matching one of them, or add the variant to the kernel's grid and rebuild."
     )
-
-
-def _key_text(variant: VariantSpec) -> str:
-    return "{" + ", ".join(f"{k}={v!r}" for k, v in variant.key.items()) + "}"

@@ -10,6 +10,7 @@ thread has made current is remembered in a thread-local.
 from __future__ import annotations
 
 import re
+import struct
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -241,6 +242,29 @@ def forget_current() -> None:
     THREAD.dev = None
 
 
+_ENTRY_POINTS = (b"cuLaunchKernel", b"cuLaunchKernelEx", b"cuCtxGetCurrent", b"cuCtxSetCurrent")
+
+
+def entry_points() -> tuple[int, ...]:
+    """Addresses of the driver's ``cuLaunchKernel``, ``cuLaunchKernelEx``, ``cuCtxGetCurrent`` and
+    ``cuCtxSetCurrent`` (``cuGetProcAddress``, CUDA 12.0 ABI), for the compiled hot path; cached.
+
+    Raises :class:`DeviceError` when the driver cannot resolve one.
+    """
+    found = _STATE.get("entry_points")
+    if found is None:
+        mod = driver()
+        flags = mod.CUdriverProcAddress_flags.CU_GET_PROC_ADDRESS_DEFAULT
+        found = []
+        for name in _ENTRY_POINTS:
+            pfn, _status = check(mod.cuGetProcAddress(name, 12000, flags), f"cuGetProcAddress({name.decode()})")
+            if not int(pfn):
+                raise DeviceError(f"cuGetProcAddress({name.decode()}) found nothing; upgrade the NVIDIA driver")
+            found.append(int(pfn))
+        found = _STATE["entry_points"] = tuple(found)
+    return found
+
+
 def pointer_device(ptr: int) -> int:
     """The device ordinal a CUDA pointer lives on (slow; for objects without ``__dlpack_device__``)."""
     mod = driver()
@@ -263,3 +287,47 @@ def relaxed_capture() -> Iterator[None]:
         yield
     finally:
         check(mod.cuThreadExchangeStreamCaptureMode(old), "cuThreadExchangeStreamCaptureMode (restore)")
+
+
+def ex_config(spec: Any, grid: tuple, block: tuple, smem: int, stream: int = 0) -> Any:
+    """A cuda-python ``CUlaunchConfig`` with the launch's cooperative / PDL / cluster attributes."""
+    mod = driver()
+    cfg = mod.CUlaunchConfig()
+    cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ = grid
+    cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = block
+    cfg.sharedMemBytes, cfg.hStream = smem, stream
+    attrs = []
+    for ident, value in launch_attributes(spec):
+        a = mod.CUlaunchAttribute()
+        a.id = ident
+        if ident == mod.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION:
+            a.value.clusterDim.x, a.value.clusterDim.y, a.value.clusterDim.z = value
+        elif ident == mod.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_COOPERATIVE:
+            a.value.cooperative = value
+        else:
+            a.value.programmaticStreamSerializationAllowed = value
+        attrs.append(a)
+    cfg.attrs, cfg.numAttrs = attrs, len(attrs)
+    return cfg
+
+
+def launch_attributes(spec: Any) -> list[tuple[Any, Any]]:
+    """``(CUlaunchAttributeID, value)`` of a launch: cooperative, PDL, cluster dims -- in that order."""
+    ids = driver().CUlaunchAttributeID
+    out: list[tuple[Any, Any]] = []
+    if spec.cooperative:
+        out.append((ids.CU_LAUNCH_ATTRIBUTE_COOPERATIVE, 1))
+    if spec.pdl:
+        out.append((ids.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION, 1))
+    if tuple(spec.cluster) != (1, 1, 1):
+        out.append((ids.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION, tuple(spec.cluster)))
+    return out
+
+
+def attribute_bytes(spec: Any) -> bytes:
+    """The same attributes as C ``CUlaunchAttribute`` structs (4-byte id, 4 pad, 64-byte value)."""
+    out = b""
+    for ident, value in launch_attributes(spec):
+        raw = struct.pack("<III", *value) if isinstance(value, tuple) else struct.pack("<i", value)
+        out += struct.pack("<I4x", int(ident)) + raw.ljust(64, b"\0")
+    return out

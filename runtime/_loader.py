@@ -16,13 +16,9 @@ from typing import Any
 
 from . import _driver
 from ._errors import ArtifactError, DeviceError
+from ._tensors import key_text
 
 _DEFAULT_SMEM = 48 * 1024  # what a kernel may use without opting in
-
-
-def variant_text(variant: Any) -> str:
-    """A variant's key as ``{dtype='bfloat16', block_m=64}``."""
-    return "{" + ", ".join(f"{k}={v!r}" for k, v in variant.key.items()) + "}"
 
 
 def verify_cubin(data: bytes, expected: str, *, kernel: str, key: str, path: str) -> None:
@@ -77,7 +73,7 @@ class Loader:
         The caller has made ``dev``'s context current.  Raises :class:`ArtifactError` (missing or
         corrupt cubin) or :class:`DeviceError` (driver failure, or ``smem`` above the device limit).
         """
-        where = f"kernel {kernel!r} variant {variant_text(variant)}"
+        where = f"kernel {kernel!r} variant {key_text(variant.key)}"
         with self._lock:
             mod = self._modules.get((variant.sha256, dev.ordinal))
             if mod is None:
@@ -102,7 +98,7 @@ class Loader:
 
     def _load(self, kernel: str, variant: Any, dev: _driver.DeviceInfo, where: str) -> _Module:
         data = self._read(variant, where)
-        verify_cubin(data, variant.sha256, kernel=kernel, key=variant_text(variant), path=variant.cubin)
+        verify_cubin(data, variant.sha256, kernel=kernel, key=key_text(variant.key), path=variant.cubin)
         mod = _driver.driver()
         handle = _driver.check(mod.cuModuleLoadData(data), "cuModuleLoadData", f"{where} on {dev.describe()}")
         return _Module(handle, data)

@@ -11,25 +11,18 @@ parameter, what was received, what is required and the fix.  Pure Python.
 from __future__ import annotations
 
 import math
-import numbers
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from ._errors import ArgumentError
 from ._expr import Expr, evaluate, symbols_of
+from ._launcher import GRID_MAX
 from ._manifest import KernelSpec, LaunchSpec, TensorSpec, VariantSpec
-from ._tensors import TensorInfo
+from ._scalars import SCALAR_DTYPES, convert_scalar
+from ._tensors import TensorInfo, key_text
+from ._tma import BoundTma
 
-# scalar dtype -> (kind, min, max); kind: "i" integer, "f" floating, "b" bool
-SCALAR_DTYPES: dict[str, tuple[str, int, int]] = {
-    **{f"int{b}": ("i", -(1 << (b - 1)), (1 << (b - 1)) - 1) for b in (8, 16, 32, 64)},
-    **{f"uint{b}": ("i", 0, (1 << b) - 1) for b in (8, 16, 32, 64)},
-    **{f: ("f", 0, 0) for f in ("float16", "bfloat16", "float32", "float64")},
-    "bool": ("b", 0, 1),
-}
-_FLOAT_MAX = {"float16": 65504.0, "bfloat16": 3.3895313892515355e38, "float32": 3.4028234663852886e38}
-_GRID_MAX = ((1 << 31) - 1, 65535, 65535)
 _BLOCK_MAX = (1024, 1024, 64)
 
 
@@ -38,35 +31,6 @@ def _eval(tree: Expr, env: Mapping[str, Any], kernel: str, what: str) -> Any:
         return evaluate(tree, env)
     except ZeroDivisionError:
         raise ArgumentError(f"{kernel}: {what} {tree!r} divides by zero with {dict(env)}; check the sizes") from None
-
-
-def convert_scalar(value: Any, dtype: str, what: str) -> Any:
-    """Check a scalar against a C type and return it as a Python int/float/bool.
-
-    Accepts Python (and numpy) numbers only, never tensors (reading one would synchronise).
-    """
-    kind, lo, hi = SCALAR_DTYPES.get(dtype, ("?", 0, 0))
-    if kind == "i" and value.__class__ is int and lo <= value <= hi:
-        return value  # the common case, without the ABC checks below
-    if kind == "?":
-        raise ArgumentError(f"{what}: unsupported scalar dtype {dtype!r} in the manifest; rebuild the artifacts")
-    if isinstance(value, numbers.Number):
-        if kind == "f" and isinstance(value, numbers.Real):
-            v = float(value)
-            if abs(v) <= _FLOAT_MAX.get(dtype, math.inf) or v != v or abs(v) == math.inf:
-                return v
-            raise ArgumentError(f"{what} = {v!r} does not fit {dtype} (max {_FLOAT_MAX[dtype]:g}); scale it down")
-        if kind == "b" and isinstance(value, numbers.Integral) and value in (0, 1):
-            return bool(value)
-        if kind == "i" and isinstance(value, numbers.Integral):
-            v = int(value)
-            if lo <= v <= hi:
-                return v
-            raise ArgumentError(
-                f"{what} = {v} does not fit {dtype} [{lo}, {hi}]; split the input or use smaller values"
-            )
-    want = {"f": "float", "b": "bool", "i": "int"}[kind]
-    raise ArgumentError(f"{what}: expected a Python {want} (packed as {dtype}), got {value!r} ({type(value).__name__})")
 
 
 def direct_scalars(spec: KernelSpec) -> frozenset[str]:
@@ -115,23 +79,6 @@ class BoundLaunch:
     grid: tuple[int, int, int]
     block: tuple[int, int, int]
     args: tuple[tuple, ...]
-
-
-@dataclass(frozen=True)
-class BoundTma:
-    """Geometry of one TMA descriptor; only the global address changes between calls."""
-
-    tensor_index: int
-    dtype: int
-    rank: int
-    dims: tuple[int, ...]
-    strides: tuple[int, ...]
-    box: tuple[int, ...]
-    elem_strides: tuple[int, ...]
-    interleave: int
-    swizzle: int
-    l2_promotion: int
-    oob_fill: int
 
 
 class PointerGuard:
@@ -185,8 +132,7 @@ class Binding:
     env: Mapping[str, Any]
 
     def where(self) -> str:
-        key = ", ".join(f"{k}={v!r}" for k, v in self.variant.key.items())
-        return f"kernel {self.kernel!r} variant {{{key}}}"
+        return f"kernel {self.kernel!r} variant {key_text(self.variant.key)}"
 
 
 def bind_call(spec: KernelSpec, index: int, variant: VariantSpec, values: list, infos: Mapping[str, TensorInfo],
@@ -299,7 +245,7 @@ def _is_row_major(strides: tuple, shape: tuple) -> bool:
 
 def _dims(kernel: str, entry: str, what: str, exprs: tuple, env: Mapping) -> tuple[int, int, int]:
     dims = tuple(_eval(e, env, kernel, f"{entry} {what}") for e in exprs)
-    limit = _GRID_MAX if what == "grid" else _BLOCK_MAX
+    limit = GRID_MAX if what == "grid" else _BLOCK_MAX
     for d, e, top in zip(dims, exprs, limit):
         if not isinstance(d, int) or not 0 <= d <= top:
             raise ArgumentError(

@@ -7,7 +7,8 @@
 2. on a miss: bind arguments, describe tensors, check devices, dtypes and ranks, pick the
    variant, validate everything (:mod:`._plan`) -- all before any GPU work -- then check the
    device, load the cubin and prepare the launch (:mod:`._launch`), and cache the plan;
-3. the plan runs: pointers read and checked, buffers patched, ``cuLaunchKernel``.
+3. the plan -- a bound :class:`~._launcher.Launcher` -- runs: pointers read and checked when
+   they changed, pass-through scalars packed, ``cuLaunchKernel``.
 
 Thread-safe: plan caches are read without locks (dict reads are atomic) and written under a
 per-kernel lock; the default registry is created once under a lock.
@@ -15,6 +16,7 @@ per-kernel lock; the default registry is created once under a lock.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import os
 import threading
@@ -23,12 +25,12 @@ from pathlib import Path
 from typing import Any
 
 from . import _driver, _settings
-from ._direct import UncheckedLauncher, find_variant
-from ._dispatch import bind, check_ranks, key_names, select, unknown_kernel
+from ._dispatch import bind, check_ranks, find_variant, key_names, select, unknown_kernel
 from ._errors import ArgumentError, ArtifactError
-from ._launch import Plan, PreparedCall, PreparedLaunch
+from ._launcher import Bound, Launcher, PreparedCall, hot_module, make_launcher
+from ._layout import bound_layout, unchecked_layout
 from ._loader import Loader
-from ._manifest import KernelSpec, Manifest, parse_manifest
+from ._manifest import KernelSpec, LaunchSpec, Manifest, VariantSpec, parse_manifest
 from ._plan import Binding, bind_call, check_devices, direct_scalars
 from ._signature import PLAIN_SCALARS, fast_signature
 from ._tensors import TORCH_TENSOR, cai_signature, data_ptr, describe, is_tensor, key_value, torch_tensor_type
@@ -44,15 +46,13 @@ class _EmptyPlan:
         self.binding = binding
 
     def run(self, values: Any, stream: Any = None) -> None:
-        self.pointers(values)
+        self.check_values(values)
 
-    def pointers(self, values: Any) -> tuple:
-        ptrs = tuple(data_ptr(values[i]) for i in self.binding.tensor_positions)
-        self.binding.guard.check(ptrs)
-        return ptrs
+    def check_values(self, values: Any) -> None:
+        self.binding.guard.check(tuple(data_ptr(values[i]) for i in self.binding.tensor_positions))
 
-    def run_checked(self, values: Any, ptrs: tuple, stream: Any = None) -> None:
-        """Nothing to launch."""
+    def twin(self) -> "_EmptyPlan":
+        return self
 
 
 class KernelEntry:
@@ -72,6 +72,10 @@ class KernelEntry:
         self.fast_plans: dict[tuple, Any] = {}  # keys of _signature.fast_signature
         self._fast_sig = fast_signature(self.nparams, self.tensor_pos, self.keyed_pos, self.direct_pos)
         self._lock = threading.Lock()
+        hot = hot_module()
+        if hot is not None:  # the plan-cache hit in C (csrc/_hot_dispatch.h); anything else comes back here
+            self.launch = hot.Dispatch(self.fast_plans, self.nparams, self.tensor_pos, self.keyed_pos,  # type: ignore
+                                       self.direct_pos, TORCH_TENSOR, functools.partial(KernelEntry.launch, self))
 
     def launch(self, args: tuple, kwargs: dict, stream: Any) -> None:
         """Validate (once per signature) and launch; see :meth:`Registry.launch`.
@@ -176,7 +180,7 @@ class Registry:
         self._loader = Loader(root)
         self._entries: dict[str, KernelEntry] = {}  # created at a kernel's first use (its spec is parsed then)
         self._entries_lock = threading.Lock()
-        self._unchecked: dict[tuple, UncheckedLauncher] = {}
+        self._unchecked: dict[tuple, Any] = {}
         self._unchecked_lock = threading.Lock()
 
     def kernel_names(self) -> list[str]:
@@ -227,41 +231,53 @@ class Registry:
         plan, values = self._entry(name).plan_for(args, kwargs)
         return PreparedCall(plan, tuple(values))
 
-    def unchecked_launcher(self, name: str, **key: Any) -> UncheckedLauncher:
-        """The :class:`UncheckedLauncher` of the variant of ``name`` whose key is exactly ``key`` (cached).
+    def unchecked_launcher(self, name: str, **key: Any) -> Launcher:
+        """The unchecked :class:`~._launcher.Launcher` of the variant of ``name`` whose key is exactly
+        ``key`` (cached; the compiled one when available).
 
-        For op layers that validate their own arguments: calls skip every shape, dtype, stride
-        and pointer check (see :mod:`._direct` for the contract).  :class:`NoVariantError` when
-        no variant has that key, or it needs TMA descriptors.
+        For op layers that validate their own arguments: ``launcher(*args)`` skips every shape,
+        dtype, stride and pointer check (see :class:`~._launcher.Launcher` for the contract).
+        :class:`NoVariantError` when no variant has that key, or it needs TMA descriptors.
         """
         cache_key = (name, tuple(sorted(key.items())))
         launcher = self._unchecked.get(cache_key)
         if launcher is None:
             spec = self._entry(name).spec
-            launcher = UncheckedLauncher(self, spec, find_variant(spec, {k: key_value(v) for k, v in key.items()}))
+            variant = find_variant(spec, {k: key_value(v) for k, v in key.items()})
+            layout = unchecked_layout(spec, variant)
+            load = functools.partial(self._functions, spec.name, variant, variant.launches)
+            launcher = make_launcher(layout, load)
             with self._unchecked_lock:
                 launcher = self._unchecked.setdefault(cache_key, launcher)
         return launcher
 
-    def _make_plan(self, binding: Binding, torch_positions: frozenset[int]) -> Any:
-        """Check the device, load functions, and build the plan (first GPU work of a signature)."""
-        if not binding.launches:
-            return _EmptyPlan(binding)
+    def _functions(self, kernel: str, variant: VariantSpec, launches: tuple[LaunchSpec, ...],
+                   ordinal: int) -> tuple[_driver.DeviceInfo, list]:
+        """Check device ``ordinal`` and load ``launches``' functions on it (the first GPU work of a Launcher).
+
+        Loads with this thread in relaxed capture mode: a first launch may happen inside a CUDA-graph capture.
+        """
         build = self.manifest.build
-        dev = _driver.device(binding.device, build.arch, build.min_driver_cuda)
-        where = f"{binding.where()} on {dev.describe()}"
+        dev = _driver.device(ordinal, build.arch, build.min_driver_cuda)
         restore = _driver.enter(dev)
         try:
-            with _driver.relaxed_capture():  # a first launch may happen inside a CUDA-graph capture
-                launches = [
-                    PreparedLaunch(bl, self._loader.function(binding.kernel, binding.variant, bl.spec.entry,
-                                                             bl.spec.smem, dev), binding, where)
-                    for bl in binding.launches
-                ]
+            with _driver.relaxed_capture():
+                handles = [self._loader.function(kernel, variant, ln.entry, ln.smem, dev).handle for ln in launches]
         finally:
             if restore is not None:
                 _driver.leave(restore)
-        return Plan(binding, launches, dev, torch_positions)
+        return dev, handles
+
+    def _make_plan(self, binding: Binding, torch_positions: frozenset[int]) -> Any:
+        """Check the device, load functions, and build the bound Launcher (first GPU work of a signature)."""
+        if not binding.launches:
+            return _EmptyPlan(binding)
+        spec = self.manifest.kernels[binding.kernel]
+        launches = tuple(bl.spec for bl in binding.launches)
+        load = functools.partial(self._functions, binding.kernel, binding.variant, launches)
+        dev, handles = load(binding.device)
+        bound = Bound(dev, handles, binding.guard, binding.tma, bool(torch_positions))
+        return make_launcher(bound_layout(spec, binding), load, bound)
 
 
 def load_manifest(root: Traversable) -> Manifest:

@@ -39,7 +39,14 @@ PLAN_CACHE_SIZE = EnvVar(
     "1024",
 )
 
-ALL = (ARTIFACTS_DIR, PLAN_CACHE_SIZE)
+HOT_PATH = EnvVar(
+    "TILEBIN_HOT_PATH",
+    "which launch hot path Launchers use: auto (the compiled extension tilebin.runtime._hot when it loads, "
+    "else the pure-Python Launcher), c (require the extension), python (force the pure-Python Launcher)",
+    "auto",
+)
+
+ALL = (ARTIFACTS_DIR, PLAN_CACHE_SIZE, HOT_PATH)
 
 
 def artifacts_dir() -> Traversable:
@@ -63,3 +70,11 @@ def plan_cache_size() -> int:
             f"unset it or give a count such as {PLAN_CACHE_SIZE.default}"
         )
     return value
+
+
+def hot_path() -> str:
+    """``$TILEBIN_HOT_PATH``: ``auto``, ``c`` or ``python``; raises :class:`TilebinError` otherwise."""
+    raw = (HOT_PATH.raw() or "auto").strip().lower()
+    if raw not in ("auto", "c", "python"):
+        raise TilebinError(f"{HOT_PATH.name}={raw!r} is not one of auto, c, python; unset it or pick one of those")
+    return raw

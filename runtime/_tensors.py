@@ -60,6 +60,11 @@ def key_value(value: Any) -> Any:
     return value
 
 
+def key_text(key: Any) -> str:
+    """A variant's key as ``{dtype='bfloat16', block_m=64}`` (the one spelling in every message)."""
+    return "{" + ", ".join(f"{k}={v!r}" for k, v in key.items()) + "}"
+
+
 @dataclass(frozen=True)
 class TensorInfo:
     """A uniform view of one tensor argument (strides in elements; device -1 when not CUDA)."""

@@ -12,7 +12,7 @@ cuda-python's ``cuGetProcAddress`` returns, called with ctypes: cuda-python's ow
 ``CUtensorMap`` objects live in Python-allocated memory that is only 16-byte aligned,
 while the driver requires 64.  If the entry point cannot be had, cuda-python's
 ``cuTensorMapEncodeTiled`` (with ``cuuint32_t``/``cuuint64_t`` wrappers) is used and its
-128 bytes copied over.  Not thread-safe by itself: the plan's lock guards it.
+128 bytes copied over.  Not thread-safe by itself: the Launcher's lock guards it.
 """
 
 from __future__ import annotations
@@ -20,13 +20,33 @@ from __future__ import annotations
 import ctypes
 from typing import Any
 
+from dataclasses import dataclass
+
 from . import _driver
-from ._plan import BoundTma
 
 RECENT = 8
 DESC_BYTES = 128
 _ALIGN = 64
 _STATE: dict[str, Any] = {}  # "raw": the ctypes function, or None when unavailable
+
+
+
+@dataclass(frozen=True)
+class BoundTma:
+    """Geometry of one TMA descriptor (validated by ``_plan``); only the global address changes between calls."""
+
+    tensor_index: int
+    dtype: int
+    rank: int
+    dims: tuple[int, ...]
+    strides: tuple[int, ...]
+    box: tuple[int, ...]
+    elem_strides: tuple[int, ...]
+    interleave: int
+    swizzle: int
+    l2_promotion: int
+    oob_fill: int
+
 
 _u64p, _u32p = ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(ctypes.c_uint32)
 _PROTO = ctypes.CFUNCTYPE(

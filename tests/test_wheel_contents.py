@@ -19,7 +19,7 @@ verify_wheel = importlib.util.module_from_spec(_spec)
 sys.modules[_spec.name] = verify_wheel  # dataclasses look their module up there
 _spec.loader.exec_module(verify_wheel)
 
-TAG = "py3-none-manylinux_2_28_x86_64"
+TAG = "cp310-abi3-manylinux_2_28_x86_64"
 
 
 def test_built_wheel_passes_every_check(built_wheel):
@@ -56,6 +56,30 @@ def _cubin(payload: bytes) -> bytes:
     return b"\x7fELF\x02\x01\x01" + b"\0" * 9 + struct.pack("<HH", 2, verify_wheel.EM_CUDA) + b"\0" * 44 + payload
 
 
+def _shared_object(needed=(), exports=("PyInit__hot",), undefined=("PyTuple_New", "memcpy"),
+                   versions=("GLIBC_2.2.5",)) -> bytes:
+    """A minimal x86-64 ELF shared object: .dynstr, .dynsym and .dynamic only (what verify_wheel reads)."""
+    strtab, offsets = b"\0", {}
+    for s in (*needed, *exports, *undefined, *versions):
+        offsets[s] = len(strtab)
+        strtab += s.encode() + b"\0"
+    syms = bytes(24) + b"".join(struct.pack("<IBBHQQ", offsets[s], 0x12, 0, 1, 0, 0) for s in exports)
+    syms += b"".join(struct.pack("<IBBHQQ", offsets[s], 0x10, 0, 0, 0, 0) for s in undefined)
+    dyn = b"".join(struct.pack("<qQ", 1, offsets[n]) for n in needed) + struct.pack("<qQ", 0, 0)
+    body, at = b"", 64
+    placed = []
+    for blob in (strtab, syms, dyn):
+        placed.append((at + len(body), len(blob)))
+        body += blob
+    shoff = 64 + len(body)
+    head = b"\x7fELF\x02\x01\x01" + bytes(9) + struct.pack("<HHIQQQIHHHHHH", 3, 62, 1, 0, 0, shoff, 0, 64, 0, 0,
+                                                             64, 4, 0)
+    sections = bytes(64)
+    for kind, (off, size), link in zip((3, 11, 6), placed, (0, 1, 1)):
+        sections += struct.pack("<IIQQQQIIQQ", 0, kind, 0, 0, off, size, link, 0, 8, 0)
+    return head + body + sections
+
+
 def _manifest(cubins: dict[str, bytes]) -> dict:
     variants = []
     for name, blob in cubins.items():
@@ -85,6 +109,7 @@ def _good_files() -> dict[str, bytes]:
         "tilebin/modeling/__init__.py": b"", "tilebin/modeling/engram/__init__.py": b"",
         "tilebin/_artifacts/manifest.json": json.dumps(_manifest({cubin: blob})).encode(),
         f"tilebin/_artifacts/{cubin}": blob,
+        verify_wheel.EXTENSION: _shared_object(),
     })
     return files
 
@@ -181,6 +206,7 @@ def test_pure_python_tag_is_refused(tmp_path):
     errors = _errors(tmp_path, tag="py3-none-any", purelib=True)
     _one(errors, "wheel tags")
     _one(errors, "Root-Is-Purelib")
+    _one(_errors(tmp_path, tag="py3-none-manylinux_2_28_x86_64"), "want cp310-abi3")
 
 
 def test_hard_dependency_on_build_tools_is_refused(tmp_path):
@@ -209,3 +235,31 @@ def test_cli_exit_status(tmp_path, capsys):
     bad_dir.mkdir()
     bad = _write_wheel(bad_dir, _good_files() | {"aot/__init__.py": b""})
     assert verify_wheel.main([str(bad)]) == 1
+
+
+def test_built_wheel_extension_links_nothing(built_wheel):
+    """The real extension: no NEEDED entry at all beyond glibc's, only PyInit__hot exported."""
+    with zipfile.ZipFile(built_wheel) as zf:
+        needed, exported, undefined, _glibc = verify_wheel.elf_dynamic(zf.read(verify_wheel.EXTENSION))
+    assert not any("cuda" in n or "python" in n for n in needed), needed
+    assert exported == ["PyInit__hot"] and "PyLong_FromLong" in undefined
+
+
+@pytest.mark.parametrize("change, needle", [
+    ({"needed": ("libcuda.so.1",)}, "links ['libcuda.so.1']"),
+    ({"needed": ("libpython3.11.so.1.0",)}, "links ['libpython3.11.so.1.0']"),
+    ({"exports": ("PyInit__hot", "helper")}, "exports ['PyInit__hot', 'helper']"),
+    ({"undefined": ("cuLaunchKernel",)}, "imports CUDA symbols ['cuLaunchKernel']"),
+    ({"versions": ("GLIBC_2.34",)}, "needs ['GLIBC_2.34']"),
+])
+def test_extension_policy(tmp_path, change, needle):
+    files = _good_files() | {verify_wheel.EXTENSION: _shared_object(**change)}
+    _one(_errors(tmp_path, files), needle)
+
+
+def test_extension_missing_or_not_elf_or_extra_binaries(tmp_path):
+    files = _good_files()
+    del files[verify_wheel.EXTENSION]
+    _one(_errors(tmp_path, files), f"missing {verify_wheel.EXTENSION}")
+    _one(_errors(tmp_path, _good_files() | {verify_wheel.EXTENSION: b"\x7fELF junk"}), "not a 64-bit")
+    _one(_errors(tmp_path, _good_files() | {"tilebin/runtime/other.so": b""}), "other.so must not ship")

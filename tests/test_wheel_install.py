@@ -34,6 +34,9 @@ _CHECK = textwrap.dedent(
     print("RUNTIME", rt.__file__)
     assert "site-packages" in rt.__file__, f"imported {{rt.__file__}}, not the installed wheel"
     assert not banned_loaded(), f"import tilebin.runtime loaded {{banned_loaded()}}"
+    assert rt.hot_path() == "c", "the compiled hot path (tilebin.runtime._hot) does not load from the wheel"
+    import tilebin.runtime._hot as hot
+    print("HOT", hot.__file__)
 
     manifest = json.loads((importlib.resources.files("tilebin") / "_artifacts" / "manifest.json").read_text())
     packaged = sorted(manifest["kernels"])

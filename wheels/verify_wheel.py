@@ -7,11 +7,14 @@ With no WHEEL it checks every ``wheels/dist/tilebin-*.whl``.  Checks, all report
 
 - layout: only ``tilebin/`` and the wheel's ``.dist-info/`` at the top (never a bare
   ``runtime``/``aot``/``kernels``); the package modules are there; no CUDA/C sources,
-  host binaries, tests or ``__pycache__``;
+  host binaries other than the compiled hot path, tests or ``__pycache__``;
+- the compiled hot path ``tilebin/runtime/_hot.abi3.so``: an x86-64 shared object that needs
+  no library beyond glibc's (never libcuda or libpython), exports only ``PyInit__hot``,
+  imports no CUDA symbol, and asks for glibc <= 2.28 (manylinux_2_28);
 - ``tilebin/_artifacts/manifest.json`` parses with the runtime's own parser, taken from the
   wheel itself; every cubin it lists is present, is a CUDA ELF, and matches its sha256;
   no cubin is unlisted;
-- metadata: ``py3-none-<linux x86_64>`` tag, not purelib, ``cuda-bindings`` required,
+- metadata: ``cp310-abi3-<linux x86_64>`` tag, not purelib, ``cuda-bindings`` required,
   no hard dependency on tilelang/TVM/torch, the version equal to ``tilebin.__version__``;
 - RECORD lists every file with the right hash; every ``.py`` compiles;
 - size within the budget.
@@ -28,6 +31,7 @@ import hashlib
 import importlib
 import json
 import re
+import struct
 import sys
 import tempfile
 import types
@@ -56,7 +60,10 @@ FORBIDDEN_SUFFIXES = (".cu", ".cuh", ".c", ".cc", ".cpp", ".h", ".hpp", ".o", ".
 FORBIDDEN_PARTS = ("__pycache__", "tests", ".pytest_cache", ".git")
 HEAVY_DEPS = ("tilelang", "tvm", "apache-tvm", "apache-tvm-ffi", "torch", "triton")
 ELF_MAGIC, EM_CUDA = b"\x7fELF", 190
-_PY_TAG = re.compile(r"^py3-none-(manylinux_\d+_\d+_x86_64|manylinux\d+_x86_64|linux_x86_64)$")
+_PY_TAG = re.compile(r"^cp310-abi3-(manylinux_\d+_\d+_x86_64|manylinux\d+_x86_64|linux_x86_64)$")
+EXTENSION = "tilebin/runtime/_hot.abi3.so"
+ALLOWED_NEEDED = ("libc.so.6", "libm.so.6", "libpthread.so.0", "libdl.so.2", "librt.so.1")
+MAX_GLIBC = (2, 28)
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 
 
@@ -95,6 +102,8 @@ def verify(wheel: Path | str, budget_mb: float = DEFAULT_BUDGET_MB) -> Report:
             _check_metadata(wheel, zf, dist_info, report.errors)
             _check_record(zf, files, dist_info, report.errors)
         _check_python(zf, files, report.errors)
+        if EXTENSION in files:
+            _check_extension(zf.read(EXTENSION), report.errors)
         if ARTIFACTS + "manifest.json" in files:
             _check_artifacts(zf, files, report)
     return report
@@ -110,10 +119,10 @@ def _check_layout(wheel: Path, files: dict, errors: list[str]) -> str | None:
     if stray:
         errors.append(f"stray top-level entries {stray}: only tilebin/ and {dist_info}/ belong in the wheel "
                       "(check wheel.packages in pyproject.toml)")
-    errors += [f"missing {name}" for name in REQUIRED if name not in files]
+    errors += [f"missing {name}" for name in (*REQUIRED, EXTENSION) if name not in files]
     for name in files:
         path = PurePosixPath(name)
-        if path.suffix in FORBIDDEN_SUFFIXES or any(p in FORBIDDEN_PARTS for p in path.parts[:-1]) \
+        if name != EXTENSION and path.suffix in FORBIDDEN_SUFFIXES or any(p in FORBIDDEN_PARTS for p in path.parts[:-1]) \
                 or re.match(r"^(test_.*|conftest)\.py$", path.name):
             errors.append(f"{name} must not ship (sources, binaries, tests and caches stay out: wheel.exclude)")
     return dist_info if dist_info and f"{dist_info}/METADATA" in files else None
@@ -123,8 +132,8 @@ def _check_metadata(wheel: Path, zf: zipfile.ZipFile, dist_info: str, errors: li
     wheel_meta = zf.read(f"{dist_info}/WHEEL").decode()
     tags = re.findall(r"^Tag: (\S+)$", wheel_meta, re.M)
     if not tags or any(not _PY_TAG.match(t) for t in tags):
-        errors.append(f"wheel tags {tags}: want py3-none-<manylinux x86_64> (cubins need Linux + an NVIDIA "
-                      "driver; cibuildwheel refuses none-any): see the override in pyproject.toml")
+        errors.append(f"wheel tags {tags}: want cp310-abi3-<manylinux x86_64> (one limited-API extension; "
+                      "cubins need Linux + an NVIDIA driver): see wheel.py-api and the override in pyproject.toml")
     if "-".join(wheel.name[:-4].split("-")[-3:]) not in tags:
         errors.append(f"file name {wheel.name} does not carry the WHEEL tags {tags}")
     if not re.search(r"^Root-Is-Purelib: false$", wheel_meta, re.M):
@@ -142,6 +151,62 @@ def _check_metadata(wheel: Path, zf: zipfile.ZipFile, dist_info: str, errors: li
     declared = re.search(r"^__version__ = [\"']([^\"']+)[\"']", init, re.M)
     if declared and (not version or version.group(1) != declared.group(1)):
         errors.append(f"METADATA version {version and version.group(1)} != tilebin.__version__ {declared.group(1)}")
+
+
+def elf_dynamic(data: bytes) -> tuple[list[str], list[str], list[str], list[str]]:
+    """(NEEDED, exported symbols, undefined symbols, GLIBC_x.y versions) of an x86-64 ELF shared
+    object; ValueError when ``data`` is not one."""
+    if data[:4] != ELF_MAGIC or data[4:6] != b"\x02\x01" or struct.unpack_from("<HH", data, 16) != (3, 62):
+        raise ValueError("not a 64-bit little-endian x86-64 ELF shared object")
+    shoff, = struct.unpack_from("<Q", data, 0x28)
+    shentsize, shnum = struct.unpack_from("<HH", data, 0x3A)
+    # (name, type, flags, addr, offset, size, link, info, addralign, entsize)
+    sections = [struct.unpack_from("<IIQQQQIIQQ", data, shoff + i * shentsize) for i in range(shnum)]
+    dynsym = next((s for s in sections if s[1] == 11), None)  # SHT_DYNSYM
+    dynamic = next((s for s in sections if s[1] == 6), None)  # SHT_DYNAMIC
+    if dynsym is None or dynamic is None:
+        raise ValueError("no dynamic symbol table or dynamic section")
+    strtab = sections[dynsym[6]]
+    strs = data[strtab[4]:strtab[4] + strtab[5]]
+
+    def text(off: int) -> str:
+        return strs[off:strs.index(b"\0", off)].decode()
+
+    exported, undefined = [], []
+    for off in range(dynsym[4] + 24, dynsym[4] + dynsym[5], 24):  # entry 0 is the null symbol
+        st_name, st_info, _other, st_shndx = struct.unpack_from("<IBBH", data, off)
+        if st_shndx == 0:
+            undefined.append(text(st_name))
+        elif st_info >> 4 == 1:  # STB_GLOBAL
+            exported.append(text(st_name))
+    needed = []
+    for off in range(dynamic[4], dynamic[4] + dynamic[5], 16):
+        tag, value = struct.unpack_from("<qQ", data, off)
+        if tag == 0:
+            break
+        if tag == 1:  # DT_NEEDED
+            needed.append(text(value))
+    return needed, exported, undefined, sorted({v.decode() for v in re.findall(rb"GLIBC_[0-9.]+", strs)})
+
+
+def _check_extension(data: bytes, errors: list[str]) -> None:
+    try:
+        needed, exported, undefined, glibc = elf_dynamic(data)
+    except (ValueError, struct.error, IndexError) as exc:
+        errors.append(f"{EXTENSION}: {exc}")
+        return
+    bad = [n for n in needed if n not in ALLOWED_NEEDED]
+    if bad:
+        errors.append(f"{EXTENSION} links {bad}: it may need glibc only (no libcuda: driver entry points come from "
+                      "cuGetProcAddress; no libpython: manylinux policy); fix the link line in CMakeLists.txt")
+    if exported != ["PyInit__hot"]:
+        errors.append(f"{EXTENSION} exports {exported}, want only PyInit__hot (build with hidden visibility)")
+    cuda = [s for s in undefined if re.match(r"^(cu[A-Z]|cuda|nv)", s)]
+    if cuda:
+        errors.append(f"{EXTENSION} imports CUDA symbols {cuda}: resolve them at run time instead")
+    newer = [v for v in glibc if tuple(int(x) for x in v[6:].split(".")[:2]) > MAX_GLIBC]
+    if newer:
+        errors.append(f"{EXTENSION} needs {newer}, newer than manylinux_2_28 allows: build on an older glibc")
 
 
 def _check_record(zf: zipfile.ZipFile, files: dict, dist_info: str, errors: list[str]) -> None:

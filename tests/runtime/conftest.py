@@ -31,13 +31,37 @@ def make_registry(tmp_path, rt):
     return _make
 
 
+@pytest.fixture(scope="session")
+def hot_module(tmp_path_factory):
+    """The compiled hot path, built from csrc/_hot.c for these tests (fails under CI when it cannot be)."""
+    import os
+
+    try:
+        return rt_fakes.build_hot(tmp_path_factory.mktemp("hot"))
+    except RuntimeError as exc:
+        if os.environ.get("CI"):
+            pytest.fail(f"cannot build the compiled hot path: {exc}")
+        pytest.skip(f"cannot build the compiled hot path: {exc}")
+
+
+@pytest.fixture(params=["c", "python"])
+def hot_path(request, monkeypatch):
+    """Every test that launches runs twice: through the compiled Launcher and through its Python twin."""
+    from tilebin.runtime import _launcher
+
+    mod = request.getfixturevalue("hot_module") if request.param == "c" else None
+    monkeypatch.setattr(_launcher, "_HOT", [mod])
+    return request.param
+
+
 @pytest.fixture
-def fake_gpu(monkeypatch):
+def fake_gpu(monkeypatch, hot_path):
     """Replace the driver, the device table and module loading with fakes; yields the FakeDriver.
 
     Loading returns function handles named after their entry, the device is an 'H200 (fake)'
     of compute capability 9.0, and TMA encoding writes the global address into the first 8
-    bytes of the descriptor and counts calls (``fake.encodes``).
+    bytes of the descriptor and counts calls (``fake.encodes``).  Parametrized over the hot
+    path (``fake.hot``: "c" or "python").
     """
     import ctypes
 
@@ -49,6 +73,7 @@ def fake_gpu(monkeypatch):
               "gemm_1024_1024": 4, "gemm_4096_7168": 4, "quant_a": 3, "quant_b": 3}
     fake = rt_fakes.FakeDriver(real, counts, {"gemm_1024_1024": {0}, "gemm_4096_7168": {0}})
     fake.encodes = []
+    fake.hot = hot_path
     monkeypatch.setattr(_driver, "_STATE", {"driver": fake, "mod": fake, "version": 13000})
     info = _driver.DeviceInfo(0, 0, "NVIDIA H200 (fake)", (9, 0), real.CUcontext(0x1234), 0x1234, 232448, 13000)
     monkeypatch.setattr(_driver, "_DEVICES", {0: info})
@@ -56,7 +81,7 @@ def fake_gpu(monkeypatch):
     monkeypatch.setattr(_driver.THREAD, "dev", None, raising=False)
 
     def function(self, kernel, variant, entry, smem, dev):
-        return _loader.LoadedFunction(entry, 0)
+        return _loader.LoadedFunction(rt_fakes.FakeFn(entry), 0)
 
     monkeypatch.setattr(_loader.Loader, "function", function)
 

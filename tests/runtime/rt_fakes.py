@@ -159,6 +159,41 @@ def write_artifacts(folder: Path, data: dict) -> Path:
 
 
 # ----------------------------------------------------------------------------- fake driver
+_FN_NAMES: dict[int, str] = {}
+
+
+class FakeFn:
+    """A fake CUfunction: ``int()`` gives a made-up handle, the recorder names launches by entry."""
+
+    def __init__(self, name: str):
+        self.name, self.id = name, 0x5000 + 0x10 * len(_FN_NAMES)
+        _FN_NAMES[self.id] = name
+
+    def __int__(self):
+        return self.id
+
+
+def fn_name(fn) -> str:
+    """The entry name of a FakeFn or of its int handle (as the compiled path passes it)."""
+    if isinstance(fn, FakeFn):
+        return fn.name
+    return _FN_NAMES.get(int(fn or 0), str(fn))
+
+
+class _Config(ctypes.Structure):
+    """The C ``CUlaunchConfig`` the compiled path hands to cuLaunchKernelEx."""
+
+    _fields_ = [("g", ctypes.c_uint * 3), ("b", ctypes.c_uint * 3), ("smem", ctypes.c_uint),
+                ("stream", ctypes.c_void_p), ("attrs", ctypes.c_void_p), ("nattrs", ctypes.c_uint)]
+
+
+_LAUNCH = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, *[ctypes.c_uint] * 7, ctypes.c_void_p, ctypes.c_void_p,
+                           ctypes.c_void_p)
+_LAUNCH_EX = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p)
+_CTX_GET = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(ctypes.c_void_p))
+_CTX_SET = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p)
+
+
 class FakeDriver:
     """Stands in for ``cuda.bindings.driver`` on the launch path; records what each launch saw.
 
@@ -172,11 +207,16 @@ class FakeDriver:
         self.fail_next: list[int] = []  # CUresult codes to return from the next launches
         self.current = 0
         self.set_calls = 0
+        # C entry points for the compiled hot path (cuGetProcAddress hands out their addresses)
+        self._c = {b"cuLaunchKernel": _LAUNCH(self._c_launch), b"cuLaunchKernelEx": _LAUNCH_EX(self._c_launch_ex),
+                   b"cuCtxGetCurrent": _CTX_GET(self._c_ctx_get), b"cuCtxSetCurrent": _CTX_SET(self._c_ctx_set)}
 
     def __getattr__(self, name):  # enums, structs: the real ones
         return getattr(self._real, name)
 
     def _record(self, fn, dims, smem, stream, addr, config=None):
+        fn = fn_name(fn)
+        stream = int(stream or 0)
         n = self.arg_counts[fn]
         params = (ctypes.c_void_p * n).from_address(addr) if n else []
         args = []
@@ -196,6 +236,29 @@ class FakeDriver:
         attrs = [(int(a.id), bytes(a.value.pad[:16])) for a in cfg.attrs[: cfg.numAttrs]]
         return self._record(fn, dims, cfg.sharedMemBytes, int(cfg.hStream), addr, config=attrs)
 
+    def cuGetProcAddress(self, name, version, flags):
+        addr = ctypes.cast(self._c[name], ctypes.c_void_p).value
+        return (self._real.CUresult(0), addr, 0)
+
+    def _c_launch(self, fn, gx, gy, gz, bx, by, bz, smem, stream, addr, extra):
+        return int(self._record(fn, ((gx, gy, gz), (bx, by, bz)), smem, stream, addr)[0])
+
+    def _c_launch_ex(self, cfg_addr, fn, addr, extra):
+        cfg = _Config.from_address(cfg_addr)
+        attrs = [(int.from_bytes(ctypes.string_at(cfg.attrs + 72 * i, 4), "little"),
+                  ctypes.string_at(cfg.attrs + 72 * i + 8, 16)) for i in range(cfg.nattrs)]
+        dims = (tuple(cfg.g), tuple(cfg.b))
+        return int(self._record(fn, dims, cfg.smem, cfg.stream, addr, config=attrs)[0])
+
+    def _c_ctx_get(self, out):
+        out[0] = self.current or None
+        return 0
+
+    def _c_ctx_set(self, ctx):
+        self.set_calls += 1
+        self.current = int(ctx or 0)
+        return 0
+
     def cuCtxGetCurrent(self):
         return (self._real.CUresult(0), self._real.CUcontext(self.current))
 
@@ -210,13 +273,13 @@ class FakeDriver:
         return (self._real.CUresult(0), f"module{len(self.loaded)}")
 
     def cuModuleGetFunction(self, module, name):
-        return (self._real.CUresult(0), name.decode())
+        return (self._real.CUresult(0), FakeFn(name.decode()))
 
     def cuFuncGetAttribute(self, attr, fn):
         return (self._real.CUresult(0), 1024)
 
     def cuFuncSetAttribute(self, fn, attr, value):
-        self.smem_set = getattr(self, "smem_set", []) + [(fn, int(attr), value)]
+        self.smem_set = getattr(self, "smem_set", []) + [(fn_name(fn), int(attr), value)]
         return (self._real.CUresult(0),)
 
     def cuThreadExchangeStreamCaptureMode(self, mode):
@@ -276,3 +339,29 @@ class FakeTorchTensor:
 
     def element_size(self):
         return self._itemsize
+
+
+def build_hot(folder: Path) -> Any:
+    """Compile csrc/_hot.c (the compiled hot path) with the system C compiler into ``folder`` and
+    import it as ``tilebin.runtime._hot``; raises RuntimeError with the compiler's output on failure."""
+    import importlib.util
+    import shutil
+    import subprocess
+    import sysconfig
+
+    root = Path(__file__).resolve().parents[2]
+    cc = shutil.which(sysconfig.get_config_var("CC").split()[0] if sysconfig.get_config_var("CC") else "cc") \
+        or shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        raise RuntimeError("no C compiler (cc) to build csrc/_hot.c")
+    out = folder / "_hot.abi3.so"
+    cmd = [cc, "-std=gnu11", "-O2", "-shared", "-fPIC", "-fvisibility=hidden", "-Wall", "-Werror",
+           "-Wno-unused-parameter", f"-I{sysconfig.get_paths()['include']}", str(root / "csrc" / "_hot.c"),
+           "-o", str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode:
+        raise RuntimeError(f"{' '.join(cmd)} failed:\n{proc.stdout}{proc.stderr}")
+    spec = importlib.util.spec_from_file_location("tilebin.runtime._hot", out)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod

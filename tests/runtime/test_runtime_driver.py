@@ -11,6 +11,7 @@ import rt_fakes as F
 
 from tilebin.runtime import _driver, _loader
 from tilebin.runtime._manifest import parse_manifest
+from tilebin.runtime._tensors import key_text
 
 
 def _real_driver_works() -> bool:
@@ -144,9 +145,13 @@ def _artifacts_with_cubins(tmp_path, corrupt=False):
 @pytest.fixture
 def real_loader_fake_driver(fake_gpu, monkeypatch):
     """fake_gpu, but with the real Loader.function (module loading goes to the fake driver)."""
+    from tilebin.runtime import _launcher
+
+    hot = _launcher._HOT[:]
     monkeypatch.undo()
     from cuda.bindings import driver as real
 
+    monkeypatch.setattr(_launcher, "_HOT", hot)
     monkeypatch.setattr(_driver, "_STATE", {"driver": fake_gpu, "mod": fake_gpu, "version": 13000})
     info = _driver.DeviceInfo(0, 0, "NVIDIA H200 (fake)", (9, 0), real.CUcontext(0x1234), 0x1234, 232448, 13000)
     monkeypatch.setattr(_driver, "_DEVICES", {0: info})
@@ -201,7 +206,7 @@ def test_large_smem_opts_in_once(rt, tmp_path, real_loader_fake_driver, monkeypa
 
 def test_manifest_variant_text():
     v = parse_manifest(F.manifest(**{"toy.scale": F.scale_kernel()})).kernels["toy.scale"].variants[0]
-    assert _loader.variant_text(v) == "{dtype='bfloat16', block=128}"
+    assert key_text(v.key) == "{dtype='bfloat16', block=128}"
 
 
 def test_unsupported_device_refused_every_time(make_registry, fake_gpu, rt, monkeypatch):

@@ -227,10 +227,10 @@ def test_threads_share_a_plan_safely(make_registry, fake_gpu):
 @pytest.fixture
 def torch_like(monkeypatch):
     """Make the runtime treat rt_fakes.FakeTorchTensor as torch.Tensor, torch's current stream 0x77."""
-    from tilebin.runtime import _launch, _tensors
+    from tilebin.runtime import _launcher, _tensors
 
     monkeypatch.setattr(_tensors, "TORCH_TENSOR", [F.FakeTorchTensor])
-    monkeypatch.setattr(_launch, "torch_stream_getter", lambda: (lambda index: 0x77))
+    monkeypatch.setattr(_launcher, "torch_stream_getter", lambda: (lambda index: 0x77))
     from tilebin.runtime import _registry
 
     monkeypatch.setattr(_registry, "TORCH_TENSOR", _tensors.TORCH_TENSOR)

@@ -1,0 +1,262 @@
+/* _hot.c, part 3: one call -- pointers, stream, packing, context, launches (see the top of _hot.c). */
+
+/* Python-side helpers: call twin.<name>(*args) and return the result (NULL with an exception set). */
+static PyObject *twin_call(Core *c, PyObject *name, PyObject *a, PyObject *b) {
+    return PyObject_CallMethodObjArgs(c->twin, name, a, b, NULL);
+}
+
+static Device *device_state(Core *c, long ordinal) {
+    for (int i = 0; i < c->ndev; i++)
+        if (c->dev[i].ordinal == ordinal) return &c->dev[i];
+    PyObject *ord = PyLong_FromLong(ordinal);
+    PyObject *r = ord ? twin_call(c, s_device, ord, NULL) : NULL; /* (ctx, (fn, ...)); raises for bad devices */
+    Py_XDECREF(ord);
+    if (r == NULL) return NULL;
+    Device d = {ordinal, NULL, {0}};
+    long long v;
+    int bad = as_int(r, 0, &v);
+    d.ctx = (void *)(intptr_t)v;
+    for (int i = 0; !bad && i < c->nlaunch; i++) {
+        bad = as_int(PyTuple_GetItem(r, 1), i, &v);
+        d.fn[i] = (void *)(intptr_t)v;
+    }
+    Py_DECREF(r);
+    if (bad) return NULL;
+    if (c->ndev == MAXD) c->ndev = 0; /* a table of recent devices: more than 16 just reloads handles */
+    c->dev[c->ndev] = d;
+    return &c->dev[c->ndev++];
+}
+
+typedef struct {
+    unsigned grid[MAXL][3];
+    int skip[MAXL];
+    uint64_t slot[MAXL][MAXA];
+    void *param[MAXL][MAXA];
+    _Alignas(64) unsigned char desc[MAXT][DESC];
+} Packed;
+
+/* The 128 descriptor bytes of TMA slot `t` for global address `ptr` (cached per slot; the twin encodes). */
+static int tma_bytes(Core *c, int t, uint64_t ptr, unsigned char *out) {
+    TmaCache *tc = &c->tma[t];
+    if (!tc->valid || tc->ptr != ptr) {
+        PyObject *ti = PyLong_FromLong(t), *pi = PyLong_FromUnsignedLongLong(ptr);
+        PyObject *r = (ti && pi) ? twin_call(c, s_tma, ti, pi) : NULL;
+        Py_XDECREF(ti), Py_XDECREF(pi);
+        char *buf;
+        Py_ssize_t n;
+        if (r == NULL || PyBytes_AsStringAndSize(r, &buf, &n) || n != DESC) {
+            Py_XDECREF(r);
+            if (!PyErr_Occurred()) PyErr_SetString(PyExc_RuntimeError, "TMA descriptor: expected 128 bytes");
+            return -1;
+        }
+        memcpy(tc->desc, buf, DESC); /* GIL held from here to the copy below: no other call interleaves */
+        tc->ptr = ptr, tc->valid = 1;
+        Py_DECREF(r);
+    }
+    memcpy(out, tc->desc, DESC);
+    return 0;
+}
+
+/* Grid, then arguments, of launch `i` into `pk`: 0, BAIL, or -1 (exception set). */
+static int pack_launch(Core *c, Call *k, int i, Packed *pk) {
+    Launch *ln = &c->launch[i];
+    int64_t g[3];
+    for (int d = 0; d < 3; d++)
+        if (run_prog(&ln->grid[d], k, &g[d])) return BAIL;
+    if (!(g[0] > 0 && g[0] <= 2147483647 && g[1] > 0 && g[1] <= 65535 && g[2] > 0 && g[2] <= 65535)) {
+        if (g[0] && g[1] && g[2]) return BAIL; /* out of range: the twin raises */
+        pk->skip[i] = 1;                      /* an empty problem: nothing to launch */
+        return 0;
+    }
+    pk->skip[i] = 0;
+    for (int d = 0; d < 3; d++) pk->grid[i][d] = (unsigned)g[d];
+    for (int j = 0; j < ln->nargs; j++) {
+        Arg *a = &ln->args[j];
+        uint64_t *slot = &pk->slot[i][j], ptr;
+        int64_t v;
+        int rc = 0;
+        *slot = 0;
+        pk->param[i][j] = slot;
+        switch (a->kind) {
+        case ARG_PTR: rc = read_ptr(k, a->a, slot); break;
+        case ARG_PROG: rc = run_prog(&a->prog, k, &v) ? BAIL : pack_int(a->a, v, slot); break;
+        case ARG_DIRECT: rc = pack_object(a->a, PyTuple_GetItem(k->args, a->b), slot); break;
+        case ARG_CONST: *slot = a->raw; break;
+        case ARG_TMA:
+            if ((rc = read_ptr(k, a->b, &ptr)) == 0) rc = tma_bytes(c, a->a, ptr, pk->desc[a->a]);
+            pk->param[i][j] = pk->desc[a->a];
+            break;
+        default: rc = BAIL;
+        }
+        if (rc) return rc;
+    }
+    return 0;
+}
+
+/* Bound launchers: this call's pointers, checked by the twin when they differ from the last checked. */
+static int check_pointers(Core *c, Call *k) {
+    int same = c->ok_valid, rc;
+    uint64_t p;
+    for (int i = 0; i < c->ntensors; i++) {
+        if ((rc = read_ptr(k, c->tensors[i], &p))) return rc;
+        same = same && p == c->ok_ptrs[i];
+    }
+    if (same) return 0;
+    PyObject *t = PyTuple_New(c->ntensors);
+    for (int i = 0; t && i < c->ntensors; i++)
+        PyTuple_SetItem(t, i, PyLong_FromUnsignedLongLong(k->ptr[c->tensors[i]]));
+    PyObject *r = t ? twin_call(c, s_check, t, NULL) : NULL; /* raises ArgumentError */
+    Py_XDECREF(t);
+    if (r == NULL) return -1;
+    Py_DECREF(r);
+    for (int i = 0; i < c->ntensors; i++) c->ok_ptrs[i] = k->ptr[c->tensors[i]];
+    c->ok_valid = 1;
+    return 0;
+}
+
+static int get_stream(Core *c, long ordinal, PyObject *stream, uint64_t *out) {
+    PyObject *r;
+    if (stream != NULL && stream != Py_None) {
+        int64_t v;
+        if (ll_of(stream, &v) == 0 && v >= 0) {
+            *out = (uint64_t)v;
+            return 0;
+        }
+        r = twin_call(c, s_stream, stream, NULL); /* converts, or raises ArgumentError */
+    } else if (c->stream_getter == Py_None) {
+        *out = 0;
+        return 0;
+    } else {
+        PyObject *ord = PyLong_FromLong(ordinal);
+        r = ord ? PyObject_CallFunctionObjArgs(c->stream_getter, ord, NULL) : NULL;
+        Py_XDECREF(ord);
+    }
+    if (r == NULL) return -1;
+    *out = PyLong_AsUnsignedLongLong(r);
+    Py_DECREF(r);
+    return PyErr_Occurred() ? -1 : 0;
+}
+
+static int launch_one(Core *c, Launch *ln, void *fn, Packed *pk, int i, uint64_t stream) {
+    int err;
+    unsigned *g = pk->grid[i];
+    void **params = pk->param[i];
+    if (ln->nattrs) {
+        LaunchConfig cfg = {g[0], g[1], g[2], ln->block[0], ln->block[1], ln->block[2], ln->smem,
+                            (void *)(uintptr_t)stream, ln->attrs, (unsigned)ln->nattrs};
+        Py_BEGIN_ALLOW_THREADS
+        err = c->cu_launch_ex(&cfg, fn, params, NULL);
+        Py_END_ALLOW_THREADS
+    } else {
+        Py_BEGIN_ALLOW_THREADS
+        err = c->cu_launch(fn, g[0], g[1], g[2], ln->block[0], ln->block[1], ln->block[2], ln->smem,
+                           (void *)(uintptr_t)stream, params, NULL);
+        Py_END_ALLOW_THREADS
+    }
+    return err;
+}
+
+/* A failed driver call: the twin retries (context errors) or raises DeviceError.  i = -1: restoring. */
+static int failed(Core *c, int i, int err, Packed *pk, uint64_t stream, long ordinal) {
+    unsigned *g = i >= 0 ? pk->grid[i] : pk->grid[0];
+    PyObject *t = Py_BuildValue("(ii(III)KKl)", i, err, g[0], g[1], g[2], (unsigned long long)stream,
+                                (unsigned long long)(uintptr_t)(i >= 0 ? pk->param[i] : NULL), ordinal);
+    PyObject *r = t ? twin_call(c, s_failed, t, NULL) : NULL;
+    Py_XDECREF(t);
+    if (r == NULL) return -1;
+    Py_DECREF(r);
+    return 0;
+}
+
+static int fire(Core *c, Device *dev, Packed *pk, uint64_t stream) {
+    void *cur = NULL;
+    if (c->ctx_get(&cur)) return BAIL;
+    if (cur != dev->ctx && c->ctx_set(dev->ctx)) return BAIL;
+    void *restore = (cur != dev->ctx) ? cur : NULL;
+    int rc = 0, err;
+    for (int i = 0; i < c->nlaunch && rc == 0; i++) {
+        if (pk->skip[i]) continue;
+        err = launch_one(c, &c->launch[i], dev->fn[i], pk, i, stream);
+        if (err) rc = failed(c, i, err, pk, stream, dev->ordinal);
+    }
+    if (restore && (err = c->ctx_set(restore)) && rc == 0) rc = failed(c, -1, err, pk, stream, dev->ordinal);
+    return rc;
+}
+
+static long ordinal_of(Core *c, Call *k, int *rc) {
+    if (c->bound) return c->dev[0].ordinal;
+    PyObject *r = PyObject_CallMethodObjArgs(PyTuple_GetItem(k->args, c->first), s_get_device, NULL);
+    int64_t v = -1;
+    *rc = r == NULL ? (PyErr_Clear(), BAIL) : ll_of(r, &v);
+    Py_XDECREF(r);
+    if (*rc == 0 && v < 0) *rc = BAIL; /* not a CUDA tensor: the twin says so */
+    return (long)v;
+}
+
+static int do_call(Core *c, Call *k, PyObject *stream) {
+    int rc = 0;
+    uint64_t s;
+    Packed pk;
+    if ((rc = read_symbols(c, k))) return rc;
+    long ordinal = ordinal_of(c, k, &rc);
+    if (rc) return rc;
+    if (c->bound && (rc = check_pointers(c, k))) return rc;
+    for (int i = 0; i < c->nlaunch; i++)
+        if ((rc = pack_launch(c, k, i, &pk))) return rc;
+    Device *dev = device_state(c, ordinal);
+    if (dev == NULL) return -1;
+    if (get_stream(c, ordinal, stream, &s)) return -1;
+    return fire(c, dev, &pk, s);
+}
+
+static PyObject *finish(Core *c, Call *k, int rc, PyObject *stream, int run) {
+    PyObject *args = k->args;
+    call_clear(k);
+    if (rc == 0) Py_RETURN_NONE;
+    if (rc < 0) return NULL;
+    PyErr_Clear();
+    if (run) return twin_call(c, s_run, args, stream ? stream : Py_None);
+    return twin_call(c, s_call, args, NULL);
+}
+
+/* launcher(*args): the unchecked contract (bound launchers: run(args) on the default stream). */
+static PyObject *core_call(PyObject *self, PyObject *args, PyObject *kw) {
+    Core *c = (Core *)self;
+    Call k;
+    memset(&k, 0, sizeof k);
+    k.args = args;
+    int rc = (kw && PyDict_Size(kw)) || PyTuple_Size(args) != c->nparams ? BAIL : do_call(c, &k, NULL);
+    return finish(c, &k, rc, NULL, c->bound);
+}
+
+static PyObject *run_values(Core *c, PyObject *values, PyObject *stream) {
+    Call k;
+    memset(&k, 0, sizeof k);
+    k.args = PySequence_Tuple(values);
+    if (k.args == NULL) return NULL;
+    int rc = PyTuple_Size(k.args) != c->nparams ? BAIL : do_call(c, &k, stream);
+    PyObject *r = finish(c, &k, rc, stream, 1);
+    Py_DECREF(k.args);
+    return r;
+}
+
+/* launcher.run(values, stream=None): a bound launcher's call (values: the parameters in order). */
+static PyObject *core_run(PyObject *self, PyObject *args, PyObject *kw) {
+    static char *names[] = {"values", "stream", NULL};
+    PyObject *values, *stream = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|O", names, &values, &stream)) return NULL;
+    return run_values((Core *)self, values, stream);
+}
+
+static PyObject *core_twin(PyObject *self, PyObject *unused) {
+    Core *c = (Core *)self;
+    Py_INCREF(c->twin);
+    return c->twin;
+}
+
+static PyMethodDef core_methods[] = {
+    {"run", (PyCFunction)(void (*)(void))core_run, METH_VARARGS | METH_KEYWORDS,
+     "run(values, stream=None): launch with these parameters (see the Python twin's run)"},
+    {"twin", core_twin, METH_NOARGS, "the pure-Python Launcher this one mirrors"},
+    {NULL, NULL, 0, NULL},
+};
