@@ -4,10 +4,11 @@ Parameters, in order: ``hidden_states`` bf16 ``[num_tokens, hc, hidden]`` (conti
 bf16 ``[num_tokens, hc, hidden]`` (strides ``(k_stride_s, k_stride_h, 1)``), ``v`` bf16
 ``[num_tokens, hidden]`` (strides ``(v_stride_s, 1)``), ``weight_fused`` fp32 ``[hc, hidden]``,
 ``output`` bf16 like hidden_states, ``dot``, ``gate_score``, ``rstd_x``, ``rstd_k`` fp32
-``[num_tokens, hc]``, then scalars ``eps``, ``clamp_value``, ``scalar`` (fp32) and ``save``
+``[num_saved, hc]``, then scalars ``eps``, ``clamp_value``, ``scalar`` (fp32) and ``save``
 (int32 0/1).  Every extent and stride is a runtime symbol; ``hidden % 8 == 0`` and
 ``hidden <= MAX_HIDDEN``, strides multiples of 8 elements, pointers 16-byte aligned.  With
-``save == 0`` the four fp32 outputs are never touched: any rank-2 fp32 tensor may stand in.
+``save == 1``, ``num_saved == num_tokens``; with ``save == 0`` the four fp32 outputs are never
+touched (pass empty ``[0, hc]`` tensors).
 
 Per token ``t`` and head ``h``, in fp32 (x, k, v widened from bf16, w = weight_fused[h])::
 
@@ -44,6 +45,7 @@ def engram_gate_fwd():
     """Build the PrimFunc (no compile-time parameters)."""
     num_tokens, hc, hidden = T.dynamic("num_tokens"), T.dynamic("hc_mult"), T.dynamic("hidden")
     ks0, ks1, vs0 = T.dynamic("k_stride_s"), T.dynamic("k_stride_h"), T.dynamic("v_stride_s")
+    num_saved = T.dynamic("num_saved")  # num_tokens, or 0 when the statistics are not saved
     nvec = hidden // V
     # views whose row lengths and strides are multiples of V: every vector access is aligned
     x_vec = (num_tokens, hc, nvec * V)
@@ -58,10 +60,10 @@ def engram_gate_fwd():
         v: T.StridedTensor((num_tokens, hidden), (vs0, 1), "bfloat16"),
         weight_fused: T.Tensor((hc, hidden), "float32"),
         output: T.Tensor((num_tokens, hc, hidden), "bfloat16"),
-        dot: T.Tensor((num_tokens, hc), "float32"),
-        gate_score: T.Tensor((num_tokens, hc), "float32"),
-        rstd_x: T.Tensor((num_tokens, hc), "float32"),
-        rstd_k: T.Tensor((num_tokens, hc), "float32"),
+        dot: T.Tensor((num_saved, hc), "float32"),
+        gate_score: T.Tensor((num_saved, hc), "float32"),
+        rstd_x: T.Tensor((num_saved, hc), "float32"),
+        rstd_k: T.Tensor((num_saved, hc), "float32"),
         eps: T.float32,
         clamp_value: T.float32,
         scalar: T.float32,

@@ -36,7 +36,7 @@ def _check_gate_inputs(op: str, hidden_states, k, v, weight_fused) -> tuple[int,
 
 
 def _stats(num_tokens: int, hc: int, device: torch.device) -> tuple[torch.Tensor, ...]:
-    """Four fp32 ``[num_tokens, hc]`` tensors (views of one allocation)."""
+    """Four fp32 ``[num_tokens, hc]`` tensors (views of one allocation; empty for 0 tokens)."""
     return torch.empty((4, num_tokens, hc), dtype=torch.float32, device=device).unbind(0)
 
 
@@ -61,7 +61,7 @@ def engram_gate_fwd(hidden_states: torch.Tensor, k: torch.Tensor, v: torch.Tenso
     check_cuda(op, hidden_states=hidden_states, k=k, v=v, weight_fused=weight_fused)
     device = hidden_states.device
     output = torch.empty((num_tokens, hc, hidden), dtype=torch.bfloat16, device=device)
-    stats = _stats(num_tokens, hc, device) if save else (weight_fused,) * 4  # stand-ins are never touched
+    stats = _stats(num_tokens if save else 0, hc, device)  # [0, hc]: the kernel writes no statistics
     if num_tokens:
         launcher("engram.engram_gate_fwd")(hidden_states, k, v, weight_fused, output, *stats,
                                             eps, clamp_value, hidden ** -0.5, int(save))

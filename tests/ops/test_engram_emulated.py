@@ -36,6 +36,8 @@ def _fused(weight_hidden, weight_embed, weight_fused):
 def _fwd(hidden_states, k, v, weight_fused, output, dot, gate_score, rstd_x, rstd_k, eps, clamp_value, scalar, save):
     x = hidden_states
     assert scalar == x.shape[-1] ** -0.5 and save in (0, 1) and type(eps) is float and type(clamp_value) is float
+    for t in (dot, gate_score, rstd_x, rstd_k):  # the kernel's contract: [num_tokens or 0, hc] fp32
+        assert t.dtype == torch.float32 and tuple(t.shape) == (x.shape[0] if save else 0, x.shape[1])
     o, *stats = ref.gate_fwd(x, k, v, weight_fused, eps, clamp_value, dtype=torch.float32)
     output.copy_(o)
     if save:
