@@ -132,10 +132,22 @@ def floors(rt, t: Tensors, lib) -> dict:
     return out
 
 
-def path_rows(rt, t: Tensors, path: str) -> dict:
-    """The runtime's rows for the current default registry (whose Launchers use ``path``)."""
+def path_rows(rt, t: Tensors, path: str, mod) -> dict:
+    """The runtime's rows for the current default registry; its Launchers (made here, at the first
+    call of each row) use ``mod``: the compiled module, or None for the Python twin."""
     import torch
+    from tilebin.runtime import _launcher
 
+    hot = _launcher.hot_module()
+    _launcher.use_hot_module(mod)
+    try:
+        return _path_rows(rt, t, path)
+    finally:
+        _launcher.use_hot_module(hot)
+        torch.cuda.synchronize()
+
+
+def _path_rows(rt, t: Tensors, path: str) -> dict:
     rows = {
         f"{path}: launch transpose": functools.partial(rt.launch, TRANSPOSE, t.x, t.out),
         f"{path}: launch transpose stream=": functools.partial(rt.launch, TRANSPOSE, t.x, t.out, stream=t.stream),
@@ -147,24 +159,17 @@ def path_rows(rt, t: Tensors, path: str) -> dict:
         f"{path}: launch pdl chain (2 launches)": functools.partial(rt.launch, PDL_CHAIN, t.xf, t.yf, t.zf),
     }
     for fn in rows.values():
-        fn()
-    torch.cuda.synchronize()
+        fn()  # makes the Launchers (and, for "c", the compiled plan-cache Dispatch)
     return rows
 
 
 def registries(rt) -> dict:
-    """{"c": registry with compiled Launchers (if the extension loads), "python": one with the twin}."""
+    """{"c": (a registry, the compiled module) if the extension loads, "python": (a registry, None)}."""
     from tilebin.runtime import _launcher, _registry, _settings
 
-    found = {}
     hot = _launcher.hot_module()
-    for path, mod in (("c", hot), ("python", None)):
-        if path == "c" and mod is None:
-            continue
-        _launcher.use_hot_module(mod)
-        found[path] = _registry.Registry(_settings.artifacts_dir())
-    _launcher.use_hot_module(hot)
-    return found
+    paths = {"c": hot, "python": None} if hot is not None else {"python": None}
+    return {path: (_registry.Registry(_settings.artifacts_dir()), mod) for path, mod in paths.items()}
 
 
 def measure(rt, args) -> tuple[dict, dict, dict]:
@@ -176,13 +181,13 @@ def measure(rt, args) -> tuple[dict, dict, dict]:
     with tempfile.TemporaryDirectory() as tmp:
         lib = floor_library(tmp)
         regs = registries(rt)
-        _registry._DEFAULT[0] = regs.get("c") or regs["python"]
-        base = floors(rt, t, lib)
-        rows = {k: v for k, v in base.items()}
+        first = next(iter(regs))
+        _registry._DEFAULT[0] = regs[first][0]
+        rows = floors(rt, t, lib)
         per_path = {}
-        for path, reg in regs.items():
+        for path, (reg, mod) in regs.items():
             _registry._DEFAULT[0] = reg
-            per_path[path] = path_rows(rt, t, path)
+            per_path[path] = path_rows(rt, t, path, mod)
         eager = {"torch eager: out.copy_(x)": functools.partial(t.out.view(1, 32, 64).copy_, t.x),
                  "torch eager: torch.add(x, 1, out=y)": functools.partial(torch.add, t.xf, 1, out=t.yf)}
         times: dict = {}
@@ -194,13 +199,14 @@ def measure(rt, args) -> tuple[dict, dict, dict]:
                     samples = time_host_us(fn, args.calls, args.batch, args.warmup)
                 times.setdefault(name, []).append(summary(samples))
             for path, prow in per_path.items():
-                _registry._DEFAULT[0] = regs[path]
+                _registry._DEFAULT[0] = regs[path][0]
                 for name, fn in prow.items():
                     times.setdefault(name, []).append(summary(time_host_us(fn, args.calls, args.batch, args.warmup)))
             for name, fn in eager.items():
                 times.setdefault(name, []).append(summary(time_host_us(fn, args.calls, args.batch, args.warmup)))
-        _registry._DEFAULT[0] = regs.get("c") or regs["python"]
-        check_outputs(rt, t, errors)
+        for path in regs:
+            _registry._DEFAULT[0] = regs[path][0]
+            check_outputs(rt, t, errors, path)
     med = {n: statistics.median(r["median"] for r in rs) for n, rs in times.items()}
     return med, times, errors
 
@@ -222,14 +228,14 @@ def _floor_samples(run, args) -> list[float]:
     return samples
 
 
-def check_outputs(rt, t: Tensors, errors: dict) -> None:
+def check_outputs(rt, t: Tensors, errors: dict, path: str) -> None:
     import torch
 
     t.out.fill_(float("nan"))
     rt.launch(TRANSPOSE, t.x, t.out)
     torch.cuda.synchronize()
     if not torch.equal(t.out, t.x.transpose(1, 2)):
-        errors["transpose"] = "runtime.launch transpose gave a wrong result"
+        errors[f"{path}: transpose"] = "runtime.launch transpose gave a wrong result"
 
 
 _FIRST = textwrap.dedent("""

@@ -138,6 +138,10 @@ static int parse_launch(PyObject *t, Launch *ln) {
     }
     grid = PyTuple_GetItem(t, 0), block = PyTuple_GetItem(t, 1), args = PyTuple_GetItem(t, 3);
     attrs = PyTuple_GetItem(t, 4);
+    if (!PyTuple_Check(grid) || PyTuple_Size(grid) != 3 || !PyTuple_Check(block) || PyTuple_Size(block) != 3) {
+        PyErr_SetString(PyExc_ValueError, "launch: grid and block must be 3-tuples");
+        return -1;
+    }
     if (as_int(t, 2, &smem)) return -1;
     ln->smem = (unsigned)smem;
     for (int d = 0; d < 3; d++) {
@@ -187,6 +191,20 @@ static int parse_table(PyObject *t, int limit, const char *what) {
     return (int)PyTuple_Size(t);
 }
 
+/* A bound launcher's device: (ordinal, context, (function per launch, ...)). */
+static int parse_fixed(Core *c, PyObject *fixed) {
+    long long ordinal, ctx, fn;
+    PyObject *fns = PyTuple_GetItem(fixed, 2);
+    if (as_int(fixed, 0, &ordinal) || as_int(fixed, 1, &ctx)) return -1;
+    c->dev[0].ordinal = (long)ordinal, c->dev[0].ctx = (void *)(intptr_t)ctx;
+    for (int i = 0; i < c->nlaunch; i++) {
+        if (!fns || as_int(fns, i, &fn)) return -1;
+        c->dev[0].fn[i] = (void *)(intptr_t)fn;
+    }
+    c->ndev = 1;
+    return 0;
+}
+
 /* Core(twin, nparams, first, sources, tensors, launches, ntma, entries, stream_getter, fixed)
  * fixed: None (unchecked: device per call) or (ordinal, ctx, functions) of a bound launcher. */
 static int core_init(PyObject *self, PyObject *args, PyObject *kw) {
@@ -218,17 +236,7 @@ static int core_init(PyObject *self, PyObject *args, PyObject *kw) {
     for (int i = 0; i < c->nlaunch; i++)
         if (parse_launch(PyTuple_GetItem(launches, i), &c->launch[i])) return -1;
     c->bound = fixed != Py_None;
-    if (c->bound) {
-        long long ordinal, ctx, fn;
-        PyObject *fns = PyTuple_GetItem(fixed, 2);
-        if (as_int(fixed, 0, &ordinal) || as_int(fixed, 1, &ctx)) return -1;
-        c->dev[0].ordinal = (long)ordinal, c->dev[0].ctx = (void *)(intptr_t)ctx;
-        for (int i = 0; i < c->nlaunch; i++) {
-            if (!fns || as_int(fns, i, &fn)) return -1;
-            c->dev[0].fn[i] = (void *)(intptr_t)fn;
-        }
-        c->ndev = 1;
-    }
+    if (c->bound && parse_fixed(c, fixed)) return -1;
     Py_INCREF(twin), Py_INCREF(getter);
     c->twin = twin, c->stream_getter = getter;
     return 0;

@@ -223,6 +223,10 @@ static PyObject *finish(Core *c, Call *k, int rc, PyObject *stream, int run) {
 static PyObject *core_call(PyObject *self, PyObject *args, PyObject *kw) {
     Core *c = (Core *)self;
     Call k;
+    if (c->twin == NULL) {
+        PyErr_SetString(PyExc_TypeError, "_hot.Launcher was not initialised");
+        return NULL;
+    }
     memset(&k, 0, sizeof k);
     k.args = args;
     int rc = (kw && PyDict_Size(kw)) || PyTuple_Size(args) != c->nparams ? BAIL : do_call(c, &k, NULL);
@@ -230,6 +234,10 @@ static PyObject *core_call(PyObject *self, PyObject *args, PyObject *kw) {
 }
 
 static PyObject *run_values(Core *c, PyObject *values, PyObject *stream) {
+    if (c->twin == NULL) {
+        PyErr_SetString(PyExc_TypeError, "_hot.Launcher was not initialised");
+        return NULL;
+    }
     Call k;
     memset(&k, 0, sizeof k);
     k.args = PySequence_Tuple(values);

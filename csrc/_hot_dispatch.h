@@ -93,6 +93,10 @@ static PyObject *dispatch_call(PyObject *self, PyObject *args, PyObject *kw) {
     Dispatch *d = (Dispatch *)self;
     PyObject *a, *kwargs, *stream, *plan = NULL;
     if (!PyArg_ParseTuple(args, "O!OO", &PyTuple_Type, &a, &kwargs, &stream)) return NULL;
+    if (d->slow == NULL) {
+        PyErr_SetString(PyExc_TypeError, "_hot.Dispatch was not initialised");
+        return NULL;
+    }
     if (!(PyDict_Check(kwargs) && PyDict_Size(kwargs))) {
         PyObject *key = fast_key(d, a);
         if (key) {

@@ -24,6 +24,7 @@ this twin packs into per-launcher buffers under a lock; the compiled path packs 
 from __future__ import annotations
 
 import ctypes
+import functools
 import struct
 import threading
 from typing import Any
@@ -275,28 +276,26 @@ class Launcher:
         self._failed(i, err, grid, stream, address, dev)
 
 
-class PreparedCall:
-    """One call validated once (:meth:`Registry.prepare`); calling it launches exactly that call again.
+class PreparedCall(functools.partial):
+    """One call validated once (:meth:`Registry.prepare`); ``call(stream=None)`` launches exactly
+    that call again (default stream as for ``launch``: torch's current stream for torch tensors).
 
     It keeps references to its tensors, so their memory stays allocated.  What it does not
     re-check is the caller's contract: do not resize, re-stride or re-point (``resize_``,
     ``set_``, ``as_strided_``) those tensors afterwards; prepare again instead.  Their
     contents may change freely.  Thread-safe and capturable in CUDA graphs, like ``launch``.
+    (A ``functools.partial`` of the bound Launcher's ``run``: a call adds no Python frame.)
     """
 
-    __slots__ = ("_run", "_values")
+    def __new__(cls, plan: Any, values: tuple) -> "PreparedCall":
+        return super().__new__(cls, plan.run, tuple(values))
 
     def __init__(self, plan: Any, values: tuple) -> None:
         plan.twin().check_values(values)  # alignment and overlap checked here, once
-        self._run, self._values = plan.run, values
-
-    def __call__(self, stream: Any = None) -> None:
-        """Launch on ``stream`` (default as for ``launch``: torch's current stream for torch tensors)."""
-        self._run(self._values, stream)
 
     def launcher(self) -> Any:
         """The bound Launcher this call runs (compiled or Python; ``.twin()`` gives the Python one)."""
-        return self._run.__self__
+        return self.func.__self__
 
 
 def hot_module() -> Any:

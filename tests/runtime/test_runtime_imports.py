@@ -68,3 +68,22 @@ def test_house_rules(path):
     assert "pickle" not in text, f"{path.name} mentions pickle"
     if path.name != "_settings.py":
         assert "os.environ" not in text and "getenv" not in text, f"{path.name} reads the environment"
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "csrc").glob("*")), ids=lambda p: p.name)
+def test_c_sources_keep_the_house_rules(path):
+    """csrc/: files <= 400 lines, functions <= 40 lines, the limited API only, no CUDA or torch headers."""
+    lines = path.read_text().splitlines()
+    assert len(lines) <= 400, f"{path.name} has {len(lines)} lines"
+    start = None
+    for i, line in enumerate(lines):
+        if start is None and line[:1].isalpha() and line.rstrip().endswith("{") and "(" in line:
+            start = i
+        elif start is not None and line.startswith("}"):
+            assert i - start + 1 <= 40, f"{path.name}:{start + 1}: function of {i - start + 1} lines"
+            start = None
+    text = "\n".join(lines)
+    includes = [ln.split()[1] for ln in lines if ln.startswith("#include")]
+    assert all(h in ("<Python.h>", "<stdint.h>", "<string.h>") or h.startswith('"_hot_') for h in includes), includes
+    if path.suffix == ".c":
+        assert "#define Py_LIMITED_API 0x030A0000" in text
