@@ -87,3 +87,12 @@ def test_c_sources_keep_the_house_rules(path):
     assert all(h in ("<Python.h>", "<stdint.h>", "<string.h>") or h.startswith('"_hot_') for h in includes), includes
     if path.suffix == ".c":
         assert "#define Py_LIMITED_API 0x030A0000" in text
+
+
+def test_hot_path_imports_no_validation_or_planning_module():
+    """runtime/_launcher.py sits at the bottom: the layout compiler, validation, dispatch and the
+    registry import it, never the other way round."""
+    found = {n.lstrip(".") for n in _imports(ast.parse((RUNTIME / "_launcher.py").read_text()))}
+    allowed = {"__future__", "ctypes", "functools", "struct", "threading", "typing",
+               "", "_driver", "_errors", "_scalars", "_settings", "_tensors", "_tma"}
+    assert found <= allowed, sorted(found - allowed)
