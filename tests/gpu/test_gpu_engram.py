@@ -1,7 +1,8 @@
 """GPU tests of ``tilebin.ops.engram`` and ``tilebin.modeling.engram`` against ``engram_ref``.
 
 tile_kernels' grid: tokens {0, 1, 4001, 8001} x hidden {576, 2048, 2560, 3072, 4096, 6144, 7168}
-plus odd multiples of 64 (1088, 1216, 8192), hc 4 (and 1, 3 for the run-time hc).  The hash and
+plus odd multiples of 64 (1088, 1216, 8192), hc 4 (and 1, 3 for the run-time hc; those two cases
+take k and v as strided views of one packed buffer).  The hash and
 fused weight are bit-exact; the gate forward is within tile_kernels' own bar (calc_diff < 2e-10)
 of a float64 reference and elementwise within one bf16 rounding; the backward (fed the
 reference's saved statistics, as tile_kernels' test does) within calc_diff < 1e-8 and one bf16
@@ -126,7 +127,7 @@ def test_fused_weight(eg, hidden):
 def test_engram_gate_fwd(eg, case):
     tokens, hc, hidden = case
     seed("fwd", case)
-    x, k, v, wh, we = _gate_inputs(tokens, hc, hidden, strided=tokens == 37)
+    x, k, v, wh, we = _gate_inputs(tokens, hc, hidden, strided=tokens in (37, 129))
     wf = ref.fused_weight(wh, we)
     want = ref.gate_fwd(x, k, v, wf, EPS, CLAMP)
     poison_cache(x.numel() * 2 + tokens * hc * 16)
@@ -162,7 +163,7 @@ def test_engram_gate_fwd_clamp_and_zero_rows(eg):
 def test_engram_gate_bwd(eg, case):
     tokens, hc, hidden = case
     seed("bwd", case)
-    x, k, v, wh, we = _gate_inputs(tokens, hc, hidden, strided=tokens == 37)
+    x, k, v, wh, we = _gate_inputs(tokens, hc, hidden, strided=tokens in (37, 129))
     wf = ref.fused_weight(wh, we)
     go = torch.randn(tokens, hc, hidden, device="cuda").bfloat16()
     stats = [s.float() for s in ref.gate_fwd(x, k, v, wf, EPS, CLAMP)[1:]]
