@@ -5,20 +5,22 @@
  * cuCtxSetCurrent) arrive as addresses from Python (cuGetProcAddress through cuda-python, or a
  * test's stubs).  What one call does, in order -- the same steps as the Python twin:
  *   1. read the runtime symbols the layout needs: tensor sizes / strides, int scalar parameters;
- *   2. pick the device (unchecked: the first tensor's get_device(); bound: fixed) and its functions
- *      (loaded lazily by the twin, once per device);
- *   3. read data pointers (data_ptr() or __cuda_array_interface__); bound launchers have the twin
- *      check them (alignment, aliasing) when they differ from the last checked ones;
- *   4. the stream: torch's current stream, or the one given (converted by the twin unless an int);
- *   5. evaluate every launch's grid and scalar programs, range-check and pack every argument
- *      into per-call stack buffers (so calls are reentrant and thread-safe), TMA descriptors
- *      copied from a per-slot cache (encoded by the twin on a new pointer);
+ *   2. pick the device: unchecked launchers, the first tensor's get_device(); bound ones, their own;
+ *   3. bound launchers: read every data pointer (data_ptr() or __cuda_array_interface__) and have
+ *      the twin check them (alignment, aliasing) when they differ from the last checked ones;
+ *   4. evaluate every launch's grid and scalar programs, range-check and pack every argument into
+ *      per-call stack buffers (so calls are reentrant and thread-safe), TMA descriptors copied
+ *      from a per-slot cache (encoded by the twin on a new pointer);
+ *   5. the device's functions (loaded by the twin, once per device) and the stream (torch's
+ *      current stream, or the one given: converted by the twin unless it is an int);
  *   6. make the device's context current, launch each launch with the GIL released, restore.
  * Anything unusual (a non-int where an int is read, an overflow, a value out of range, a failed
  * attribute read) sends the whole call to the Python twin before anything is launched, so both
  * paths raise the same errors.  A failed launch is handed to the twin (retry, DeviceError).
  */
+#ifndef Py_LIMITED_API /* CMake's Python_add_library(USE_SABI 3.10) defines it too */
 #define Py_LIMITED_API 0x030A0000
+#endif
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdint.h>
