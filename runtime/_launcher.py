@@ -30,7 +30,7 @@ import threading
 from typing import Any
 
 from . import _driver, _settings
-from ._errors import ArgumentError, TilebinError
+from ._errors import ArgumentError, DeviceError, TilebinError
 from ._scalars import CONVERTED, DTYPE_CODE, SLOT_FORMAT, convert_scalar, scalar_bits
 from ._tensors import cai_device, data_ptr, stream_handle, torch_stream_getter
 from ._tma import TmaArg
@@ -330,12 +330,19 @@ def make_launcher(layout: Any, load: Any, bound: Bound | None = None) -> Any:
     hot = hot_module()
     if hot is None:
         return twin
+    try:
+        entries = _driver.entry_points()
+    except DeviceError:  # this driver does not hand out the entry points: the whole process uses the twin
+        if _settings.hot_path() == "c":
+            raise
+        use_hot_module(None)
+        return twin
     fixed = None
     if bound is not None:
         fixed = (bound.dev.ordinal, int(bound.dev.ctx_id), tuple(int(h) for h in bound.handles))
     try:
         return hot.Launcher(twin, len(layout.params), layout.first, layout.sources, layout.tensors,
-                            core_launches(layout), layout.ntma, _driver.entry_points(),
+                            core_launches(layout), layout.ntma, entries,
                             twin._stream, fixed)
     except ValueError:  # beyond the compiled path's fixed limits (csrc/_hot.c MAX*): the twin serves it
         return twin

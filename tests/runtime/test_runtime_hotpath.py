@@ -241,3 +241,20 @@ def test_every_shipped_variant_fits_the_compiled_path(built_wheel, fake_gpu, tmp
             assert not isinstance(fn, _launcher.Launcher), f"{name} {v['key']} fell back to the Python twin"
             compiled += 1
     assert compiled > 100
+
+
+def test_no_entry_points_means_the_twin(make_registry, fake_gpu, streams, monkeypatch, rt):
+    """A driver that cannot hand out cuLaunchKernel & co: Launchers fall back to the Python twin
+    (TILEBIN_HOT_PATH=auto), or the launch says why (TILEBIN_HOT_PATH=c)."""
+    if fake_gpu.hot != "c":
+        pytest.skip("compiled path only")
+    failing = lambda name, version, flags: (fake_gpu.CUresult(500), 0, 0)  # noqa: E731  CUDA_ERROR_NOT_FOUND
+    monkeypatch.setattr(fake_gpu, "cuGetProcAddress", failing)
+    monkeypatch.setenv(_settings.HOT_PATH.name, "c")
+    with pytest.raises(rt.DeviceError, match="cuGetProcAddress.cuLaunchKernel"):
+        make_registry().unchecked_launcher("toy.scale", dtype="bfloat16", block=128)
+    monkeypatch.setenv(_settings.HOT_PATH.name, "auto")
+    fn = make_registry().unchecked_launcher("toy.scale", dtype="bfloat16", block=128)
+    assert isinstance(fn, _launcher.Launcher) and rt.hot_path() == "python"
+    fn(TorchLike(4, 64), TorchLike(4, 64), 1.0)
+    assert len(fake_gpu.launches) == 1
