@@ -296,12 +296,22 @@ static int read_dim(Call *k, int kind, int p, int d, int64_t *out) {
     return ll_of(PyTuple_GetItem(*cache, d), out);
 }
 
+/* A scalar parameter's int value: exact ints, and bools as 0/1 (what Python's arithmetic and
+ * struct.pack make of them); anything else bails. */
+static int scalar_of(PyObject *o, int64_t *out) {
+    if (o == Py_True || o == Py_False) {
+        *out = o == Py_True;
+        return 0;
+    }
+    return ll_of(o, out);
+}
+
 static int read_symbols(Core *c, Call *k) {
     for (int i = 0; i < c->nsrc; i++) {
         int kind = c->src[i][0], p = c->src[i][1], d = c->src[i][2];
         k->sym_ok[i] = 1;
         if (kind == SRC_SCALAR) {
-            if (ll_of(PyTuple_GetItem(k->args, p), &k->sym[i])) k->sym_ok[i] = 0;
+            if (scalar_of(PyTuple_GetItem(k->args, p), &k->sym[i])) k->sym_ok[i] = 0;
         } else if (read_dim(k, kind, p, d, &k->sym[i])) {
             return BAIL;
         }

@@ -85,8 +85,8 @@ static int pack_int(int t, int64_t v, uint64_t *slot) {
 /* A scalar parameter passed through unchanged: exact ints and floats inside the type's range. */
 static int pack_object(int t, PyObject *o, uint64_t *slot) {
     int64_t v;
-    if (PyLong_CheckExact(o)) {
-        return ll_of(o, &v) ? BAIL : pack_int(t, v, slot);
+    if (PyLong_CheckExact(o) || o == Py_True || o == Py_False) {
+        return scalar_of(o, &v) ? BAIL : pack_int(t, v, slot);
     }
     if (!PyFloat_CheckExact(o) || (t != T_F32 && t != T_F64 && t != T_BF16)) return BAIL;
     double d = PyFloat_AsDouble(o);

@@ -98,8 +98,8 @@ def test_ordinary_calls_stay_compiled(make_registry, fake_gpu, streams, monkeypa
     monkeypatch.setattr(_launcher.Launcher, "_slow_run", lambda self, values, stream: slow.append(values))
     reg = make_registry()
     fn = reg.unchecked_launcher("toy.scale", dtype="bfloat16", block=128)
-    for m in (1, 300, 4001):
-        fn(TorchLike(m, 64), TorchLike(m, 64), 1.5)
+    for m, alpha in ((1, 1.5), (300, 2), (4001, True)):  # float, int and bool for the float32 scalar
+        fn(TorchLike(m, 64), TorchLike(m, 64), alpha)
     x, out = _bf16(300, 64), _bf16(300, 64)
     for stream in (None, 0, 0x77):
         reg.launch("toy.scale", x, out, 2.0, stream=stream)
