@@ -37,7 +37,7 @@ from ._tma import TmaArg
 
 GRID_MAX = ((1 << 31) - 1, 65535, 65535)
 _RETRY = (201, 400, 709)  # CUDA_ERROR_INVALID_CONTEXT, _INVALID_HANDLE, _CONTEXT_IS_DESTROYED
-_FORMAT = {"ptr": "Q", "const": "8s", "tma": "8x"}
+_FORMAT = {"ptr": "Q"}
 _SLOT_KINDS = ("ptr", "prog", "direct", "const", "tma")  # csrc/_hot.c: ARG_PTR ...
 _HOT: list[Any] = []  # [the compiled module, or None], chosen at the first Launcher
 
@@ -50,19 +50,36 @@ class Bound:
 
 
 class _Buffers:
-    """One launch's reusable ``void**`` array and 8-byte slots, and how a call fills them."""
+    """One launch's reusable ``void**`` array and 8-byte slots, and how a call fills them.
+
+    The slots a call changes (pointers, programs, pass-through scalars) come first and are
+    written with one ``pack_into``; constant slots follow, written once here.
+    """
 
     def __init__(self, ln: Any) -> None:
         n = max(len(ln.slots), 1)
         self.raw = (ctypes.c_uint64 * n)()
         self.params = (ctypes.c_void_p * n)()
         base = ctypes.addressof(self.raw)
-        for j in range(len(ln.slots)):
-            self.params[j] = base + 8 * j
+        moving = [(j, s) for j, s in enumerate(ln.slots) if s.kind in ("ptr", "prog", "direct")]
+        fixed = [(j, s) for j, s in enumerate(ln.slots) if s.kind == "const"]
+        for k, (j, s) in enumerate(moving + fixed):
+            self.params[j] = base + 8 * k
+            if s.kind == "const":
+                ctypes.memmove(base + 8 * k, s.raw, 8)
         self.address = ctypes.addressof(self.params) if ln.slots else 0
-        self.packer = struct.Struct("<" + "".join(_FORMAT.get(s.kind) or SLOT_FORMAT[s.dtype] for s in ln.slots))
-        self.ops = [(s.kind, s) for s in ln.slots if s.kind != "tma"]
+        self.packer = struct.Struct("<" + "".join(_FORMAT.get(s.kind) or SLOT_FORMAT[s.dtype] for _, s in moving))
+        self.getters = [_GETTERS[s.kind](s) for _, s in moving]
+        self.scalars = [s for _, s in moving if s.kind != "ptr"]
+        self.converted = [(k, s) for k, (_, s) in enumerate(moving) if s.dtype in CONVERTED]
         self.tma = [(j, s.tma, s.pos) for j, s in enumerate(ln.slots) if s.kind == "tma"]
+
+
+_GETTERS = {  # slot -> f(args, symbols): the value a call packs into it
+    "ptr": lambda slot: lambda a, s, p=slot.pos: data_ptr(a[p]),
+    "prog": lambda slot: lambda a, s, f=slot.fn: f(s),
+    "direct": lambda slot: lambda a, s, p=slot.pos: a[p],
+}
 
 
 class Launcher:
@@ -181,20 +198,15 @@ class Launcher:
                 raise ArgumentError(f"{ln.where}: grid {grid} is outside [1, {list(GRID_MAX)}]; split the call")
             return None
         buf = self._bufs[i]
-        values = []
-        for kind, slot in buf.ops:
-            v = (data_ptr(args[slot.pos]) if kind == "ptr" else slot.fn(s) if kind == "prog"
-                 else args[slot.pos] if kind == "direct" else slot.raw)
-            if slot.dtype in CONVERTED and kind != "const":
-                v = scalar_bits(slot.dtype, convert_scalar(v, slot.dtype, f"{ln.where} scalar"))
-            values.append(v)
+        values = [g(args, s) for g in buf.getters]
+        for k, slot in buf.converted:  # half types and bool: checked, then their bit patterns
+            values[k] = scalar_bits(slot.dtype, convert_scalar(values[k], slot.dtype, f"{ln.where} scalar"))
         try:
             buf.packer.pack_into(buf.raw, 0, *values)
         except (struct.error, OverflowError, TypeError):
-            for kind, slot in buf.ops:
-                if kind in ("prog", "direct"):
-                    v = slot.fn(s) if kind == "prog" else args[slot.pos]
-                    convert_scalar(v, slot.dtype, f"{ln.where}: the {slot.dtype} kernel argument")
+            for slot in buf.scalars:  # raises the ArgumentError naming the argument that does not fit
+                v = slot.fn(s) if slot.kind == "prog" else args[slot.pos]
+                convert_scalar(v, slot.dtype, f"{ln.where}: the {slot.dtype} kernel argument")
             raise
         for j, k, pos in buf.tma:
             buf.params[j] = self._tma[k].address(data_ptr(args[pos]))
