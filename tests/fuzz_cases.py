@@ -47,10 +47,10 @@ def _short(v: Any) -> str:
 
 
 def op_function(op: str) -> Callable:
-    from tilebin.ops import moe, quant
+    from tilebin.ops import engram, moe, quant
 
     family, name = op.split(".")
-    return getattr({"quant": quant, "moe": moe}[family], name)
+    return getattr({"quant": quant, "moe": moe, "engram": engram}[family], name)
 
 
 def run(call: Call) -> tuple[Any, BaseException | None]:
@@ -294,6 +294,30 @@ def _fused_mapping(rng, dev, big, op):
     return Call(op, [rand((slots, h), BF16, dev, rng), weights, ttp], kw)
 
 
+# ------------------------------------------------------------------ engram builders
+def _engram(rng, dev, big, op):
+    t, hc, h = tokens(rng, big), 4, rng.choice((576, 1024, 2048, 4096))
+    bf = lambda *shape: rand(shape, BF16, dev, rng)  # noqa: E731
+    if op == "engram.engram_hash":
+        n, layers, tables = rng.choice((2, 3)), rng.choice((1, 2)), rng.randint(1, 8)
+        ids = ints((t, n), 0, 100_000, I32, dev, rng)
+        mult = ints((layers, n), 1, 2**31 - 1, I64, dev, rng) * 2 + 1
+        vocab = ints((layers, n - 1, tables), 1, 200_000, I32, dev, rng)
+        offsets = ints((layers, (n - 1) * tables), 0, 10**6, I32, dev, rng)
+        return Call(op, [ids, mult, vocab, offsets])
+    if op == "engram.fused_weight":
+        return Call(op, [bf(hc, h), bf(hc, h)])
+    if op == "engram.grad_w_reduce":
+        return Call(op, [rand((rng.choice((1, 78, 132)), hc, h), FP32, dev, rng), bf(hc, h), bf(hc, h),
+                         rand((hc, h), FP32, dev, rng), rand((hc, h), FP32, dev, rng)])
+    x, k, v, wf = bf(t, hc, h), bf(t, hc, h), bf(t, h), rand((hc, h), FP32, dev, rng)
+    if op == "engram.engram_gate_fwd":
+        return Call(op, [x, k, v, wf, 1e-6, rng.choice((0.0, 1e-6, 1.0))], dict(save_for_backward=rng.random() < 0.7))
+    stats = [rand((t, hc), FP32, dev, rng), rand((t, hc), FP32, dev, rng).sigmoid(), positive((t, hc), dev, rng),
+             positive((t, hc), dev, rng)]
+    return Call(op, [bf(t, hc, h), x, k, v, wf, *stats, 1e-6])
+
+
 BUILDERS: dict[str, Callable[..., Call]] = {
     **{f"quant.{n}": _per_token for n in ("per_token_cast", "per_token_cast_with_sf_only",
                                          "per_token_cast_with_precomputed_sf")},
@@ -312,6 +336,8 @@ BUILDERS: dict[str, Callable[..., Call]] = {
                                    "normalize_weight")},
     **{f"moe.{n}": _fused_mapping for n in ("get_fused_mapping", "expand_to_fused", "expand_to_fused_with_sf",
                                            "reduce_fused")},
+    **{f"engram.{n}": _engram for n in ("engram_hash", "fused_weight", "engram_gate_fwd", "engram_gate_bwd",
+                                       "grad_w_reduce")},
 }
 
 
@@ -363,7 +389,7 @@ def bad_tensor(t: torch.Tensor, rng: random.Random) -> Any:
             if v.dtype in (I32, I64) else rng.choice((info.max, info.min))
         return v  # out-of-range index values: refused or ignored, never a fault
     if kind == 12 and t.dim() >= 1:
-        return torch.cat([t, t], dim=-1) if t.dtype != torch.bool else t.repeat(2)
+        return torch.cat([t, t], dim=-1)
     return rng.choice((None, 0, "tensor", [1, 2], 1.5))
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from .._common import check_cuda, fail, launcher
+from .._common import aligned_input, check_cuda, fail, launcher
 from ..config import get_num_sms
 from ._checks import (BF16, FP32, check_bool, check_contiguous, check_disjoint, check_float, check_hidden,
                       check_strided_rows)
@@ -88,6 +88,9 @@ def engram_gate_bwd(grad_out: torch.Tensor, hidden_states: torch.Tensor, k: torc
     clamp_value = check_float(op, "clamp_value", clamp_value)
     check_cuda(op, grad_out=grad_out, hidden_states=hidden_states, k=k, v=v, weight_fused=weight_fused, dot=dot,
                gate_score=gate_score, rstd_x=rstd_x, rstd_k=rstd_k)
+    # the kernel's contract is 16-byte aligned tensors: a view of the saved statistics that starts
+    # inside a buffer (a later chunk of tokens) is copied, never launched misaligned
+    dot, gate_score, rstd_x, rstd_k = (aligned_input(t) for t in (dot, gate_score, rstd_x, rstd_k))
     device = hidden_states.device
     grad_x = torch.empty((num_tokens, hc, hidden), dtype=torch.bfloat16, device=device)
     grad_k = torch.empty((num_tokens, hc, hidden), dtype=torch.bfloat16, device=device)
