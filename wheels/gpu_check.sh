@@ -17,7 +17,10 @@
 #   GPU_CHECK_BUDGET_S     wall-clock budget for the whole script, default 540 (the device
 #                          tool stops a command at 600 s); a stage gets what is left, minus a reserve
 #   GPU_CHECK_PYTHON       interpreter, default python3 (the image's torch Python)
-#   GPU_CHECK_BENCHES      benchmarks to run, default "quant moe op_host launch transpose host_parts"
+#   GPU_CHECK_BENCHES      benchmarks to run, default "quant moe engram op_host launch transpose host_parts"
+#   GPU_CHECK_PEER_TAR     a .tar.xz of tile_kernels + tilelang unpacked (../shared/NOTES.md), default
+#                          $REPO/.tk/tk.tar.xz when present: the benches that know the peer
+#                          (engram) time it side by side
 #   GPU_CHECK_QUANT_ARGS   extra arguments of bench_quant.py, e.g. "--quick"
 #
 # Files written under $OUT (flat, 8 at most, as the device tool returns them):
@@ -141,7 +144,7 @@ run_tests() {
 bench_one() {  # bench_one NAME CAP_S ARGS...: run bench/bench_NAME.py if GPU_CHECK_BENCHES lists it
   local name=$1 want=$2 cap
   shift 2
-  [[ " ${GPU_CHECK_BENCHES:-quant moe op_host launch transpose host_parts} " == *" $name "* ]] || return 0
+  [[ " ${GPU_CHECK_BENCHES:-quant moe engram op_host launch transpose host_parts} " == *" $name "* ]] || return 0
   cap=$(limit "$want" 60)
   if ((cap < 30)); then
     stamp "bench: $name skipped, only ${cap}s left in the budget"
@@ -149,12 +152,25 @@ bench_one() {  # bench_one NAME CAP_S ARGS...: run bench/bench_NAME.py if GPU_CH
     return
   fi
   stamp "bench: bench_$name.py (limit ${cap}s)"
-  in_tmp timeout -k 10 "$cap" "$PY" "$REPO/bench/bench_$name.py" "$@" --md "$OUT/bench.md" 2>&1 | tee -a "$OUT/bench.log"
+  local tbpath="$TB_PYTHONPATH"
+  [[ -n "${PEER_PATH:-}" && $name == engram ]] && tbpath="$TB_PYTHONPATH:$PEER_PATH"
+  (cd /tmp && PYTHONPATH="$tbpath" TILEBIN_EXPECT_INSTALLED=1 timeout -k 10 "$cap" "$PY" "$REPO/bench/bench_$name.py" \
+    "$@" --md "$OUT/bench.md") 2>&1 | tee -a "$OUT/bench.log"
   RC[bench_$name]=$?
+}
+
+unpack_peer() {  # tile_kernels + tilelang for side-by-side rows, when a tarball came along
+  local tar="${GPU_CHECK_PEER_TAR:-$REPO/.tk/tk.tar.xz}"
+  [[ -f "$tar" ]] || return 0
+  stamp "bench: unpacking the peer (tile_kernels) from $tar"
+  mkdir -p /tmp/tb-peer && tar -xJf "$tar" -C /tmp/tb-peer && PEER_PATH="$(ls -d /tmp/tb-peer/*/ | head -1)"
+  stamp "bench: peer on $PEER_PATH"
 }
 
 run_bench() {
   rm -f "$OUT/bench.md"
+  unpack_peer
+  bench_one engram 200
   bench_one quant 240 --json "$OUT/bench-quant.json" ${GPU_CHECK_QUANT_ARGS:-}
   bench_one moe 150 --json "$OUT/bench-moe.json"
   bench_one op_host 90 --profile
