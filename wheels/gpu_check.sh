@@ -124,6 +124,7 @@ run_tests() {
   local cap
   local reserve=150  # for the stages after this one; none when tests run alone
   [[ "$STAGES" == " tests " ]] && reserve=15
+  [[ "$STAGES" == " tests fuzz " ]] && reserve=200
   cap=$(limit "${GPU_CHECK_TESTS_S:-300}" "$reserve")
   stamp "tests: pytest tests/gpu (limit ${cap}s)"
   printf '[pytest]\nmarkers =\n    gpu: needs an NVIDIA sm_90 GPU\n' >/tmp/tb-pytest.ini
@@ -183,8 +184,9 @@ run_bench() {
 }
 
 run_fuzz() {
-  local cap
-  cap=$(limit 240 200)
+  local cap reserve=10  # for the stages after this one
+  [[ "$STAGES" == *" bench "* || "$STAGES" == *" sanitizer "* ]] && reserve=200
+  cap=$(limit 240 "$reserve")
   stamp "fuzz: wheels/fuzz_ops.py --calls ${GPU_CHECK_FUZZ_CALLS:-10000} --seed ${GPU_CHECK_FUZZ_SEED:-1} (limit ${cap}s)"
   in_tmp timeout -k 10 "$cap" "$PY" "$REPO/wheels/fuzz_ops.py" --calls "${GPU_CHECK_FUZZ_CALLS:-10000}" \
     --seed "${GPU_CHECK_FUZZ_SEED:-1}" --max-seconds $((cap - 20)) 2>&1 | tee "$OUT/fuzz.log"
