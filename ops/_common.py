@@ -52,7 +52,13 @@ def typed_key(*parts: Any) -> tuple:
     bits (``0.0`` and ``-0.0`` differ).  Unhashable parts raise TypeError (callers then take the
     checked path).
     """
+    types = tuple(map(type, parts))
+    if _NESTED.isdisjoint(types):  # the common case: flat scalars, dtypes, devices, sizes
+        return parts + types
     return tuple([_typed(p) for p in parts])
+
+
+_NESTED = frozenset((tuple, list, float))  # parts whose elements or bits need their own tags
 
 
 def _typed(value: Any) -> Any:
