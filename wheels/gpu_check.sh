@@ -9,7 +9,7 @@
 #   GPU_CHECK_STAGES       stages to run, default "tests fuzz bench sanitizer" (env facts +
 #                          install always run); e.g. GPU_CHECK_STAGES="bench"
 #   GPU_CHECK_FUZZ_CALLS   calls of the GPU fuzz (wheels/fuzz_ops.py), default 10000; under
-#                          compute-sanitizer memcheck: GPU_CHECK_FUZZ_SANITIZER_CALLS, default 600
+#                          compute-sanitizer memcheck: GPU_CHECK_FUZZ_SANITIZER_CALLS, default 3000
 #   GPU_CHECK_FUZZ_SEED    its seed, default 1 (the sanitizer run uses seed + 1)
 #   GPU_CHECK_PYTEST_ARGS  extra pytest arguments (split on spaces), e.g. "-x --maxfail=20"
 #   GPU_CHECK_TESTS_S      seconds the test stage may take at most, default 300
@@ -268,7 +268,7 @@ run_sanitizer() {
     stamp "sanitizer: fuzz memcheck skipped, ${cap}s left in the budget"
     all=1
   else
-    local n=${GPU_CHECK_FUZZ_SANITIZER_CALLS:-600} seed=$((${GPU_CHECK_FUZZ_SEED:-1} + 1))
+    local n=${GPU_CHECK_FUZZ_SANITIZER_CALLS:-3000} seed=$((${GPU_CHECK_FUZZ_SEED:-1} + 1))
     stamp "sanitizer: memcheck on wheels/fuzz_ops.py --calls $n --seed $seed (limit ${cap}s)"
     in_tmp env PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout -k 10 "$cap" \
       "$cs" --tool memcheck --error-exitcode 3 --print-limit 30 --report-api-errors no \
