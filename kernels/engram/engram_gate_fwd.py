@@ -19,12 +19,18 @@ Per token ``t`` and head ``h``, in fp32 (x, k, v widened from bf16, w = weight_f
     output[t, h, i] = bf16(x_i + gate * v_i)                  (product and sum rounded apart)
     if save: dot = d; gate_score = gate; rstd_x = rx; rstd_k = rk
 
-Design: one block of ``THREADS`` threads per (token, head), ``bx = t * hc + h`` (the hc blocks
-of a token run together, so v comes from DRAM once).  Thread ``tid`` owns the 16-byte vectors
-``u * THREADS + tid`` (``u < U``); it issues all its x, k, w and v loads first, keeps them in
-registers, reduces the three sums (xor-shuffles, then one shared-memory exchange across the
-warps, summed in warp order: deterministic), and writes its output vectors.  Every byte is
-read once (w from L2) and written once.
+Design: rows ``r = t * hc + h`` are handled by ``wpr = ceil(hidden / (32 * U * V))`` warps each
+(``wpr = 4`` at hidden 4096, 7 at 7168, 1 at 576), and a block of ``WARPS`` warps takes the
+``rpb = WARPS // wpr`` consecutive rows ``bx * rpb + j`` (2 rows, i.e. two heads of one token, at
+hidden 4096): every block holds about ``THREADS * U`` vectors of each stream in flight whatever
+the hidden size (the register budget is sized for 8192; one row per block would leave half of it
+idle at 4096), and the heads of a token run side by side, so v comes from DRAM once.  Thread
+``lane`` of warp ``wr`` of a row owns the 16-byte vectors ``u * 32 * wpr + 32 * wr + lane``
+(``u < U``); it issues all its x, k, w and v loads first, keeps them in registers, reduces the
+three sums (xor-shuffles, then one shared-memory exchange across the row's warps, summed in warp
+order: deterministic), and writes its output vectors.  Every byte is read once (w and v from L2
+after the first row) and written once.  Warps without a row (``WARPS % wpr``, the last block's
+tail) load and store nothing but still meet the barrier.
 """
 
 # No ``from __future__ import annotations``: TileLang evaluates the PrimFunc's tensor
@@ -50,6 +56,8 @@ def engram_gate_fwd():
     # views whose row lengths and strides are multiples of V: every vector access is aligned
     x_vec = (num_tokens, hc, nvec * V)
     w_vec = (hc, nvec * V)
+    warps_per_row = T.ceildiv(nvec, 32 * U)  # 1..WARPS for hidden <= MAX_HIDDEN
+    rows_per_block = WARPS // warps_per_row
     k_flat = ((num_tokens - 1) * (ks0 // V) * V + (hc - 1) * (ks1 // V) * V + nvec * V,)
     v_flat = ((num_tokens - 1) * (vs0 // V) * V + nvec * V,)
 
@@ -69,7 +77,7 @@ def engram_gate_fwd():
         scalar: T.float32,
         save: T.int32,
     ):
-        with T.Kernel(num_tokens * hc, threads=THREADS) as bx:
+        with T.Kernel(T.ceildiv(num_tokens * hc, rows_per_block), threads=THREADS) as bx:
             tid = T.get_thread_binding()
             xs = T.alloc_local((U * V,), "bfloat16")
             ks = T.alloc_local((U * V,), "bfloat16")
@@ -83,59 +91,70 @@ def engram_gate_fwd():
             rk = T.alloc_var("float32")
             sg = T.alloc_var("float32")
             gate = T.alloc_var("float32")
+            wpr = T.alloc_var("int32")
+            j = T.alloc_var("int32")
+            tr = T.alloc_var("int32")
+            row = T.alloc_var("int32")
+            ok = T.alloc_var("int32")
             t = T.alloc_var("int32")
             h = T.alloc_var("int32")
-            t = T.truncdiv(bx, hc)
-            h = T.truncmod(bx, hc)
+            wpr = warps_per_row
+            j = tid // 32 // wpr  # this warp's row in the block (== rows_per_block: no row)
+            tr = tid - j * wpr * 32  # the thread's place in its row
+            row = bx * rows_per_block + j
+            ok = T.if_then_else(j < rows_per_block and row < num_tokens * hc, 1, 0)
+            t = T.truncdiv(row, hc) * ok
+            h = T.truncmod(row, hc) * ok
             for u in T.unroll(U):
-                if u * THREADS + tid < nvec:
+                if ok != 0 and u * wpr * 32 + tr < nvec:
                     for i in T.vectorized(V):
                         xs[u * V + i] = T.Tensor(x_vec, "bfloat16", hidden_states.data)[
-                            t, h, (u * THREADS + tid) * V + i]
+                            t, h, (u * wpr * 32 + tr) * V + i]
                     for i in T.vectorized(V):
                         ks[u * V + i] = T.Tensor(k_flat, "bfloat16", k.data)[
-                            (t) * (ks0 // V) * V + (h) * (ks1 // V) * V + (u * THREADS + tid) * V + i]
+                            (t) * (ks0 // V) * V + (h) * (ks1 // V) * V + (u * wpr * 32 + tr) * V + i]
                     for i in T.vectorized(V):
                         ws[u * V + i] = T.Tensor(w_vec, "float32", weight_fused.data)[
-                            h, (u * THREADS + tid) * V + i]
+                            h, (u * wpr * 32 + tr) * V + i]
                     for i in T.vectorized(V):
                         vs[u * V + i] = T.Tensor(v_flat, "bfloat16", v.data)[
-                            (t) * (vs0 // V) * V + (u * THREADS + tid) * V + i]
-            for j in T.unroll(3):
-                acc[j] = T.float32(0)
+                            (t) * (vs0 // V) * V + (u * wpr * 32 + tr) * V + i]
+            for c in T.unroll(3):
+                acc[c] = T.float32(0)
             for u in T.unroll(U):
-                if u * THREADS + tid < nvec:
+                if ok != 0 and u * wpr * 32 + tr < nvec:
                     for i in T.unroll(V):
                         acc[0] += T.Cast("float32", xs[u * V + i]) * T.Cast("float32", xs[u * V + i])
                         acc[1] += T.Cast("float32", ks[u * V + i]) * T.Cast("float32", ks[u * V + i])
                         acc[2] += T.Cast("float32", xs[u * V + i]) * ws[u * V + i] * T.Cast("float32", ks[u * V + i])
-            for j in T.unroll(3):
+            for c in T.unroll(3):
                 for r in T.unroll(5):
-                    acc[j] += T.shfl_xor(acc[j], 16 >> r)
+                    acc[c] += T.shfl_xor(acc[c], 16 >> r)
             if tid % 32 == 0:
-                for j in T.unroll(3):
-                    red[j, tid // 32] = acc[j]
+                for c in T.unroll(3):
+                    red[c, tid // 32] = acc[c]
             T.sync_threads()
-            for j in T.unroll(3):
-                tot[j] = T.float32(0)
-                for w in T.unroll(WARPS):
-                    tot[j] += red[j, w]
-            rx = T.rsqrt(tot[0] / T.Cast("float32", hidden) + eps)
-            rk = T.rsqrt(tot[1] / T.Cast("float32", hidden) + eps)
-            sg = T.ieee_mul(T.ieee_mul(T.ieee_mul(tot[2], rx), rk), scalar)
-            gate = T.sigmoid(T.copysign(T.sqrt(T.max(T.abs(sg), clamp_value)), sg))
-            if save != 0 and tid == 0:
-                dot[t, h] = tot[2]
-                gate_score[t, h] = gate
-                rstd_x[t, h] = rx
-                rstd_k[t, h] = rk
-            for u in T.unroll(U):
-                if u * THREADS + tid < nvec:
-                    for i in T.unroll(V):
-                        ob[i] = T.Cast("bfloat16", T.ieee_add(
-                            T.Cast("float32", xs[u * V + i]), T.ieee_mul(gate, T.Cast("float32", vs[u * V + i]))))
-                    for i in T.vectorized(V):
-                        T.Tensor(x_vec, "bfloat16", output.data)[t, h, (u * THREADS + tid) * V + i] = ob[i]
+            if ok != 0:
+                for c in T.unroll(3):
+                    tot[c] = red[c, j * wpr]
+                    for q in T.serial(wpr - 1):  # the row's warps, in order
+                        tot[c] += red[c, j * wpr + q + 1]
+                rx = T.rsqrt(tot[0] / T.Cast("float32", hidden) + eps)
+                rk = T.rsqrt(tot[1] / T.Cast("float32", hidden) + eps)
+                sg = T.ieee_mul(T.ieee_mul(T.ieee_mul(tot[2], rx), rk), scalar)
+                gate = T.sigmoid(T.copysign(T.sqrt(T.max(T.abs(sg), clamp_value)), sg))
+                if save != 0 and tr == 0:
+                    dot[t, h] = tot[2]
+                    gate_score[t, h] = gate
+                    rstd_x[t, h] = rx
+                    rstd_k[t, h] = rk
+                for u in T.unroll(U):
+                    if u * wpr * 32 + tr < nvec:
+                        for i in T.unroll(V):
+                            ob[i] = T.Cast("bfloat16", T.ieee_add(
+                                T.Cast("float32", xs[u * V + i]), T.ieee_mul(gate, T.Cast("float32", vs[u * V + i]))))
+                        for i in T.vectorized(V):
+                            T.Tensor(x_vec, "bfloat16", output.data)[t, h, (u * wpr * 32 + tr) * V + i] = ob[i]
 
     return main
 
