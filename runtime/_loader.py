@@ -11,7 +11,10 @@ from __future__ import annotations
 import hashlib
 import threading
 from dataclasses import dataclass, field
-from importlib.resources.abc import Traversable
+try:  # Python 3.11+
+    from importlib.resources.abc import Traversable
+except ImportError:  # Python 3.10: the same protocol, under its older name
+    from importlib.abc import Traversable
 from typing import Any
 
 from . import _driver

@@ -20,7 +20,10 @@ import functools
 import itertools
 import os
 import threading
-from importlib.resources.abc import Traversable
+try:  # Python 3.11+
+    from importlib.resources.abc import Traversable
+except ImportError:  # Python 3.10: the same protocol, under its older name
+    from importlib.abc import Traversable
 from pathlib import Path
 from typing import Any
 

@@ -10,7 +10,10 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from importlib.resources import files
-from importlib.resources.abc import Traversable
+try:  # Python 3.11+
+    from importlib.resources.abc import Traversable
+except ImportError:  # Python 3.10: the same protocol, under its older name
+    from importlib.abc import Traversable
 from pathlib import Path
 
 from ._errors import TilebinError
