@@ -20,17 +20,27 @@ Per token ``t`` and head ``h``, in fp32, with ``go = grad_out[t, h]``, ``d = dot
     grad_v[t] = bf16(sum_h go_h * g_h)               (heads in order)
     grad_w_partial[p, h] = sum over block p's tokens of G * x * k
 
-Blocks ``p < num_blocks`` take consecutive token ranges of ``ceil(num_tokens / num_blocks)``
-tokens; a block with none writes zeros, so ``grad_w_partial.sum(0)`` is the fused-weight gradient
-(``grad_w_reduce``).  Deterministic: fixed summation orders for any launch.
+Partial row ``p < num_blocks`` covers the consecutive tokens ``[p * per, (p + 1) * per)``,
+``per = ceil(num_tokens / num_blocks)``; a row with none is zeros, so ``grad_w_partial.sum(0)`` is
+the fused-weight gradient (``grad_w_reduce``).  Deterministic: fixed summation orders for any
+launch, and grad_x/grad_k/grad_v do not depend on ``num_blocks``.
 
-Design: one block of ``THREADS`` threads per (range ``p``, head ``h``), ``bx = p * hc + h`` (the
-hc blocks of a range run together, so v and grad_out rows are shared through L2).  Thread
-``tid`` owns the 16-byte vectors ``u * THREADS + tid`` (``u < U``) of the row, keeps its slice
-of the fused-weight gradient in registers across the block's tokens, and per token issues its
-grad_out, v, x and k loads together; ``sum go*v`` is a shuffle + shared-memory reduction
-(double-buffered: one barrier per token).  Block ``h`` also writes grad_v on vectors
-``[h * nvec / hc, (h + 1) * nvec / hc)`` of the row, reading the other heads' grad_out there.
+Design: rows (token, head) are laid out as in ``engram_gate_fwd``: ``wpr = ceil(hidden / 1024)``
+warps per row, ``rpb = WARPS // wpr`` heads per block; block ``bx = p * G + g`` (``G =
+ceil(hc / rpb)``) runs heads ``g * rpb + j`` over the tokens of range ``p``, so the blocks of one
+range run together and share v and grad_out rows through L2.  Thread ``lane`` of warp ``wr`` of
+row ``j`` owns the vectors ``u * 32 * wpr + 32 * wr + lane`` (``u < U``): it keeps its slice of
+the fused weight (loaded once) and of the weight gradient in registers, and streams its tokens
+through a two-stage shared-memory ring of *private* slots: while it computes token ``t`` from
+one stage, the cp.async copies of token ``t + 1`` (grad_out, v, x, k, the four saved
+statistics, and the grad_v operands below) are in flight into the other stage (a thread only
+reads what it copied itself, so ``cp.async.wait_group`` suffices; the one barrier per token is
+the ``sum go*v`` exchange, double-buffered).  About ``THREADS * U`` 16-byte vectors per stream
+are in flight per block (56-64 KB at hidden 4096-8192) during the whole token loop; one block per
+SM (shared memory).  grad_v: vector ``i`` of the row is summed (heads in order) by the thread
+that owns it in the row of head ``(i // (32 * wpr)) % hc``; for the slot ``u == h`` the first
+``HEADS_IN_FLIGHT`` heads' grad_out vectors and gates come through the ring, any others (hc > 4,
+or the extra slots when hc < U) are loaded directly.
 """
 
 # No ``from __future__ import annotations``: TileLang evaluates the PrimFunc's tensor
@@ -41,11 +51,19 @@ from .._declare import KernelDecl
 from .engram_gate_fwd import MAX_HIDDEN, PASS_CONFIGS, THREADS, U, V, WARPS
 
 
-HEADS_IN_FLIGHT = 4  # grad_v: grad_out loads of this many heads in flight at once
+HEADS_IN_FLIGHT = 4  # grad_v: grad_out vectors of this many heads staged per token
+GO, VV, XX, KK = 0, 1, 2, 3  # the staged streams
+NSCAL = 4 + HEADS_IN_FLIGHT  # staged fp32 scalars: dot, gate, rstd_x, rstd_k of the row, then gate[t, q]
+PASS_CONFIGS_BWD = dict(PASS_CONFIGS, **{"tl.disable_thread_storage_sync": True})  # private slots: see above
 
 
 def _f(x):
     return T.Cast("float32", x)
+
+
+def _cp(dst, src, n):
+    """One cp.async of ``n`` elements (16 bytes of bf16, or one fp32) into shared memory."""
+    return T.ptx_cp_async(T.access_ptr(dst, "w", n), T.access_ptr(src, "r", n), n)
 
 
 def engram_gate_bwd():
@@ -54,6 +72,8 @@ def engram_gate_bwd():
     ks0, ks1, vs0 = T.dynamic("k_stride_s"), T.dynamic("k_stride_h"), T.dynamic("v_stride_s")
     num_blocks = T.dynamic("num_blocks")
     nvec = hidden // V
+    warps_per_row = T.ceildiv(nvec, 32 * U)  # 1..WARPS for hidden <= MAX_HIDDEN
+    rows_per_block = WARPS // warps_per_row
     x_vec = (num_tokens, hc, nvec * V)
     w_vec = (hc, nvec * V)
     p_vec = (num_blocks, hc, nvec * V)
@@ -79,21 +99,22 @@ def engram_gate_bwd():
         clamp_value: T.float32,
         scalar: T.float32,
     ):
-        with T.Kernel(num_blocks * hc, threads=THREADS) as bx:
+        with T.Kernel(num_blocks * T.ceildiv(hc, rows_per_block), threads=THREADS) as bx:
             tid = T.get_thread_binding()
-            gos = T.alloc_local((U * V,), "bfloat16")
-            xs = T.alloc_local((U * V,), "bfloat16")
-            ks = T.alloc_local((U * V,), "bfloat16")
-            vs = T.alloc_local((U * V,), "bfloat16")
-            ws = T.alloc_local((V,), "float32")
+            stg = T.alloc_shared((2, 4, U, THREADS * V), "bfloat16")
+            gvs = T.alloc_shared((2, HEADS_IN_FLIGHT, THREADS * V), "bfloat16")
+            scl = T.alloc_shared((2, NSCAL, THREADS), "float32")
+            red = T.alloc_shared((2, WARPS), "float32")
+            ws = T.alloc_local((U * V,), "float32")
             gw = T.alloc_local((U * V,), "float32")
+            gol = T.alloc_local((V,), "bfloat16")
+            vl = T.alloc_local((V,), "bfloat16")
+            xl = T.alloc_local((V,), "bfloat16")
+            kl = T.alloc_local((V,), "bfloat16")
             ogx = T.alloc_local((V,), "bfloat16")
             ogk = T.alloc_local((V,), "bfloat16")
-            gvb = T.alloc_local((HEADS_IN_FLIGHT * V,), "bfloat16")
             gvo = T.alloc_local((V,), "bfloat16")
-            gq = T.alloc_local((HEADS_IN_FLIGHT,), "float32")
             gva = T.alloc_local((V,), "float32")
-            red = T.alloc_shared((2, WARPS), "float32")
             acc = T.alloc_var("float32")
             tot = T.alloc_var("float32")
             gg = T.alloc_var("float32")
@@ -104,102 +125,141 @@ def engram_gate_bwd():
             big = T.alloc_var("float32")
             cx = T.alloc_var("float32")
             ck = T.alloc_var("float32")
+            wpr = T.alloc_var("int32")
+            rpb = T.alloc_var("int32")
+            j = T.alloc_var("int32")
+            tr = T.alloc_var("int32")
             h = T.alloc_var("int32")
+            ok = T.alloc_var("int32")
             p = T.alloc_var("int32")
             per = T.alloc_var("int32")
             t0 = T.alloc_var("int32")
+            n = T.alloc_var("int32")
+            tn = T.alloc_var("int32")
             t = T.alloc_var("int32")
-            h = T.truncmod(bx, hc)
-            p = T.truncdiv(bx, hc)
+            sn = T.alloc_var("int32")
+            sc = T.alloc_var("int32")
+            wpr = warps_per_row
+            rpb = rows_per_block
+            j = tid // 32 // wpr  # this warp's row in the block (== rpb: no row)
+            tr = tid - j * wpr * 32  # the thread's place in its row
+            p = T.truncdiv(bx, T.ceildiv(hc, rpb))
+            h = T.truncmod(bx, T.ceildiv(hc, rpb)) * rpb + j
+            ok = T.if_then_else(j < rpb and h < hc, 1, 0)
+            h = h * ok
             per = T.truncdiv(num_tokens + num_blocks - 1, num_blocks)
             t0 = T.min(p * per, num_tokens)
+            n = T.min(per, num_tokens - t0)
+            for u in T.unroll(U):
+                if ok != 0 and u * wpr * 32 + tr < nvec:
+                    for i in T.vectorized(V):
+                        ws[u * V + i] = T.Tensor(w_vec, "float32", weight_fused.data)[h, (u * wpr * 32 + tr) * V + i]
             for i in T.unroll(U * V):
                 gw[i] = T.float32(0)
-            for it in T.serial(T.min(per, num_tokens - t0)):
-                t = t0 + it
-                for u in T.unroll(U):
-                    if u * THREADS + tid < nvec:
-                        for i in T.vectorized(V):
-                            gos[u * V + i] = T.Tensor(x_vec, "bfloat16", grad_out.data)[t, h, (u * THREADS + tid) * V + i]
-                        for i in T.vectorized(V):
-                            vs[u * V + i] = T.Tensor(v_flat, "bfloat16", v.data)[
-                                t * (vs0 // V) * V + (u * THREADS + tid) * V + i]
-                        for i in T.vectorized(V):
-                            xs[u * V + i] = T.Tensor(x_vec, "bfloat16", hidden_states.data)[
-                                t, h, (u * THREADS + tid) * V + i]
-                        for i in T.vectorized(V):
-                            ks[u * V + i] = T.Tensor(k_flat, "bfloat16", k.data)[
-                                t * (ks0 // V) * V + h * (ks1 // V) * V + (u * THREADS + tid) * V + i]
-                # grad_v on this head's share of the row (every head's grad_out, heads in order)
-                for u in T.unroll(U):
-                    if (u * THREADS + tid) * hc >= h * nvec and (u * THREADS + tid) * hc < (h + 1) * nvec:
-                        for i in T.unroll(V):
-                            gva[i] = T.float32(0)
-                        for q in T.unroll(HEADS_IN_FLIGHT):  # the first heads' loads: straight-line code
-                            if q < hc:
-                                gq[q] = gate_score[t, q]
-                                for i in T.vectorized(V):
-                                    gvb[q * V + i] = T.Tensor(x_vec, "bfloat16", grad_out.data)[
-                                        t, q, (u * THREADS + tid) * V + i]
+            # iteration ``it`` stages token t0 + it and computes token t0 + it - 1
+            for it in T.serial(n + 1):
+                tn = t0 + it
+                sn = it % 2
+                T.sync_warp()  # a compiler fence: last iteration's reads of stage sn stay before its refill
+                if ok != 0 and it < n:
+                    for u in T.unroll(U):
+                        if u * wpr * 32 + tr < nvec:
+                            _cp(stg[sn, GO, u, tid * V], T.Tensor(x_vec, "bfloat16", grad_out.data)[
+                                tn, h, (u * wpr * 32 + tr) * V], V)
+                            _cp(stg[sn, VV, u, tid * V], T.Tensor(v_flat, "bfloat16", v.data)[
+                                tn * (vs0 // V) * V + (u * wpr * 32 + tr) * V], V)
+                            _cp(stg[sn, XX, u, tid * V], T.Tensor(x_vec, "bfloat16", hidden_states.data)[
+                                tn, h, (u * wpr * 32 + tr) * V], V)
+                            _cp(stg[sn, KK, u, tid * V], T.Tensor(k_flat, "bfloat16", k.data)[
+                                tn * (ks0 // V) * V + h * (ks1 // V) * V + (u * wpr * 32 + tr) * V], V)
+                    if h < U and h * wpr * 32 + tr < nvec:  # this thread's first grad_v slot, u == h
                         for q in T.unroll(HEADS_IN_FLIGHT):
                             if q < hc:
+                                _cp(gvs[sn, q, tid * V], T.Tensor(x_vec, "bfloat16", grad_out.data)[
+                                    tn, q, (h * wpr * 32 + tr) * V], V)
+                                _cp(scl[sn, 4 + q, tid], gate_score[tn, q], 1)
+                    _cp(scl[sn, 0, tid], dot[tn, h], 1)
+                    _cp(scl[sn, 1, tid], gate_score[tn, h], 1)
+                    _cp(scl[sn, 2, tid], rstd_x[tn, h], 1)
+                    _cp(scl[sn, 3, tid], rstd_k[tn, h], 1)
+                T.ptx_commit_group()  # one group per iteration, possibly empty
+                if it > 0:
+                    t = tn - 1
+                    sc = 1 - sn
+                    T.ptx_wait_group(1)  # token t's copies (this thread's) have landed
+                    T.sync_warp()  # the wait asm has no memory clobber: keep the reads below it
+                    acc = T.float32(0)
+                    for u in T.unroll(U):
+                        if ok != 0 and u * wpr * 32 + tr < nvec:
+                            for i in T.vectorized(V):
+                                gol[i] = stg[sc, GO, u, tid * V + i]
+                            for i in T.vectorized(V):
+                                vl[i] = stg[sc, VV, u, tid * V + i]
+                            for i in T.unroll(V):
+                                acc += _f(gol[i]) * _f(vl[i])
+                    for r in T.unroll(5):
+                        acc += T.shfl_xor(acc, 16 >> r)
+                    if tid % 32 == 0:
+                        red[sc, tid // 32] = acc
+                    T.sync_threads()
+                    if ok != 0:
+                        tot = red[sc, j * wpr]
+                        for q in T.serial(wpr - 1):  # the row's warps, in order
+                            tot += red[sc, j * wpr + q + 1]
+                        d = scl[sc, 0, tid]
+                        gg = scl[sc, 1, tid]
+                        rx = scl[sc, 2, tid]
+                        rk = scl[sc, 3, tid]
+                        sg = T.ieee_mul(T.ieee_mul(T.ieee_mul(d, rx), rk), scalar)
+                        big = T.if_then_else(T.abs(sg) < clamp_value, T.float32(0),
+                                             tot * gg * (T.float32(1) - gg) * T.float32(0.5) / T.sqrt(T.abs(sg))
+                                             * (rx * rk * scalar))
+                        cx = d * rx * rx / _f(hidden)
+                        ck = d * rk * rk / _f(hidden)
+                        for u in T.unroll(U):
+                            if u * wpr * 32 + tr < nvec:
+                                for i in T.vectorized(V):
+                                    gol[i] = stg[sc, GO, u, tid * V + i]
+                                for i in T.vectorized(V):
+                                    xl[i] = stg[sc, XX, u, tid * V + i]
+                                for i in T.vectorized(V):
+                                    kl[i] = stg[sc, KK, u, tid * V + i]
                                 for i in T.unroll(V):
-                                    gva[i] = T.ieee_add(gva[i], T.ieee_mul(_f(gvb[q * V + i]), gq[q]))
-                        for hb in T.serial(T.ceildiv(hc, HEADS_IN_FLIGHT) - 1):  # more heads, in groups
-                            for q in T.unroll(HEADS_IN_FLIGHT):
-                                if (hb + 1) * HEADS_IN_FLIGHT + q < hc:
-                                    gq[q] = gate_score[t, (hb + 1) * HEADS_IN_FLIGHT + q]
+                                    ogx[i] = T.Cast("bfloat16", _f(gol[i]) + big * (
+                                        _f(kl[i]) * ws[u * V + i] - _f(xl[i]) * cx))
+                                    ogk[i] = T.Cast("bfloat16", big * (_f(xl[i]) * ws[u * V + i] - _f(kl[i]) * ck))
+                                    gw[u * V + i] += big * _f(xl[i]) * _f(kl[i])
+                                for i in T.vectorized(V):
+                                    T.Tensor(x_vec, "bfloat16", grad_x.data)[t, h, (u * wpr * 32 + tr) * V + i] = ogx[i]
+                                for i in T.vectorized(V):
+                                    T.Tensor(x_vec, "bfloat16", grad_k.data)[t, h, (u * wpr * 32 + tr) * V + i] = ogk[i]
+                        # grad_v on the vectors u * 32 * wpr + tr with u % hc == h (heads in order)
+                        for u in T.unroll(U):
+                            if T.truncmod(u, hc) == h and u * wpr * 32 + tr < nvec:
+                                for i in T.unroll(V):
+                                    gva[i] = T.float32(0)
+                                if u == h:  # the staged heads
+                                    for q in T.unroll(HEADS_IN_FLIGHT):
+                                        if q < hc:
+                                            for i in T.vectorized(V):
+                                                gol[i] = gvs[sc, q, tid * V + i]
+                                            for i in T.unroll(V):
+                                                gva[i] = T.ieee_add(gva[i], T.ieee_mul(_f(gol[i]), scl[sc, 4 + q, tid]))
+                                for q in T.serial(T.if_then_else(u == h, T.max(hc - HEADS_IN_FLIGHT, 0), hc)):
                                     for i in T.vectorized(V):
-                                        gvb[q * V + i] = T.Tensor(x_vec, "bfloat16", grad_out.data)[
-                                            t, (hb + 1) * HEADS_IN_FLIGHT + q, (u * THREADS + tid) * V + i]
-                            for q in T.unroll(HEADS_IN_FLIGHT):
-                                if (hb + 1) * HEADS_IN_FLIGHT + q < hc:
+                                        gol[i] = T.Tensor(x_vec, "bfloat16", grad_out.data)[
+                                            t, q + T.if_then_else(u == h, HEADS_IN_FLIGHT, 0), (u * wpr * 32 + tr) * V + i]
                                     for i in T.unroll(V):
-                                        gva[i] = T.ieee_add(gva[i], T.ieee_mul(_f(gvb[q * V + i]), gq[q]))
-                        for i in T.unroll(V):
-                            gvo[i] = T.Cast("bfloat16", gva[i])
-                        for i in T.vectorized(V):
-                            T.Tensor(gv_vec, "bfloat16", grad_v.data)[t, (u * THREADS + tid) * V + i] = gvo[i]
-                acc = T.float32(0)
-                for u in T.unroll(U):
-                    if u * THREADS + tid < nvec:
-                        for i in T.unroll(V):
-                            acc += _f(gos[u * V + i]) * _f(vs[u * V + i])
-                for r in T.unroll(5):
-                    acc += T.shfl_xor(acc, 16 >> r)
-                if tid % 32 == 0:
-                    red[it % 2, tid // 32] = acc
-                T.sync_threads()
-                tot = T.float32(0)
-                for w in T.unroll(WARPS):
-                    tot += red[it % 2, w]
-                gg = gate_score[t, h]
-                rx = rstd_x[t, h]
-                rk = rstd_k[t, h]
-                d = dot[t, h]
-                sg = T.ieee_mul(T.ieee_mul(T.ieee_mul(d, rx), rk), scalar)
-                big = T.if_then_else(T.abs(sg) < clamp_value, T.float32(0),
-                                     tot * gg * (T.float32(1) - gg) * T.float32(0.5) / T.sqrt(T.abs(sg))
-                                     * (rx * rk * scalar))
-                cx = d * rx * rx / _f(hidden)
-                ck = d * rk * rk / _f(hidden)
-                for u in T.unroll(U):
-                    if u * THREADS + tid < nvec:
-                        for i in T.vectorized(V):
-                            ws[i] = T.Tensor(w_vec, "float32", weight_fused.data)[h, (u * THREADS + tid) * V + i]
-                        for i in T.unroll(V):
-                            ogx[i] = T.Cast("bfloat16", _f(gos[u * V + i]) + big * (
-                                _f(ks[u * V + i]) * ws[i] - _f(xs[u * V + i]) * cx))
-                            ogk[i] = T.Cast("bfloat16", big * (_f(xs[u * V + i]) * ws[i] - _f(ks[u * V + i]) * ck))
-                            gw[u * V + i] += big * _f(xs[u * V + i]) * _f(ks[u * V + i])
-                        for i in T.vectorized(V):
-                            T.Tensor(x_vec, "bfloat16", grad_x.data)[t, h, (u * THREADS + tid) * V + i] = ogx[i]
-                        for i in T.vectorized(V):
-                            T.Tensor(x_vec, "bfloat16", grad_k.data)[t, h, (u * THREADS + tid) * V + i] = ogk[i]
+                                        gva[i] = T.ieee_add(gva[i], T.ieee_mul(
+                                            _f(gol[i]), gate_score[t, q + T.if_then_else(u == h, HEADS_IN_FLIGHT, 0)]))
+                                for i in T.unroll(V):
+                                    gvo[i] = T.Cast("bfloat16", gva[i])
+                                for i in T.vectorized(V):
+                                    T.Tensor(gv_vec, "bfloat16", grad_v.data)[t, (u * wpr * 32 + tr) * V + i] = gvo[i]
             for u in T.unroll(U):
-                if u * THREADS + tid < nvec:
+                if ok != 0 and u * wpr * 32 + tr < nvec:
                     for i in T.vectorized(V):
-                        T.Tensor(p_vec, "float32", grad_w_partial.data)[p, h, (u * THREADS + tid) * V + i] = gw[u * V + i]
+                        T.Tensor(p_vec, "float32", grad_w_partial.data)[p, h, (u * wpr * 32 + tr) * V + i] = gw[u * V + i]
 
     return main
 
@@ -210,7 +270,7 @@ KERNELS = (
         factory=engram_gate_bwd,
         grid=({},),
         outputs=("grad_x", "grad_k", "grad_v", "grad_w_partial"),
-        pass_configs=PASS_CONFIGS,
+        pass_configs=PASS_CONFIGS_BWD,
         doc="Gradients of engram_gate_fwd: grad_x, grad_k, grad_v (bf16) and per-block fused-weight partials (fp32).",
     ),
 )
