@@ -46,17 +46,19 @@ def engram_hash():
             row = T.alloc_var("int32")  # lyr * num_tokens + t
             c = T.alloc_var("int32")
             j = T.alloc_var("int32")  # n-gram order - 1
+            lyr = T.alloc_var("int32")
+            tok = T.alloc_var("int32")
             if bx * THREADS + tid < layers * num_tokens * cols:
                 c = T.truncmod(bx * THREADS + tid, cols)
                 row = T.truncdiv(bx * THREADS + tid, cols)
                 j = T.truncdiv(c, tables)
+                lyr = T.truncdiv(row, num_tokens)  # 32-bit index math: the one 64-bit division is the hash's
+                tok = row - lyr * num_tokens
                 acc = T.int64(0)
                 for i in T.serial(j + 2):
-                    acc = T.bitwise_xor(acc, T.Cast("int64", ngram_token_ids[T.truncmod(row, num_tokens), i])
-                                        * multipliers[T.truncdiv(row, num_tokens), i])
-                output[T.truncdiv(row, num_tokens), T.truncmod(row, num_tokens), c] = T.Cast("int32", T.floormod(
-                    acc, T.Cast("int64", vocab_sizes[T.truncdiv(row, num_tokens), j, c - j * tables]))
-                    + T.Cast("int64", offsets[T.truncdiv(row, num_tokens), c]))
+                    acc = T.bitwise_xor(acc, T.Cast("int64", ngram_token_ids[tok, i]) * multipliers[lyr, i])
+                output[lyr, tok, c] = T.Cast("int32", T.floormod(acc, T.Cast("int64", vocab_sizes[lyr, j, c - j * tables]))
+                                             + T.Cast("int64", offsets[lyr, c]))
 
     return main
 
