@@ -13,8 +13,11 @@ Summation order (deterministic, independent of the GPU): ``R`` row groups each a
 ``p = g, g + R, g + 2R, ...`` in order, then the ``R`` group sums are added in group order.
 
 Design: the ``hc * hidden`` columns are split into blocks of ``COLS`` columns; in a block of
-``32 * R`` threads, lane ``l`` of row group ``g`` owns 4 consecutive columns (16-byte loads,
-``UNROLL`` rows in flight), the group sums meet in shared memory and row group 0 writes.
+``32 * R`` threads, lane ``l`` of row group ``g`` owns 4 consecutive columns: it copies its rows
+(16-byte cp.async into private shared-memory slots, ``UNROLL`` rows each, so all of a block's
+rows are in flight in one round trip for up to ``R * UNROLL = 144`` rows) and sums them in
+order; the group sums meet in shared memory and row group 0, which loaded its weights and
+gradients before the sum, writes.  Two blocks per SM.
 """
 
 # No ``from __future__ import annotations``: TileLang evaluates the PrimFunc's tensor
@@ -23,10 +26,10 @@ import tilelang.language as T
 
 from .._declare import KernelDecl
 
-R = 8  # row groups per block
+R = 16  # row groups per block
 THREADS = 32 * R
 COLS = 32 * 4  # columns per block
-UNROLL = 4
+UNROLL = 9  # rows in flight per thread: R * UNROLL = 144 >= the SM count of every Hopper part (one pass)
 
 
 def grad_w_reduce():
@@ -45,38 +48,21 @@ def grad_w_reduce():
         grad_weight_embed: T.Tensor((hc, hidden), "float32"),
     ):
         with T.Kernel(T.ceildiv(ncols, COLS), threads=THREADS) as bx:
+            T.annotate_min_blocks_per_sm(2)  # two blocks per SM (74 KB shared each): all 224 blocks of 4 x 7168 at once
             tid = T.get_thread_binding()
-            buf = T.alloc_local((UNROLL * 4,), "float32")
+            buf = T.alloc_local((4,), "float32")
+            # rows < UNROLL: private slots (a thread reads what it copied); row UNROLL: the group sums
+            stg = T.alloc_shared((UNROLL + 1, THREADS * 4), "float32")
             acc = T.alloc_local((4,), "float32")
             wh = T.alloc_local((4,), "bfloat16")
             we = T.alloc_local((4,), "bfloat16")
             gh = T.alloc_local((4,), "float32")
             ge = T.alloc_local((4,), "float32")
-            part = T.alloc_shared((R, COLS), "float32")
             g = T.alloc_var("int32")
             g = tid // 32
             for j in T.unroll(4):
                 acc[j] = T.float32(0)
-            if bx * COLS + (tid % 32) * 4 < ncols:
-                for c in T.serial(T.ceildiv(num_blocks, R * UNROLL)):
-                    for u in T.unroll(UNROLL):
-                        if (c * UNROLL + u) * R + g < num_blocks:
-                            for j in T.vectorized(4):
-                                buf[u * 4 + j] = T.Tensor(p_vec, "float32", grad_w_partial.data)[
-                                    (c * UNROLL + u) * R + g, bx * COLS + (tid % 32) * 4 + j]
-                    for u in T.unroll(UNROLL):
-                        if (c * UNROLL + u) * R + g < num_blocks:
-                            for j in T.unroll(4):
-                                acc[j] = T.ieee_add(acc[j], buf[u * 4 + j])
-            for j in T.unroll(4):
-                part[g, (tid % 32) * 4 + j] = acc[j]
-            T.sync_threads()
-            if g == 0 and bx * COLS + (tid % 32) * 4 < ncols:
-                for j in T.unroll(4):
-                    acc[j] = part[0, (tid % 32) * 4 + j]
-                for r in T.unroll(R - 1):
-                    for j in T.unroll(4):
-                        acc[j] = T.ieee_add(acc[j], part[r + 1, (tid % 32) * 4 + j])
+            if g == 0 and bx * COLS + (tid % 32) * 4 < ncols:  # issued early: their latency hides under the sum
                 for j in T.vectorized(4):
                     wh[j] = T.Tensor(w_vec, "bfloat16", weight_hidden.data)[bx * COLS + (tid % 32) * 4 + j]
                 for j in T.vectorized(4):
@@ -85,6 +71,31 @@ def grad_w_reduce():
                     gh[j] = T.Tensor(w_vec, "float32", grad_weight_hidden.data)[bx * COLS + (tid % 32) * 4 + j]
                 for j in T.vectorized(4):
                     ge[j] = T.Tensor(w_vec, "float32", grad_weight_embed.data)[bx * COLS + (tid % 32) * 4 + j]
+            for c in T.serial(T.ceildiv(num_blocks, R * UNROLL)):  # one pass up to 144 rows
+                for u in T.unroll(UNROLL):  # every row of the pass in flight at once
+                    if bx * COLS + (tid % 32) * 4 < ncols and (c * UNROLL + u) * R + g < num_blocks:
+                        T.ptx_cp_async(T.access_ptr(stg[u, tid * 4], "w", 4), T.access_ptr(T.Tensor(
+                            p_vec, "float32", grad_w_partial.data)[(c * UNROLL + u) * R + g, bx * COLS + (tid % 32) * 4],
+                            "r", 4), 4)
+                T.ptx_commit_group()
+                T.ptx_wait_group(0)
+                T.sync_warp()  # a compiler fence (the wait asm has no memory clobber); uniform code
+                for u in T.unroll(UNROLL):
+                    if bx * COLS + (tid % 32) * 4 < ncols and (c * UNROLL + u) * R + g < num_blocks:
+                        for j in T.vectorized(4):
+                            buf[j] = stg[u, tid * 4 + j]
+                        for j in T.unroll(4):
+                            acc[j] = T.ieee_add(acc[j], buf[j])
+                T.sync_warp()  # this pass's reads of stg stay before the next pass's copies
+            for j in T.unroll(4):
+                stg[UNROLL, tid * 4 + j] = acc[j]
+            T.sync_threads()
+            if g == 0 and bx * COLS + (tid % 32) * 4 < ncols:
+                for j in T.unroll(4):
+                    acc[j] = stg[UNROLL, (tid % 32) * 4 + j]
+                for r in T.unroll(R - 1):
+                    for j in T.unroll(4):
+                        acc[j] = T.ieee_add(acc[j], stg[UNROLL, (r + 1) * COLS + (tid % 32) * 4 + j])
                 for j in T.unroll(4):
                     gh[j] = T.ieee_add(gh[j], T.ieee_mul(acc[j], T.Cast("float32", we[j])))
                     ge[j] = T.ieee_add(ge[j], T.ieee_mul(acc[j], T.Cast("float32", wh[j])))
@@ -102,7 +113,8 @@ KERNELS = (
         factory=grad_w_reduce,
         grid=({},),
         outputs=("grad_weight_hidden", "grad_weight_embed"),
-        pass_configs={"tl.disable_safe_memory_legalize": True},  # every access is guarded above
+        # every access is guarded above; the only cross-thread exchange (the group sums) has its own barrier
+        pass_configs={"tl.disable_safe_memory_legalize": True, "tl.disable_thread_storage_sync": True},
         doc="s = sum_p grad_w_partial[p]; grad_weight_hidden += s * weight_embed; grad_weight_embed += s * weight_hidden.",
     ),
 )
