@@ -13,8 +13,11 @@ in int64 (products wrap modulo 2**64, ``floormod`` takes the sign of the divisor
 ``%``; the sum is truncated to its low 32 bits, as torch's int32 addition wraps).  Bit-exact
 with the torch reference.  A vocab size of 0 gives an unspecified value (no trap).
 
-Design: one thread per output element (``layers * num_tokens * cols < 2**31``, checked by the
-op), coalesced int32 stores; the ids, multipliers, sizes and offsets are re-read from L1.
+Design: one thread per (layer, token, n-gram order, chunk of ``E`` tables), in output order
+(``layers * num_tokens * cols < 2**31``, checked by the op): it computes the n-gram's hash once
+and its ``E`` independent modulos (ILP), and writes ``E`` consecutive int32 (a warp stores a
+contiguous run); index math is 32-bit.  At 2 layers x 8001 tokens x 2 orders x 8 tables that is
+32 K threads, one wave.
 """
 
 # No ``from __future__ import annotations``: TileLang evaluates the PrimFunc's tensor
@@ -23,7 +26,8 @@ import tilelang.language as T
 
 from .._declare import KernelDecl
 
-THREADS = 256
+THREADS = 128
+E = 8  # tables per thread
 
 
 def engram_hash():
@@ -31,6 +35,8 @@ def engram_hash():
     num_tokens, n = T.dynamic("num_tokens"), T.dynamic("max_ngram_size")
     layers, ngrams, tables = T.dynamic("num_ngram_layers"), T.dynamic("num_ngrams"), T.dynamic("num_tables")
     cols = T.dynamic("num_cols")
+
+    nch = T.ceildiv(tables, E)  # chunks of E tables per n-gram order
 
     @T.prim_func
     def main(
@@ -40,25 +46,30 @@ def engram_hash():
         offsets: T.Tensor((layers, cols), "int32"),
         output: T.Tensor((layers, num_tokens, cols), "int32"),
     ):
-        with T.Kernel(T.ceildiv(layers * num_tokens * cols, THREADS), threads=THREADS) as bx:
+        with T.Kernel(T.ceildiv(layers * num_tokens * ngrams * nch, THREADS), threads=THREADS) as bx:
             tid = T.get_thread_binding()
             acc = T.alloc_var("int64")
-            row = T.alloc_var("int32")  # lyr * num_tokens + t
-            c = T.alloc_var("int32")
-            j = T.alloc_var("int32")  # n-gram order - 1
+            flat = T.alloc_var("int32")  # ((lyr * num_tokens + tok) * ngrams + j) * nch + chunk
+            e0 = T.alloc_var("int32")
+            j = T.alloc_var("int32")  # n-gram order - 2
+            row = T.alloc_var("int32")  # lyr * num_tokens + tok
             lyr = T.alloc_var("int32")
             tok = T.alloc_var("int32")
-            if bx * THREADS + tid < layers * num_tokens * cols:
-                c = T.truncmod(bx * THREADS + tid, cols)
-                row = T.truncdiv(bx * THREADS + tid, cols)
-                j = T.truncdiv(c, tables)
-                lyr = T.truncdiv(row, num_tokens)  # 32-bit index math: the one 64-bit division is the hash's
+            flat = bx * THREADS + tid
+            if flat < layers * num_tokens * ngrams * nch:
+                e0 = T.truncmod(flat, nch) * E
+                row = T.truncdiv(flat, nch)
+                j = T.truncmod(row, ngrams)
+                row = T.truncdiv(row, ngrams)
+                lyr = T.truncdiv(row, num_tokens)  # 32-bit index math: the 64-bit divisions are the hash's
                 tok = row - lyr * num_tokens
                 acc = T.int64(0)
                 for i in T.serial(j + 2):
                     acc = T.bitwise_xor(acc, T.Cast("int64", ngram_token_ids[tok, i]) * multipliers[lyr, i])
-                output[lyr, tok, c] = T.Cast("int32", T.floormod(acc, T.Cast("int64", vocab_sizes[lyr, j, c - j * tables]))
-                                             + T.Cast("int64", offsets[lyr, c]))
+                for e in T.unroll(E):  # independent modulos: instruction-level parallelism
+                    if e0 + e < tables:
+                        output[lyr, tok, j * tables + e0 + e] = T.Cast("int32", T.floormod(
+                            acc, T.Cast("int64", vocab_sizes[lyr, j, e0 + e])) + T.Cast("int64", offsets[lyr, j * tables + e0 + e]))
 
     return main
 
