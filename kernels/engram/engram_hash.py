@@ -17,7 +17,8 @@ Design: one thread per (layer, token, n-gram order, chunk of ``E`` tables), in o
 (``layers * num_tokens * cols < 2**31``, checked by the op): it computes the n-gram's hash once
 and its ``E`` independent modulos (ILP), and writes ``E`` consecutive int32 (a warp stores a
 contiguous run); index math is 32-bit.  At 2 layers x 8001 tokens x 2 orders x 8 tables that is
-32 K threads, one wave.
+64 K threads, one wave (a 64-bit modulo is a long dependent sequence: ``E`` trades threads in flight
+against the chain per thread).
 """
 
 # No ``from __future__ import annotations``: TileLang evaluates the PrimFunc's tensor
@@ -27,7 +28,7 @@ import tilelang.language as T
 from .._declare import KernelDecl
 
 THREADS = 128
-E = 8  # tables per thread
+E = 4  # tables per thread: 4 modulos per thread, ~15 warps per SM in one wave at 2 x 8001 x 16
 
 
 def engram_hash():
