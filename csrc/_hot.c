@@ -10,7 +10,7 @@
  *      the twin check them (alignment, aliasing) when they differ from the last checked ones;
  *   4. evaluate every launch's grid and scalar programs, range-check and pack every argument into
  *      per-call stack buffers (so calls are reentrant and thread-safe), TMA descriptors copied
- *      from a per-slot cache (encoded by the twin on a new pointer);
+ *      from a per-slot cache of the last TMA_RECENT addresses (the twin encodes a new one);
  *   5. the device's functions (loaded by the twin, once per device) and the stream (torch's
  *      current stream, or the one given: converted by the twin unless it is an int);
  *   6. make the device's context current, launch each launch with the GIL released, restore.
@@ -25,7 +25,6 @@
 #include <Python.h>
 #include <stdint.h>
 #include <string.h>
-
 #define MAXP 32  /* parameters */
 #define MAXS 32  /* symbol sources */
 #define MAXL 4   /* launches */
@@ -34,6 +33,7 @@
 #define MAXD 16  /* devices */
 #define MAXPROG 64
 #define DESC 128
+#define TMA_RECENT 8 /* descriptors per TMA slot, by global address (the twin keeps as many: _tma.RECENT) */
 #define BAIL 2   /* "let the Python twin do this call" */
 
 typedef int (*launch_fn)(void *, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
@@ -79,7 +79,8 @@ typedef struct {
     Device dev[MAXD];
     uint64_t ok_ptrs[MAXP];
     int ok_valid;
-    TmaCache tma[MAXT];
+    TmaCache tma[MAXT][TMA_RECENT]; /* geometry is fixed per bound launcher: the address is the key */
+    int tma_next[MAXT];
     launch_fn cu_launch;
     launch_ex_fn cu_launch_ex;
     ctx_get_fn ctx_get;
@@ -264,8 +265,8 @@ typedef struct {
     int have_ptr[MAXP];
 } Call;
 
-static void call_clear(Call *k) {
-    for (int i = 0; i < MAXP; i++) {
+static void call_clear(Call *k, int n) { /* n: the launcher's parameter count (call_init cleared that many) */
+    for (int i = 0; i < n; i++) {
         Py_XDECREF(k->shape[i]);
         Py_XDECREF(k->stride[i]);
     }
@@ -352,7 +353,6 @@ static int read_ptr(Call *k, int p, uint64_t *out) {
 }
 
 #include "_hot_eval.h"
-
 #include "_hot_call.h"
 #include "_hot_dispatch.h"
 
@@ -390,7 +390,7 @@ PyMODINIT_FUNC PyInit__hot(void) {
     PyObject *dp = tp ? PyType_FromSpec(&dispatch_spec) : NULL;
     core_type = tp;
     Py_XINCREF(tp); /* core_type keeps its own reference */
-    if (dp == NULL || PyModule_AddObject(m, "Launcher", tp) || PyModule_AddObject(m, "Dispatch", dp)) {
+    if (dp == NULL || PyModule_AddObject(m, "Launcher", tp) || add_front(m, dp) || PyModule_AddObject(m, "Dispatch", dp)) {
         Py_XDECREF(dp);
         Py_XDECREF(m);
         return NULL;

@@ -35,10 +35,13 @@ typedef struct {
     _Alignas(64) unsigned char desc[MAXT][DESC];
 } Packed;
 
-/* The 128 descriptor bytes of TMA slot `t` for global address `ptr` (cached per slot; the twin encodes). */
+/* The 128 descriptor bytes of TMA slot `t` for global address `ptr`: one of the slot's TMA_RECENT
+ * cached descriptors, or (a new address) encoded by the twin into the oldest entry. */
 static int tma_bytes(Core *c, int t, uint64_t ptr, unsigned char *out) {
-    TmaCache *tc = &c->tma[t];
-    if (!tc->valid || tc->ptr != ptr) {
+    TmaCache *tc = NULL;
+    for (int r = 0; r < TMA_RECENT && tc == NULL; r++)
+        if (c->tma[t][r].valid && c->tma[t][r].ptr == ptr) tc = &c->tma[t][r];
+    if (tc == NULL) {
         PyObject *ti = PyLong_FromLong(t), *pi = PyLong_FromUnsignedLongLong(ptr);
         PyObject *r = (ti && pi) ? twin_call(c, s_tma, ti, pi) : NULL;
         Py_XDECREF(ti), Py_XDECREF(pi);
@@ -49,7 +52,9 @@ static int tma_bytes(Core *c, int t, uint64_t ptr, unsigned char *out) {
             if (!PyErr_Occurred()) PyErr_SetString(PyExc_RuntimeError, "TMA descriptor: expected 128 bytes");
             return -1;
         }
-        memcpy(tc->desc, buf, DESC); /* GIL held from here to the copy below: no other call interleaves */
+        tc = &c->tma[t][c->tma_next[t]]; /* GIL held from here to the copy below: no other call interleaves */
+        c->tma_next[t] = (c->tma_next[t] + 1) % TMA_RECENT;
+        memcpy(tc->desc, buf, DESC);
         tc->ptr = ptr, tc->valid = 1;
         Py_DECREF(r);
     }
@@ -211,12 +216,18 @@ static int do_call(Core *c, Call *k, PyObject *stream) {
 
 static PyObject *finish(Core *c, Call *k, int rc, PyObject *stream, int run) {
     PyObject *args = k->args;
-    call_clear(k);
+    call_clear(k, c->nparams);
     if (rc == 0) Py_RETURN_NONE;
     if (rc < 0) return NULL;
     PyErr_Clear();
     if (run) return twin_call(c, s_run, args, stream ? stream : Py_None);
     return twin_call(c, s_call, args, NULL);
+}
+
+/* A call's per-parameter state, cleared for this launcher's parameters only (no whole-struct memset). */
+static void call_init(Call *k, Core *c, PyObject *args) {
+    k->args = args;
+    for (int i = 0; i < c->nparams; i++) k->shape[i] = k->stride[i] = NULL, k->have_ptr[i] = 0;
 }
 
 /* launcher(*args): the unchecked contract (bound launchers: run(args) on the default stream). */
@@ -227,8 +238,7 @@ static PyObject *core_call(PyObject *self, PyObject *args, PyObject *kw) {
         PyErr_SetString(PyExc_TypeError, "_hot.Launcher was not initialised");
         return NULL;
     }
-    memset(&k, 0, sizeof k);
-    k.args = args;
+    call_init(&k, c, args);
     int rc = (kw && PyDict_Size(kw)) || PyTuple_Size(args) != c->nparams ? BAIL : do_call(c, &k, NULL);
     return finish(c, &k, rc, NULL, c->bound);
 }
@@ -239,21 +249,40 @@ static PyObject *run_values(Core *c, PyObject *values, PyObject *stream) {
         return NULL;
     }
     Call k;
-    memset(&k, 0, sizeof k);
-    k.args = PySequence_Tuple(values);
-    if (k.args == NULL) return NULL;
-    int rc = PyTuple_Size(k.args) != c->nparams ? BAIL : do_call(c, &k, stream);
+    PyObject *args = PySequence_Tuple(values);
+    if (args == NULL) return NULL;
+    call_init(&k, c, args);
+    int rc = PyTuple_Size(args) != c->nparams ? BAIL : do_call(c, &k, stream);
     PyObject *r = finish(c, &k, rc, stream, 1);
-    Py_DECREF(k.args);
+    Py_DECREF(args);
     return r;
 }
 
-/* launcher.run(values, stream=None): a bound launcher's call (values: the parameters in order). */
-static PyObject *core_run(PyObject *self, PyObject *args, PyObject *kw) {
-    static char *names[] = {"values", "stream", NULL};
-    PyObject *values, *stream = Py_None;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|O", names, &values, &stream)) return NULL;
-    return run_values((Core *)self, values, stream);
+/* launcher.run(values, stream=None): a bound launcher's call (values: the parameters in order).
+ * METH_FASTCALL: a PreparedCall (functools.partial of this method) reaches it without an argument tuple. */
+static PyObject *core_run(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
+    PyObject *given[2] = {nargs > 0 ? args[0] : NULL, nargs > 1 ? args[1] : NULL};
+    Py_ssize_t nkw = kwnames ? PyTuple_Size(kwnames) : 0;
+    if (nargs > 2) {
+        PyErr_Format(PyExc_TypeError, "run() takes at most 2 arguments (%zd given)", nargs);
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < nkw; i++) {
+        PyObject *name = PyTuple_GetItem(kwnames, i);
+        int at = PyUnicode_CompareWithASCIIString(name, "values") == 0   ? 0
+                 : PyUnicode_CompareWithASCIIString(name, "stream") == 0 ? 1
+                                                                           : -1;
+        if (at < 0 || given[at] != NULL) {
+            PyErr_Format(PyExc_TypeError, "run() got an unexpected or repeated keyword argument %R", name);
+            return NULL;
+        }
+        given[at] = args[nargs + i];
+    }
+    if (given[0] == NULL) {
+        PyErr_SetString(PyExc_TypeError, "run() missing required argument 'values'");
+        return NULL;
+    }
+    return run_values((Core *)self, given[0], given[1] ? given[1] : Py_None);
 }
 
 static PyObject *core_twin(PyObject *self, PyObject *unused) {
@@ -263,7 +292,7 @@ static PyObject *core_twin(PyObject *self, PyObject *unused) {
 }
 
 static PyMethodDef core_methods[] = {
-    {"run", (PyCFunction)(void (*)(void))core_run, METH_VARARGS | METH_KEYWORDS,
+    {"run", (PyCFunction)(void (*)(void))core_run, METH_FASTCALL | METH_KEYWORDS,
      "run(values, stream=None): launch with these parameters (see the Python twin's run)"},
     {"twin", core_twin, METH_NOARGS, "the pure-Python Launcher this one mirrors"},
     {NULL, NULL, 0, NULL},

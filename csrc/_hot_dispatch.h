@@ -1,21 +1,27 @@
 /* _hot.c, part 4: runtime.launch's plan-cache hit without Python frames.
  *
  * Dispatch(fast_plans, nparams, tensor_positions, keyed_positions, direct_positions, cell, slow) is
- * called as dispatch(args, kwargs, stream).  It builds the same key as runtime/_signature.py's
- * fast_signature -- per tensor (dtype, size(), stride(), device), per keyed scalar (type, value),
- * per pass-through scalar its type -- looks the plan up and runs it; anything else (keywords, a
- * tensor that is not exactly cell[0], an odd scalar type, a miss) goes to slow(args, kwargs, stream).
+ * called as dispatch(args, kwargs, stream).  With no keywords, it compares the call's signature values
+ * with the RECENT signatures it last found (_hot_recent.h) and runs that plan; else it builds the same
+ * key as runtime/_signature.py's fast_signature -- per tensor (dtype, size(), stride(), device), per
+ * keyed scalar (type, value), per pass-through scalar its type -- looks the plan up, remembers it and
+ * runs it; anything else (keywords, a tensor that is not exactly cell[0], an odd scalar type, a miss)
+ * goes to slow(args, kwargs, stream).  dispatch.forget() empties the recent signatures (the registry
+ * calls it when it evicts plans).
  */
+
+static PyObject *s_dtype, *s_size, *s_devattr, *s_runattr;
+static PyObject *core_type;
+
+#include "_hot_recent.h"
 
 typedef struct {
     PyObject_HEAD
     PyObject *plans, *cell, *slow;
-    int nparams, nt, nk, nd;
-    int t[MAXP], k[MAXP], d[MAXP];
+    Positions pos;
+    int next; /* the recent entry to replace next */
+    Recent recent[RECENT];
 } Dispatch;
-
-static PyObject *s_dtype, *s_size, *s_devattr, *s_runattr;
-static PyObject *core_type;
 
 static int positions(PyObject *seq, int *out, int *n) {
     if ((*n = parse_table(seq, MAXP, "positions")) < 0) return -1;
@@ -30,10 +36,16 @@ static int positions(PyObject *seq, int *out, int *n) {
 static int dispatch_init(PyObject *self, PyObject *args, PyObject *kw) {
     Dispatch *d = (Dispatch *)self;
     PyObject *plans, *t, *k, *dd, *cell, *slow;
-    if (!PyArg_ParseTuple(args, "O!iOOOO!O", &PyDict_Type, &plans, &d->nparams, &t, &k, &dd, &PyList_Type, &cell,
+    Positions *p = &d->pos;
+    if (d->slow != NULL) {
+        PyErr_SetString(PyExc_TypeError, "_hot.Dispatch is initialised once");
+        return -1;
+    }
+    if (!PyArg_ParseTuple(args, "O!iOOOO!O", &PyDict_Type, &plans, &p->nparams, &t, &k, &dd, &PyList_Type, &cell,
                           &slow))
         return -1;
-    if (positions(t, d->t, &d->nt) || positions(k, d->k, &d->nk) || positions(dd, d->d, &d->nd)) return -1;
+    if (positions(t, p->t, &p->nt) || positions(k, p->k, &p->nk) || positions(dd, p->d, &p->nd)) return -1;
+    if (s_is_cuda == NULL && (s_is_cuda = PyUnicode_InternFromString(HOT_IS_CUDA)) == NULL) return -1;
     Py_INCREF(plans), Py_INCREF(cell), Py_INCREF(slow);
     d->plans = plans, d->cell = cell, d->slow = slow;
     return 0;
@@ -42,6 +54,7 @@ static int dispatch_init(PyObject *self, PyObject *args, PyObject *kw) {
 static void dispatch_dealloc(PyObject *self) {
     Dispatch *d = (Dispatch *)self;
     PyTypeObject *tp = Py_TYPE(self);
+    for (int r = 0; r < RECENT; r++) recent_clear(&d->recent[r], &d->pos);
     Py_XDECREF(d->plans), Py_XDECREF(d->cell), Py_XDECREF(d->slow);
     ((freefunc)PyType_GetSlot(tp, Py_tp_free))(self);
     Py_DECREF(tp);
@@ -50,11 +63,11 @@ static void dispatch_dealloc(PyObject *self) {
 /* The fast key of `a`, or NULL (no exception) when the call does not have one. */
 static PyObject *fast_key(Dispatch *d, PyObject *a) {
     PyObject *cls = PyList_Size(d->cell) ? PyList_GetItem(d->cell, 0) : NULL;
-    if (cls == NULL || cls == Py_None || PyTuple_Size(a) != d->nparams) return NULL;
-    PyObject *key = PyTuple_New(4 * d->nt + 2 * d->nk + d->nd);
+    if (cls == NULL || cls == Py_None || PyTuple_Size(a) != d->pos.nparams) return NULL;
+    PyObject *key = PyTuple_New(4 * d->pos.nt + 2 * d->pos.nk + d->pos.nd);
     int j = 0;
-    for (int i = 0; key && i < d->nt; i++) {
-        PyObject *x = PyTuple_GetItem(a, d->t[i]);
+    for (int i = 0; key && i < d->pos.nt; i++) {
+        PyObject *x = PyTuple_GetItem(a, d->pos.t[i]);
         if ((PyObject *)Py_TYPE(x) != cls) goto no;
         PyObject *parts[4] = {PyObject_GetAttr(x, s_dtype), PyObject_CallMethodObjArgs(x, s_size, NULL),
                               PyObject_CallMethodObjArgs(x, s_stride, NULL), PyObject_GetAttr(x, s_devattr)};
@@ -66,8 +79,8 @@ static PyObject *fast_key(Dispatch *d, PyObject *a) {
             PyTuple_SetItem(key, j++, parts[p]);
         }
     }
-    for (int i = 0; key && i < d->nk; i++) {
-        PyObject *s = PyTuple_GetItem(a, d->k[i]);
+    for (int i = 0; key && i < d->pos.nk; i++) {
+        PyObject *s = PyTuple_GetItem(a, d->pos.k[i]);
         PyObject *tp = (PyObject *)Py_TYPE(s);
         if (tp != (PyObject *)&PyLong_Type && tp != (PyObject *)&PyFloat_Type && tp != (PyObject *)&PyBool_Type)
             goto no;
@@ -75,8 +88,8 @@ static PyObject *fast_key(Dispatch *d, PyObject *a) {
         PyTuple_SetItem(key, j++, tp);
         PyTuple_SetItem(key, j++, s);
     }
-    for (int i = 0; key && i < d->nd; i++) {
-        PyObject *tp = (PyObject *)Py_TYPE(PyTuple_GetItem(a, d->d[i]));
+    for (int i = 0; key && i < d->pos.nd; i++) {
+        PyObject *tp = (PyObject *)Py_TYPE(PyTuple_GetItem(a, d->pos.d[i]));
         Py_INCREF(tp);
         PyTuple_SetItem(key, j++, tp);
     }
@@ -89,35 +102,76 @@ no:
 
 static PyObject *run_values(Core *c, PyObject *values, PyObject *stream);
 
-static PyObject *dispatch_call(PyObject *self, PyObject *args, PyObject *kw) {
-    Dispatch *d = (Dispatch *)self;
-    PyObject *a, *kwargs, *stream, *plan = NULL;
-    if (!PyArg_ParseTuple(args, "O!OO", &PyTuple_Type, &a, &kwargs, &stream)) return NULL;
+/* The plan of a call with no keywords (a new reference), or NULL: none (no exception) or an error. */
+static PyObject *find_plan(Dispatch *d, PyObject *a) {
+    PyObject *cls = PyList_Size(d->cell) ? PyList_GetItem(d->cell, 0) : NULL, *plan = NULL;
+    Sig sig;
+    if (cls == NULL || cls == Py_None || PyTuple_Size(a) != d->pos.nparams) return NULL;
+    int have = read_sig(&d->pos, cls, a, &sig) == 0;
+    if (have && (plan = recent_find(d->recent, &d->pos, &sig)) != NULL) {
+        sig_release(&sig, d->pos.nt);
+        return plan;
+    }
+    PyObject *key = fast_key(d, a);
+    if (key) {
+        plan = PyDict_GetItemWithError(d->plans, key); /* borrowed */
+        Py_XINCREF(plan);
+        Py_DECREF(key);
+    }
+    if (plan && have && (PyObject *)Py_TYPE(plan) == core_type) {
+        recent_add(&d->recent[d->next], &d->pos, &sig, plan);
+        d->next = (d->next + 1) % RECENT;
+    }
+    if (have) sig_release(&sig, d->pos.nt);
+    return plan;
+}
+
+/* One launch through `d`: a (tuple) the kernel's arguments, kwargs NULL when none were given. */
+static PyObject *dispatch_run(Dispatch *d, PyObject *a, PyObject *kwargs, PyObject *stream) {
+    PyObject *plan = NULL, *r;
     if (d->slow == NULL) {
         PyErr_SetString(PyExc_TypeError, "_hot.Dispatch was not initialised");
         return NULL;
     }
-    if (!(PyDict_Check(kwargs) && PyDict_Size(kwargs))) {
-        PyObject *key = fast_key(d, a);
-        if (key) {
-            plan = PyDict_GetItemWithError(d->plans, key); /* borrowed */
-            Py_XINCREF(plan);
-            Py_DECREF(key);
-            if (plan == NULL && PyErr_Occurred()) return NULL;
-        }
+    if (!(kwargs && PyDict_Check(kwargs) && PyDict_Size(kwargs)) && (plan = find_plan(d, a)) == NULL &&
+        PyErr_Occurred())
+        return NULL;
+    if (plan == NULL) {
+        PyObject *kw = kwargs ? kwargs : PyDict_New(); /* the slow path's own dict: it may keep or change it */
+        r = kw ? PyObject_CallFunctionObjArgs(d->slow, a, kw, stream, NULL) : NULL;
+        if (kwargs == NULL) Py_XDECREF(kw);
+        return r;
     }
-    if (plan == NULL) return PyObject_CallFunctionObjArgs(d->slow, a, kwargs, stream, NULL);
-    PyObject *r = (PyObject *)Py_TYPE(plan) == core_type
-                      ? run_values((Core *)plan, a, stream)
-                      : PyObject_CallMethodObjArgs(plan, s_runattr, a, stream, NULL);
+    r = (PyObject *)Py_TYPE(plan) == core_type ? run_values((Core *)plan, a, stream)
+                                                : PyObject_CallMethodObjArgs(plan, s_runattr, a, stream, NULL);
     Py_DECREF(plan);
     return r;
 }
+
+/* dispatch(args, kwargs, stream) */
+static PyObject *dispatch_call(PyObject *self, PyObject *args, PyObject *kw) {
+    PyObject *a, *kwargs, *stream;
+    if (!PyArg_ParseTuple(args, "O!OO", &PyTuple_Type, &a, &kwargs, &stream)) return NULL;
+    return dispatch_run((Dispatch *)self, a, kwargs, stream);
+}
+
+/* dispatch.forget(): empty the recent signatures (their plans may have left the plan cache). */
+static PyObject *dispatch_forget(PyObject *self, PyObject *unused) {
+    Dispatch *d = (Dispatch *)self;
+    for (int r = 0; r < RECENT; r++) recent_clear(&d->recent[r], &d->pos);
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef dispatch_methods[] = {
+    {"forget", dispatch_forget, METH_NOARGS, "empty the recent signatures (the registry evicted plans)"},
+    {NULL, NULL, 0, NULL},
+};
 
 static PyType_Slot dispatch_slots[] = {
     {Py_tp_init, dispatch_init},
     {Py_tp_dealloc, dispatch_dealloc},
     {Py_tp_call, dispatch_call},
+    {Py_tp_methods, dispatch_methods},
     {Py_tp_doc, "Dispatch(fast_plans, ...)(args, kwargs, stream): runtime.launch's plan-cache hit "
                 "(built by tilebin.runtime._registry; see csrc/_hot_dispatch.h)"},
     {0, NULL},
@@ -125,3 +179,92 @@ static PyType_Slot dispatch_slots[] = {
 
 static PyType_Spec dispatch_spec = {"tilebin.runtime._hot.Dispatch", sizeof(Dispatch), 0, Py_TPFLAGS_DEFAULT,
                                     dispatch_slots};
+
+/* Front(registry_cell, slow): tilebin.runtime.launch itself.  front(name, *args, stream=None) finds the
+ * kernel's Dispatch (registry_cell[0]._entries[name].launch) and runs it with no Python frame; any other
+ * call (keywords besides stream, no registry yet, an unknown name, a Python-path entry) is
+ * slow(name, *args, **kwargs), the Python function with the same contract. */
+typedef struct {
+    PyObject_HEAD
+    PyObject *cell, *slow;
+} Front;
+
+static PyObject *s_entries, *s_launchattr, *s_streamkw, *dispatch_type;
+
+static int front_init(PyObject *self, PyObject *args, PyObject *kw) {
+    Front *f = (Front *)self;
+    PyObject *cell, *slow;
+    if (f->slow != NULL) {
+        PyErr_SetString(PyExc_TypeError, "_hot.Front is initialised once");
+        return -1;
+    }
+    if (!PyArg_ParseTuple(args, "O!O", &PyList_Type, &cell, &slow)) return -1;
+    Py_INCREF(cell), Py_INCREF(slow);
+    f->cell = cell, f->slow = slow;
+    return 0;
+}
+
+static void front_dealloc(PyObject *self) {
+    Front *f = (Front *)self;
+    PyTypeObject *tp = Py_TYPE(self);
+    Py_XDECREF(f->cell), Py_XDECREF(f->slow);
+    ((freefunc)PyType_GetSlot(tp, Py_tp_free))(self);
+    Py_DECREF(tp);
+}
+
+/* The Dispatch serving kernel `name` (a new reference), or NULL (no exception) when there is none. */
+static PyObject *front_dispatch(Front *f, PyObject *name) {
+    PyObject *reg = PyList_Size(f->cell) ? PyList_GetItem(f->cell, 0) : NULL, *d = NULL;
+    PyObject *entries = (reg && reg != Py_None) ? PyObject_GetAttr(reg, s_entries) : NULL;
+    PyObject *entry = (entries && PyDict_Check(entries)) ? PyDict_GetItemWithError(entries, name) : NULL;
+    if (entry) d = PyObject_GetAttr(entry, s_launchattr); /* entry is borrowed from entries, still held */
+    Py_XDECREF(entries);
+    if (d && (PyObject *)Py_TYPE(d) != dispatch_type) Py_CLEAR(d);
+    PyErr_Clear();
+    return d;
+}
+
+static PyObject *front_call(PyObject *self, PyObject *args, PyObject *kw) {
+    Front *f = (Front *)self;
+    PyObject *stream = Py_None, *d = NULL, *r = NULL;
+    Py_ssize_t n = f->slow ? PyTuple_Size(args) : 0, nkw = kw ? PyDict_Size(kw) : 0;
+    if (nkw == 1 && (stream = PyDict_GetItemWithError(kw, s_streamkw)) == NULL) PyErr_Clear();
+    if (n >= 1 && (nkw == 0 || (nkw == 1 && stream != NULL))) d = front_dispatch(f, PyTuple_GetItem(args, 0));
+    if (d == NULL) {
+        if (f->slow == NULL) PyErr_SetString(PyExc_TypeError, "_hot.Front was not initialised");
+        return f->slow ? PyObject_Call(f->slow, args, kw) : NULL;
+    }
+    PyObject *a = PyTuple_GetSlice(args, 1, n);
+    if (a) r = dispatch_run((Dispatch *)d, a, NULL, stream);
+    Py_XDECREF(a);
+    Py_DECREF(d);
+    return r;
+}
+
+static PyType_Slot front_slots[] = {
+    {Py_tp_init, front_init},
+    {Py_tp_dealloc, front_dealloc},
+    {Py_tp_call, front_call},
+    {Py_tp_doc, "launch(name, *args, stream=None, **kwargs): launch kernel `name` from the default registry, "
+                "validated once per call signature; see tilebin.runtime.Registry.launch for the contract "
+                "(the compiled front of tilebin.runtime._launch_python, which has the same behaviour)."},
+    {0, NULL},
+};
+
+static PyType_Spec front_spec = {"tilebin.runtime._hot.Front", sizeof(Front), 0, Py_TPFLAGS_DEFAULT, front_slots};
+
+/* Module init: the Front type (after Dispatch, whose type it recognises). */
+static int add_front(PyObject *m, PyObject *dispatch) {
+    PyObject *tp;
+    if (!(s_entries = PyUnicode_InternFromString("_entries")) ||
+        !(s_launchattr = PyUnicode_InternFromString("launch")) || !(s_streamkw = PyUnicode_InternFromString("stream")))
+        return -1;
+    Py_INCREF(dispatch);
+    dispatch_type = dispatch;
+    if ((tp = PyType_FromSpec(&front_spec)) == NULL) return -1;
+    if (PyModule_AddObject(m, "Front", tp)) {
+        Py_DECREF(tp);
+        return -1;
+    }
+    return 0;
+}

@@ -31,7 +31,7 @@ __all__ = [
 ]
 
 
-def launch(name: str, *args: Any, stream: Any = None, **kwargs: Any) -> None:
+def _launch_python(name: str, *args: Any, stream: Any = None, **kwargs: Any) -> None:
     """Launch kernel ``name`` from the default registry; see :meth:`Registry.launch`.
 
     ``args`` follow ``spec(name).params``; ``kwargs`` are scalar parameters by name or
@@ -42,6 +42,21 @@ def launch(name: str, *args: Any, stream: Any = None, **kwargs: Any) -> None:
     """
     reg = _DEFAULT[0] or default_registry()
     (reg._entries.get(name) or reg._entry(name)).launch(args, kwargs, stream)
+
+
+def _launch_front() -> Any:
+    """What ``launch`` is: the compiled front (``_hot.Front``, csrc/_hot_dispatch.h: a plan-cache hit
+    with no Python frame, everything else handed to :func:`_launch_python`) when the compiled hot
+    path is chosen, else :func:`_launch_python` itself.  Same behaviour either way."""
+    try:
+        hot = hot_module()
+    except TilebinError:  # TILEBIN_HOT_PATH=c without a loadable extension: the first Launcher says so
+        hot = None
+    front = getattr(hot, "Front", None)
+    return _launch_python if front is None else front(_DEFAULT, _launch_python)
+
+
+launch = _launch_front()
 
 
 def prepare(name: str, *args: Any, **kwargs: Any) -> PreparedCall:

@@ -161,6 +161,9 @@ class KernelEntry:
             if len(plans) >= limit:  # drop the older half (dicts keep insertion order)
                 for old in list(itertools.islice(plans, max(len(plans) // 2, 1))):
                     plans.pop(old, None)
+                forget = getattr(self.launch, "forget", None)  # the compiled Dispatch's recent signatures
+                if forget is not None:
+                    forget()
             plans[key] = plan
 
 

@@ -325,6 +325,10 @@ class FakeTorchTensor:
             acc *= max(d, 1)
         self._strides = tuple(reversed(strides))
 
+    @property
+    def is_cuda(self):
+        return self.device.type == "cuda"
+
     def size(self):
         return self.shape
 
