@@ -19,18 +19,22 @@ Per token ``t`` and head ``h``, in fp32 (x, k, v widened from bf16, w = weight_f
     output[t, h, i] = bf16(x_i + gate * v_i)                  (product and sum rounded apart)
     if save: dot = d; gate_score = gate; rstd_x = rx; rstd_k = rk
 
-Design: rows ``r = t * hc + h`` are handled by ``wpr = ceil(hidden / (32 * U * V))`` warps each
-(``wpr = 4`` at hidden 4096, 7 at 7168, 1 at 576), and a block of ``WARPS`` warps takes the
-``rpb = WARPS // wpr`` consecutive rows ``bx * rpb + j`` (2 rows, i.e. two heads of one token, at
-hidden 4096): every block holds about ``THREADS * U`` vectors of each stream in flight whatever
-the hidden size (the register budget is sized for 8192; one row per block would leave half of it
-idle at 4096), and the heads of a token run side by side, so v comes from DRAM once.  Thread
-``lane`` of warp ``wr`` of a row owns the 16-byte vectors ``u * 32 * wpr + 32 * wr + lane``
-(``u < U``); it issues all its x, k, w and v loads first, keeps them in registers, reduces the
-three sums (xor-shuffles, then one shared-memory exchange across the row's warps, summed in warp
-order: deterministic), and writes its output vectors.  Every byte is read once (w and v from L2
-after the first row) and written once.  Warps without a row (``WARPS % wpr``, the last block's
-tail) load and store nothing but still meet the barrier.
+Design: a block of ``THREADS`` = 256 threads is two halves of 128 threads (4 warps); a half
+covers one *segment* of up to ``SEG = 512`` vectors (4096 values) of a (token, head) row
+``r = t * hc + h``.  The split is chosen from ``hidden`` at run time (a uniform
+value, no variant): with ``hidden <= 4096`` (``nseg = 1``) the halves take the two rows
+``2 * bx`` and ``2 * bx + 1`` (two heads of a token side by side, so v comes from DRAM once);
+with ``4096 < hidden <= 8192`` (``nseg = 2``) both halves take row ``bx``, half ``s`` its
+segment ``s``.  Thread ``tr`` of a half owns the 16-byte vectors ``seg * SEG + u * 128 + tr``
+(``u < U``): the per-``u`` step is the constant 2 KB, so every load and store of a thread is
+one base address plus an immediate offset (a run-time step, e.g. ``32 * ceil(hidden / 1024)``
+warps' worth, cost an address computation per access and ~50 % more instructions before the
+first load, which showed at 7168 where each block makes a single round trip).  A thread
+issues all its x, k, w and v loads first, keeps them in registers, reduces the three sums
+(xor-shuffles, then one shared-memory exchange; a row's warps are summed in warp order:
+deterministic, and both halves of a 2-segment row compute the same sums), and writes its
+output vectors.  Every byte is read once (w and v from L2 after the first head) and written
+once.  Rows past the end load and store nothing but still meet the barrier.
 """
 
 # No ``from __future__ import annotations``: TileLang evaluates the PrimFunc's tensor
@@ -43,7 +47,9 @@ THREADS = 256
 WARPS = THREADS // 32
 V = 8  # bf16 per 16-byte vector
 U = 4  # vectors per thread
-MAX_HIDDEN = THREADS * U * V  # 8192
+HALF = THREADS // 2  # threads per segment
+SEG = HALF * U  # vectors per segment
+MAX_HIDDEN = 2 * SEG * V  # 8192
 PASS_CONFIGS = {"tl.disable_safe_memory_legalize": True}  # every access is guarded
 
 
@@ -56,8 +62,10 @@ def engram_gate_fwd():
     # views whose row lengths and strides are multiples of V: every vector access is aligned
     x_vec = (num_tokens, hc, nvec * V)
     w_vec = (hc, nvec * V)
-    warps_per_row = T.ceildiv(nvec, 32 * U)  # 1..WARPS for hidden <= MAX_HIDDEN
-    rows_per_block = WARPS // warps_per_row
+    # segments per row (1 or 2; 1 for hidden == 0) and rows per block (2 or 1): non-negative
+    # operands only, so floor and truncating division agree in the grid expression
+    nseg = T.max(1, (nvec + SEG - 1) // SEG)
+    rows_per_block = 2 // nseg
     k_flat = ((num_tokens - 1) * (ks0 // V) * V + (hc - 1) * (ks1 // V) * V + nvec * V,)
     v_flat = ((num_tokens - 1) * (vs0 // V) * V + nvec * V,)
 
@@ -91,38 +99,38 @@ def engram_gate_fwd():
             rk = T.alloc_var("float32")
             sg = T.alloc_var("float32")
             gate = T.alloc_var("float32")
-            wpr = T.alloc_var("int32")
-            j = T.alloc_var("int32")
+            wide = T.alloc_var("int32")
             tr = T.alloc_var("int32")
+            base = T.alloc_var("int32")
             row = T.alloc_var("int32")
             ok = T.alloc_var("int32")
             t = T.alloc_var("int32")
             h = T.alloc_var("int32")
-            wpr = warps_per_row
-            j = tid // 32 // wpr  # this warp's row in the block (== rows_per_block: no row)
-            tr = tid - j * wpr * 32  # the thread's place in its row
-            row = bx * rows_per_block + j
-            ok = T.if_then_else(j < rows_per_block and row < num_tokens * hc, 1, 0)
+            wide = nseg - 1  # 0: two rows per block; 1: one row, a segment per half
+            tr = tid % HALF
+            row = bx * rows_per_block + (tid // HALF) * (1 - wide)
+            base = (tid // HALF) * wide * SEG + tr  # first vector of the thread
+            ok = T.if_then_else(row < num_tokens * hc, 1, 0)
             t = T.truncdiv(row, hc) * ok
             h = T.truncmod(row, hc) * ok
             for u in T.unroll(U):
-                if ok != 0 and u * wpr * 32 + tr < nvec:
+                if ok != 0 and base + u * HALF < nvec:
                     for i in T.vectorized(V):
                         xs[u * V + i] = T.Tensor(x_vec, "bfloat16", hidden_states.data)[
-                            t, h, (u * wpr * 32 + tr) * V + i]
+                            t, h, (base + u * HALF) * V + i]
                     for i in T.vectorized(V):
                         ks[u * V + i] = T.Tensor(k_flat, "bfloat16", k.data)[
-                            (t) * (ks0 // V) * V + (h) * (ks1 // V) * V + (u * wpr * 32 + tr) * V + i]
+                            (t) * (ks0 // V) * V + (h) * (ks1 // V) * V + (base + u * HALF) * V + i]
                     for i in T.vectorized(V):
                         ws[u * V + i] = T.Tensor(w_vec, "float32", weight_fused.data)[
-                            h, (u * wpr * 32 + tr) * V + i]
+                            h, (base + u * HALF) * V + i]
                     for i in T.vectorized(V):
                         vs[u * V + i] = T.Tensor(v_flat, "bfloat16", v.data)[
-                            (t) * (vs0 // V) * V + (u * wpr * 32 + tr) * V + i]
+                            (t) * (vs0 // V) * V + (base + u * HALF) * V + i]
             for c in T.unroll(3):
                 acc[c] = T.float32(0)
             for u in T.unroll(U):
-                if ok != 0 and u * wpr * 32 + tr < nvec:
+                if ok != 0 and base + u * HALF < nvec:
                     for i in T.unroll(V):
                         acc[0] += T.Cast("float32", xs[u * V + i]) * T.Cast("float32", xs[u * V + i])
                         acc[1] += T.Cast("float32", ks[u * V + i]) * T.Cast("float32", ks[u * V + i])
@@ -135,26 +143,29 @@ def engram_gate_fwd():
                     red[c, tid // 32] = acc[c]
             T.sync_threads()
             if ok != 0:
-                for c in T.unroll(3):
-                    tot[c] = red[c, j * wpr]
-                    for q in T.serial(wpr - 1):  # the row's warps, in order
-                        tot[c] += red[c, j * wpr + q + 1]
+                for c in T.unroll(3):  # the row's warps, in order
+                    tot[c] = red[c, (tid // HALF) * (1 - wide) * 4]
+                    for q in T.unroll(3):
+                        tot[c] += red[c, (tid // HALF) * (1 - wide) * 4 + q + 1]
+                    if wide != 0:
+                        for q in T.unroll(4):
+                            tot[c] += red[c, 4 + q]
                 rx = T.rsqrt(tot[0] / T.Cast("float32", hidden) + eps)
                 rk = T.rsqrt(tot[1] / T.Cast("float32", hidden) + eps)
                 sg = T.ieee_mul(T.ieee_mul(T.ieee_mul(tot[2], rx), rk), scalar)
                 gate = T.sigmoid(T.copysign(T.sqrt(T.max(T.abs(sg), clamp_value)), sg))
-                if save != 0 and tr == 0:
+                if save != 0 and base == 0:
                     dot[t, h] = tot[2]
                     gate_score[t, h] = gate
                     rstd_x[t, h] = rx
                     rstd_k[t, h] = rk
                 for u in T.unroll(U):
-                    if u * wpr * 32 + tr < nvec:
+                    if base + u * HALF < nvec:
                         for i in T.unroll(V):
                             ob[i] = T.Cast("bfloat16", T.ieee_add(
                                 T.Cast("float32", xs[u * V + i]), T.ieee_mul(gate, T.Cast("float32", vs[u * V + i]))))
                         for i in T.vectorized(V):
-                            T.Tensor(x_vec, "bfloat16", output.data)[t, h, (u * wpr * 32 + tr) * V + i] = ob[i]
+                            T.Tensor(x_vec, "bfloat16", output.data)[t, h, (base + u * HALF) * V + i] = ob[i]
 
     return main
 
