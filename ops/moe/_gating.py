@@ -143,7 +143,8 @@ def topk_sum_and_topk_group_idx(scores: torch.Tensor, num_topk_sum: int, num_top
     """
     try:  # a configuration seen before: only the token-count-dependent checks (the slow path says why not)
         shape = scores.shape
-        key = typed_key("topk_sum_and_topk_group_idx", scores.dtype, scores.device, shape[1:], num_topk_sum, num_topk_groups)
+        key = typed_key("topk_sum_and_topk_group_idx", scores.dtype, scores.device, shape[1:], num_topk_sum,
+                        num_topk_groups)
         fast = _fast_table().get(key)
     except (AttributeError, TypeError, IndexError):
         key = fast = None
@@ -296,8 +297,8 @@ class _Top2:
         num_out = self.num_out
         topk_idx = torch.empty((num_tokens, num_out), dtype=torch.int64, device=device)
         topk_weights = torch.empty((num_tokens, num_out), dtype=torch.float32, device=device)
-        rsf = rsf if type(rsf) is float and abs(rsf) < 3.4e38 else check_float32("top2_sum_gate", "routed_scaling_factor",
-                                                                                 rsf)
+        if not (type(rsf) is float and abs(rsf) < 3.4e38):  # ints, NaN, past float32: converted as a cast does
+            rsf = check_float32("top2_sum_gate", "routed_scaling_factor", rsf)
         self.fn(logits, bias, mask, fix, phys, count, unmapped, topk_idx, topk_weights, *self.head, rsf, *self.tail)
         return topk_idx, topk_weights
 

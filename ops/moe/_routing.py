@@ -294,8 +294,8 @@ def reduce_fused(
         xs, x_sf = x if isinstance(x, tuple) else (x, None)
         shape = xs.shape
         dev = xs.device
-        key = typed_key("reduce_fused", type(x), xs.dtype, dev, shape[1:], token_topk_to_pos.dtype, token_topk_to_pos.device,
-               token_topk_to_pos.shape[1:], fp8_format,
+        key = typed_key("reduce_fused", type(x), xs.dtype, dev, shape[1:], token_topk_to_pos.dtype,
+               token_topk_to_pos.device, token_topk_to_pos.shape[1:], fp8_format,
                None if x_sf is None else (x_sf.dtype, x_sf.dim(), x_sf.device),
                None if topk_weights is None else (topk_weights.dtype, topk_weights.device, topk_weights.shape[1:]),
                None if sf is None else (sf.dtype, sf.shape, sf.device),

@@ -208,7 +208,8 @@ def per_block_cast_lossless(x: tuple[torch.Tensor, torch.Tensor], fmt: str, x_bl
     raw = layout.alloc(tokens, hidden, data.device)
     if tokens:
         fn = launcher("quant.per_block_cast_lossless", block_m=out_block[0], block_k=out_block[1])
-        fn(data.view(torch.int8), _byte_view(aligned_input(x_sf)), out, _byte_view(raw), _KIND[in_layout.kind], _KIND[layout.kind])
+        fn(data.view(torch.int8), _byte_view(aligned_input(x_sf)), out, _byte_view(raw), _KIND[in_layout.kind],
+           _KIND[layout.kind])
     return out, layout.finish(raw, tokens)
 
 

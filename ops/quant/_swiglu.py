@@ -26,7 +26,8 @@ from typing import Any, Optional
 
 import torch
 
-from .._common import aligned_input, check_aligned, check_cuda, check_flag, check_float32, check_tensor, fail, launcher, typed_key
+from .._common import (aligned_input, check_aligned, check_cuda, check_flag, check_float32, check_tensor, fail,
+                       launcher, typed_key)
 from ..config import get_num_sms
 from ._sf import SfLayout, check_fmt, output_layout
 
@@ -222,8 +223,8 @@ def _forward_checked(x: Any, fmt: Any, num_per_channels: Any, pos_to_token_topk:
     _check_contiguous(op, "x", x)
     rows, width = x.shape
     if width == 0 or width % (2 * _FWD_HIDDEN_ALIGN):
-        raise fail(op, f"x has {width} columns; it needs 2 * hidden with hidden % {_FWD_HIDDEN_ALIGN} == 0 and hidden > 0 "
-                       f"(width a multiple of {2 * _FWD_HIDDEN_ALIGN}): pad the hidden dimension")
+        raise fail(op, f"x has {width} columns; it needs 2 * hidden with hidden % {_FWD_HIDDEN_ALIGN} == 0 and "
+                       f"hidden > 0 (width a positive multiple of {2 * _FWD_HIDDEN_ALIGN}): pad the hidden dimension")
     hidden = width // 2
     check_fmt(op, fmt, ("e4m3",))
     kind, layout, round_sf = _fwd_layout(op, hidden, num_per_channels, use_tma_aligned_col_major_sf, round_sf,

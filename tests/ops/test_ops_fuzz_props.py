@@ -30,7 +30,7 @@ from tilebin.runtime import TilebinError  # noqa: E402
 
 OPS = sorted(F.BUILDERS)
 OPTIONAL = {op: F.optional_params(op) for op in OPS}
-EXAMPLES = 1200
+EXAMPLES = 1000
 
 
 @pytest.fixture(scope="module")
