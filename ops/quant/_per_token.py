@@ -36,7 +36,7 @@ from typing import Any, Optional, Union
 
 import torch
 
-from .._common import aligned_input, check_cuda, check_flag, check_tensor, fail, launcher, typed_key
+from .._common import aligned_input, check_cuda, check_flag, check_tensor, fail, launcher
 from ._sf import FMT_DTYPES, SfLayout, check_fmt, input_sf, output_layout
 
 QuantTensor = tuple[torch.Tensor, torch.Tensor]
@@ -203,7 +203,10 @@ class _Plain:
 
     def __call__(self, x: torch.Tensor) -> QuantTensor:
         """``(out, out_sf)`` for ``x`` (already validated for this configuration)."""
-        tokens, device = x.shape[0], x.device
+        return self.run(x, x.shape[0], x.device)
+
+    def run(self, x: torch.Tensor, tokens: int, device: torch.device) -> QuantTensor:
+        """:meth:`__call__` with ``x``'s token count and device already read (the memo hit reads them)."""
         out = torch.empty((tokens, self.out_cols), dtype=self.out_dtype, device=device)
         if self.sf_cols is not None:
             raw_sf = torch.empty((tokens, self.sf_cols), dtype=torch.float32, device=device)
@@ -283,15 +286,18 @@ def per_token_cast(
         return per_token_cast_to_e5m6(x, num_per_channels, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0)
     key = None
     if x_block_size is None:
-        try:  # types too: True == 1 == 1.0 hash alike, but the checks take bools and ints only
-            key = typed_key(x.dtype, x.dim(), x.shape[-1], x.device, fmt, num_per_channels,
-                   use_tma_aligned_col_major_sf, round_sf,
-                   use_packed_ue8m0)
+        try:  # typed_key's flat form, inline: the parts and their types (True == 1 == 1.0 hash alike, but the
+            # checks take bools and ints only); a float, tuple or list part fails the checks, so a key holding
+            # one is never stored and needs no element-wise tags
+            shape, device = x.shape, x.device
+            parts = (x.dtype, len(shape), shape[-1], device, fmt, num_per_channels, use_tma_aligned_col_major_sf,
+                     round_sf, use_packed_ue8m0)
+            key = parts + tuple(map(type, parts))
             plan = _FAST.get(key)
         except (AttributeError, TypeError, IndexError):  # not a tensor (a quantized pair), unhashable: the checks say
             key, plan = None, None
         if plan is not None:
-            return plan(x)
+            return plan.run(x, shape[0], device)
     return _run("per_token_cast", "cast", x, fmt, num_per_channels, x_block_size, use_tma_aligned_col_major_sf,
                 round_sf, use_packed_ue8m0, memo_key=key)
 
