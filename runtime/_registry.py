@@ -3,7 +3,9 @@
 ``Registry(artifacts_dir).launch(name, *args, stream=None, **kwargs)``:
 
 1. the call's signature (per tensor: dtype, shape, strides, device; pass-through scalars by
-   type, other scalars by value; key keywords) is looked up in the kernel's plan cache;
+   type, other scalars by value; key keywords) is looked up in the kernel's plan cache (the
+   compiled path, ``runtime.launch`` itself in C, first compares it with the kernel's recent
+   signatures as C values: csrc/_hot_recent.h);
 2. on a miss: bind arguments, describe tensors, check devices, dtypes and ranks, pick the
    variant, validate everything (:mod:`._plan`) -- all before any GPU work -- then check the
    device, load the cubin and prepare the launch (:mod:`._launch`), and cache the plan;
