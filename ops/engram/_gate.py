@@ -18,8 +18,8 @@ import torch
 
 from .._common import aligned_input, check_cuda, fail, launcher
 from ..config import get_num_sms
-from ._checks import (BF16, FP32, check_bool, check_contiguous, check_disjoint, check_float, check_hidden,
-                      check_strided_rows)
+from ._checks import (BF16, FP32, MAX_ELEMENTS, check_bool, check_contiguous, check_disjoint, check_float,
+                      check_hidden, check_strided_rows)
 
 
 def _check_gate_inputs(op: str, hidden_states, k, v, weight_fused) -> tuple[int, int, int]:
@@ -111,6 +111,16 @@ def grad_w_reduce(grad_w_partial: torch.Tensor, weight_hidden: torch.Tensor, wei
     grad_weight_embed: fp32 ``[hc_mult, hidden]`` (e.g. a parameter's ``main_grad``), separate
     memory.  All contiguous.  Deterministic fixed-order fp32 sums.
     """
+    if not _reduce_args_plain(grad_w_partial, weight_hidden, weight_embed, grad_weight_hidden, grad_weight_embed):
+        _check_reduce_args(grad_w_partial, weight_hidden, weight_embed, grad_weight_hidden, grad_weight_embed)
+    hc = grad_w_partial.shape[1]
+    if hc:
+        launcher("engram.grad_w_reduce")(grad_w_partial, weight_hidden, weight_embed, grad_weight_hidden,
+                                          grad_weight_embed)
+
+
+def _check_reduce_args(grad_w_partial, weight_hidden, weight_embed, grad_weight_hidden, grad_weight_embed) -> None:
+    """Every check of :func:`grad_w_reduce`, in order; raises the first failure."""
     op = "grad_w_reduce"
     check_contiguous(op, "grad_w_partial", grad_w_partial, FP32, ndim=3)
     _, hc, hidden = grad_w_partial.shape
@@ -123,9 +133,44 @@ def grad_w_reduce(grad_w_partial: torch.Tensor, weight_hidden: torch.Tensor, wei
                grad_weight_hidden=grad_weight_hidden, grad_weight_embed=grad_weight_embed)
     check_disjoint(op, {"grad_weight_hidden": grad_weight_hidden, "grad_weight_embed": grad_weight_embed},
                    {"grad_w_partial": grad_w_partial, "weight_hidden": weight_hidden, "weight_embed": weight_embed})
-    if hc:
-        launcher("engram.grad_w_reduce")(grad_w_partial, weight_hidden, weight_embed, grad_weight_hidden,
-                                          grad_weight_embed)
+
+
+_F32, _BF16 = torch.float32, torch.bfloat16
+
+
+def _reduce_args_plain(gp, wh, we, gwh, gwe) -> bool:
+    """True only for arguments :func:`_check_reduce_args` accepts, in the common shape: all five
+    non-empty, contiguous, 16-byte aligned, on one CUDA device, outputs disjoint from everything.
+    A cheaper predicate than the checks (same facts read once, byte spans from the known shapes,
+    no device objects: the host cost of the op was mostly its checks); anything else (including
+    a call that must fail) returns False and goes through the checks, which raise the same error
+    as ever.  Stricter than the checks is safe: a False only costs the slow path."""
+    tensor = torch.Tensor
+    if not (isinstance(gp, tensor) and isinstance(wh, tensor) and isinstance(we, tensor)
+            and isinstance(gwh, tensor) and isinstance(gwe, tensor)):
+        return False
+    if gp.dtype is not _F32 or gp.dim() != 3 or not gp.is_cuda:
+        return False
+    nb, hc, hidden = gp.shape
+    a = hc * hidden
+    if not (nb > 0 and hc > 0 and 0 < hidden and hidden % 8 == 0 and nb * a <= MAX_ELEMENTS):
+        return False
+    shape, dev = (hc, hidden), gp.get_device()
+    if not (wh.dtype is _BF16 and we.dtype is _BF16 and gwh.dtype is _F32 and gwe.dtype is _F32
+            and wh.shape == shape and we.shape == shape and gwh.shape == shape and gwe.shape == shape
+            and gp.is_contiguous() and wh.is_contiguous() and we.is_contiguous()
+            and gwh.is_contiguous() and gwe.is_contiguous()
+            and wh.is_cuda and we.is_cuda and gwh.is_cuda and gwe.is_cuda
+            and wh.get_device() == dev and we.get_device() == dev
+            and gwh.get_device() == dev and gwe.get_device() == dev):
+        return False
+    p0, p1, p2, p3, p4 = gp.data_ptr(), wh.data_ptr(), we.data_ptr(), gwh.data_ptr(), gwe.data_ptr()
+    if (p0 | p1 | p2 | p3 | p4) % 16:
+        return False
+    e0, e1, e2, e3, e4 = p0 + 4 * nb * a, p1 + 2 * a, p2 + 2 * a, p3 + 4 * a, p4 + 4 * a
+    # the outputs (p3, p4) overlap neither each other nor an input
+    return ((e3 <= p4 or e4 <= p3) and (e3 <= p0 or e0 <= p3) and (e3 <= p1 or e1 <= p3) and (e3 <= p2 or e2 <= p3)
+            and (e4 <= p0 or e0 <= p4) and (e4 <= p1 or e1 <= p4) and (e4 <= p2 or e2 <= p4))
 
 
 __all__ = ["engram_gate_bwd", "engram_gate_fwd", "grad_w_reduce"]
