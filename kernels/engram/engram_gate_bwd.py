@@ -115,6 +115,8 @@ def engram_gate_bwd():
             ogk = T.alloc_local((V,), "bfloat16")
             gvo = T.alloc_local((V,), "bfloat16")
             gva = T.alloc_local((V,), "float32")
+            fx = T.alloc_local((V,), "float32")
+            fk = T.alloc_local((V,), "float32")
             acc = T.alloc_var("float32")
             tot = T.alloc_var("float32")
             gg = T.alloc_var("float32")
@@ -225,14 +227,20 @@ def engram_gate_bwd():
                                 for i in T.vectorized(V):
                                     kl[i] = stg[sc, KK, u, tid * V + i]
                                 for i in T.unroll(V):
-                                    ogx[i] = T.Cast("bfloat16", _f(gol[i]) + big * (
-                                        _f(kl[i]) * ws[u * V + i] - _f(xl[i]) * cx))
-                                    ogk[i] = T.Cast("bfloat16", big * (_f(xl[i]) * ws[u * V + i] - _f(kl[i]) * ck))
+                                    fx[i] = _f(gol[i]) + big * (_f(kl[i]) * ws[u * V + i] - _f(xl[i]) * cx)
+                                    fk[i] = big * (_f(xl[i]) * ws[u * V + i] - _f(kl[i]) * ck)
                                     gw[u * V + i] += big * _f(xl[i]) * _f(kl[i])
+                                # packed bf16x2 converts, then one explicit 16-byte store (T.stg128):
+                                # a vectorized copy from the bf16 array was split by LLVM into four
+                                # 4-byte STGs for every slot but the first
                                 for i in T.vectorized(V):
-                                    T.Tensor(x_vec, "bfloat16", grad_x.data)[t, h, (u * wpr * 32 + tr) * V + i] = ogx[i]
+                                    ogx[i] = T.Cast("bfloat16", fx[i])
                                 for i in T.vectorized(V):
-                                    T.Tensor(x_vec, "bfloat16", grad_k.data)[t, h, (u * wpr * 32 + tr) * V + i] = ogk[i]
+                                    ogk[i] = T.Cast("bfloat16", fk[i])
+                                T.stg128(T.Tensor(x_vec, "bfloat16", grad_x.data)[t, h, (u * wpr * 32 + tr) * V],
+                                         T.Tensor((1,), "uint32x4", ogx.data)[0])
+                                T.stg128(T.Tensor(x_vec, "bfloat16", grad_k.data)[t, h, (u * wpr * 32 + tr) * V],
+                                         T.Tensor((1,), "uint32x4", ogk.data)[0])
                         # grad_v on the vectors u * 32 * wpr + tr with u % hc == h (heads in order)
                         for u in T.unroll(U):
                             if T.truncmod(u, hc) == h and u * wpr * 32 + tr < nvec:
@@ -252,10 +260,10 @@ def engram_gate_bwd():
                                     for i in T.unroll(V):
                                         gva[i] = T.ieee_add(gva[i], T.ieee_mul(
                                             _f(gol[i]), gate_score[t, q + T.if_then_else(u == h, HEADS_IN_FLIGHT, 0)]))
-                                for i in T.unroll(V):
-                                    gvo[i] = T.Cast("bfloat16", gva[i])
                                 for i in T.vectorized(V):
-                                    T.Tensor(gv_vec, "bfloat16", grad_v.data)[t, (u * wpr * 32 + tr) * V + i] = gvo[i]
+                                    gvo[i] = T.Cast("bfloat16", gva[i])
+                                T.stg128(T.Tensor(gv_vec, "bfloat16", grad_v.data)[t, (u * wpr * 32 + tr) * V],
+                                         T.Tensor((1,), "uint32x4", gvo.data)[0])
             for u in T.unroll(U):
                 if ok != 0 and u * wpr * 32 + tr < nvec:
                     for i in T.vectorized(V):
