@@ -25,11 +25,13 @@ Partial row ``p < num_blocks`` covers the consecutive tokens ``[p * per, (p + 1)
 the fused-weight gradient (``grad_w_reduce``).  Deterministic: fixed summation orders for any
 launch, and grad_x/grad_k/grad_v do not depend on ``num_blocks``.
 
-Design: rows (token, head) are laid out as in ``engram_gate_fwd``: ``wpr = ceil(hidden / 1024)``
-warps per row, ``rpb = WARPS // wpr`` heads per block; block ``bx = p * G + g`` (``G =
+Design: rows (token, head) are laid out as in ``engram_gate_fwd``: two halves of 128 threads,
+``rpb = 2`` heads per block (one per half) at ``hidden <= 4096``, else ``rpb = 1`` (a 512-vector
+segment of the row per half), chosen at run time from hidden; block ``bx = p * G + g`` (``G =
 ceil(hc / rpb)``) runs heads ``g * rpb + j`` over the tokens of range ``p``, so the blocks of one
-range run together and share v and grad_out rows through L2.  Thread ``lane`` of warp ``wr`` of
-row ``j`` owns the vectors ``u * 32 * wpr + 32 * wr + lane`` (``u < U``): it keeps its slice of
+range run together and share v and grad_out rows through L2.  Thread ``tr`` of a half owns the
+vectors ``base + u * 128`` (``base = seg * 512 + tr``, ``u < U``; a constant step, so its global
+accesses are one address plus immediate offsets per stream): it keeps its slice of
 the fused weight (loaded once) and of the weight gradient in registers, and streams its tokens
 through a two-stage shared-memory ring of *private* slots: while it computes token ``t`` from
 one stage, the cp.async copies of token ``t + 1`` (grad_out, v, x, k, the four saved
@@ -38,7 +40,7 @@ reads what it copied itself, so ``cp.async.wait_group`` suffices; the one barrie
 the ``sum go*v`` exchange, double-buffered).  About ``THREADS * U`` 16-byte vectors per stream
 are in flight per block (56-64 KB at hidden 4096-8192) during the whole token loop; one block per
 SM (shared memory).  grad_v: vector ``i`` of the row is summed (heads in order) by the thread
-that owns it in the row of head ``(i // (32 * wpr)) % hc``; for the slot ``u == h`` the first
+that owns it (in slot ``u``) in the row of head ``u % hc``; for the slot ``u == h`` the first
 ``HEADS_IN_FLIGHT`` heads' grad_out vectors and gates come through the ring, any others (hc > 4,
 or the extra slots when hc < U) are loaded directly.
 """
@@ -48,7 +50,7 @@ or the extra slots when hc < U) are loaded directly.
 import tilelang.language as T
 
 from .._declare import KernelDecl
-from .engram_gate_fwd import MAX_HIDDEN, PASS_CONFIGS, THREADS, U, V, WARPS
+from .engram_gate_fwd import HALF, MAX_HIDDEN, PASS_CONFIGS, SEG, THREADS, U, V, WARPS
 
 
 HEADS_IN_FLIGHT = 4  # grad_v: grad_out vectors of this many heads staged per token
@@ -72,8 +74,9 @@ def engram_gate_bwd():
     ks0, ks1, vs0 = T.dynamic("k_stride_s"), T.dynamic("k_stride_h"), T.dynamic("v_stride_s")
     num_blocks = T.dynamic("num_blocks")
     nvec = hidden // V
-    warps_per_row = T.ceildiv(nvec, 32 * U)  # 1..WARPS for hidden <= MAX_HIDDEN
-    rows_per_block = WARPS // warps_per_row
+    # as in the forward: segments per row (1 or 2), rows (heads) per block (2 or 1)
+    nseg = T.max(1, (nvec + SEG - 1) // SEG)
+    rows_per_block = 2 // nseg
     x_vec = (num_tokens, hc, nvec * V)
     w_vec = (hc, nvec * V)
     p_vec = (num_blocks, hc, nvec * V)
@@ -127,10 +130,10 @@ def engram_gate_bwd():
             big = T.alloc_var("float32")
             cx = T.alloc_var("float32")
             ck = T.alloc_var("float32")
-            wpr = T.alloc_var("int32")
+            wide = T.alloc_var("int32")
             rpb = T.alloc_var("int32")
             j = T.alloc_var("int32")
-            tr = T.alloc_var("int32")
+            base = T.alloc_var("int32")
             h = T.alloc_var("int32")
             ok = T.alloc_var("int32")
             p = T.alloc_var("int32")
@@ -141,21 +144,21 @@ def engram_gate_bwd():
             t = T.alloc_var("int32")
             sn = T.alloc_var("int32")
             sc = T.alloc_var("int32")
-            wpr = warps_per_row
+            wide = nseg - 1  # 0: two heads per block; 1: one head, a segment per half
             rpb = rows_per_block
-            j = tid // 32 // wpr  # this warp's row in the block (== rpb: no row)
-            tr = tid - j * wpr * 32  # the thread's place in its row
+            j = (tid // HALF) * (1 - wide)  # this half's row in the block
+            base = (tid // HALF) * wide * SEG + tid % HALF  # the thread's first vector
             p = T.truncdiv(bx, T.ceildiv(hc, rpb))
             h = T.truncmod(bx, T.ceildiv(hc, rpb)) * rpb + j
-            ok = T.if_then_else(j < rpb and h < hc, 1, 0)
+            ok = T.if_then_else(h < hc, 1, 0)
             h = h * ok
             per = T.truncdiv(num_tokens + num_blocks - 1, num_blocks)
             t0 = T.min(p * per, num_tokens)
             n = T.min(per, num_tokens - t0)
             for u in T.unroll(U):
-                if ok != 0 and u * wpr * 32 + tr < nvec:
+                if ok != 0 and base + u * HALF < nvec:
                     for i in T.vectorized(V):
-                        ws[u * V + i] = T.Tensor(w_vec, "float32", weight_fused.data)[h, (u * wpr * 32 + tr) * V + i]
+                        ws[u * V + i] = T.Tensor(w_vec, "float32", weight_fused.data)[h, (base + u * HALF) * V + i]
             for i in T.unroll(U * V):
                 gw[i] = T.float32(0)
             # iteration ``it`` stages token t0 + it and computes token t0 + it - 1
@@ -165,20 +168,20 @@ def engram_gate_bwd():
                 T.sync_warp()  # a compiler fence: last iteration's reads of stage sn stay before its refill
                 if ok != 0 and it < n:
                     for u in T.unroll(U):
-                        if u * wpr * 32 + tr < nvec:
+                        if base + u * HALF < nvec:
                             _cp(stg[sn, GO, u, tid * V], T.Tensor(x_vec, "bfloat16", grad_out.data)[
-                                tn, h, (u * wpr * 32 + tr) * V], V)
+                                tn, h, (base + u * HALF) * V], V)
                             _cp(stg[sn, VV, u, tid * V], T.Tensor(v_flat, "bfloat16", v.data)[
-                                tn * (vs0 // V) * V + (u * wpr * 32 + tr) * V], V)
+                                tn * (vs0 // V) * V + (base + u * HALF) * V], V)
                             _cp(stg[sn, XX, u, tid * V], T.Tensor(x_vec, "bfloat16", hidden_states.data)[
-                                tn, h, (u * wpr * 32 + tr) * V], V)
+                                tn, h, (base + u * HALF) * V], V)
                             _cp(stg[sn, KK, u, tid * V], T.Tensor(k_flat, "bfloat16", k.data)[
-                                tn * (ks0 // V) * V + h * (ks1 // V) * V + (u * wpr * 32 + tr) * V], V)
-                    if h < U and h * wpr * 32 + tr < nvec:  # this thread's first grad_v slot, u == h
+                                tn * (ks0 // V) * V + h * (ks1 // V) * V + (base + u * HALF) * V], V)
+                    if h < U and base + h * HALF < nvec:  # this thread's first grad_v slot, u == h
                         for q in T.unroll(HEADS_IN_FLIGHT):
                             if q < hc:
                                 _cp(gvs[sn, q, tid * V], T.Tensor(x_vec, "bfloat16", grad_out.data)[
-                                    tn, q, (h * wpr * 32 + tr) * V], V)
+                                    tn, q, (base + h * HALF) * V], V)
                                 _cp(scl[sn, 4 + q, tid], gate_score[tn, q], 1)
                     _cp(scl[sn, 0, tid], dot[tn, h], 1)
                     _cp(scl[sn, 1, tid], gate_score[tn, h], 1)
@@ -192,7 +195,7 @@ def engram_gate_bwd():
                     T.sync_warp()  # the wait asm has no memory clobber: keep the reads below it
                     acc = T.float32(0)
                     for u in T.unroll(U):
-                        if ok != 0 and u * wpr * 32 + tr < nvec:
+                        if ok != 0 and base + u * HALF < nvec:
                             for i in T.vectorized(V):
                                 gol[i] = stg[sc, GO, u, tid * V + i]
                             for i in T.vectorized(V):
@@ -205,9 +208,12 @@ def engram_gate_bwd():
                         red[sc, tid // 32] = acc
                     T.sync_threads()
                     if ok != 0:
-                        tot = red[sc, j * wpr]
-                        for q in T.serial(wpr - 1):  # the row's warps, in order
-                            tot += red[sc, j * wpr + q + 1]
+                        tot = red[sc, j * 4]
+                        for q in T.unroll(3):  # the row's warps, in order
+                            tot += red[sc, j * 4 + q + 1]
+                        if wide != 0:
+                            for q in T.unroll(4):
+                                tot += red[sc, 4 + q]
                         d = scl[sc, 0, tid]
                         gg = scl[sc, 1, tid]
                         rx = scl[sc, 2, tid]
@@ -219,7 +225,7 @@ def engram_gate_bwd():
                         cx = d * rx * rx / _f(hidden)
                         ck = d * rk * rk / _f(hidden)
                         for u in T.unroll(U):
-                            if u * wpr * 32 + tr < nvec:
+                            if base + u * HALF < nvec:
                                 for i in T.vectorized(V):
                                     gol[i] = stg[sc, GO, u, tid * V + i]
                                 for i in T.vectorized(V):
@@ -237,13 +243,13 @@ def engram_gate_bwd():
                                     ogx[i] = T.Cast("bfloat16", fx[i])
                                 for i in T.vectorized(V):
                                     ogk[i] = T.Cast("bfloat16", fk[i])
-                                T.stg128(T.Tensor(x_vec, "bfloat16", grad_x.data)[t, h, (u * wpr * 32 + tr) * V],
+                                T.stg128(T.Tensor(x_vec, "bfloat16", grad_x.data)[t, h, (base + u * HALF) * V],
                                          T.Tensor((1,), "uint32x4", ogx.data)[0])
-                                T.stg128(T.Tensor(x_vec, "bfloat16", grad_k.data)[t, h, (u * wpr * 32 + tr) * V],
+                                T.stg128(T.Tensor(x_vec, "bfloat16", grad_k.data)[t, h, (base + u * HALF) * V],
                                          T.Tensor((1,), "uint32x4", ogk.data)[0])
-                        # grad_v on the vectors u * 32 * wpr + tr with u % hc == h (heads in order)
+                        # grad_v on the vectors base + u * HALF with u % hc == h (heads in order)
                         for u in T.unroll(U):
-                            if T.truncmod(u, hc) == h and u * wpr * 32 + tr < nvec:
+                            if T.truncmod(u, hc) == h and base + u * HALF < nvec:
                                 for i in T.unroll(V):
                                     gva[i] = T.float32(0)
                                 if u == h:  # the staged heads
@@ -256,18 +262,18 @@ def engram_gate_bwd():
                                 for q in T.serial(T.if_then_else(u == h, T.max(hc - HEADS_IN_FLIGHT, 0), hc)):
                                     for i in T.vectorized(V):
                                         gol[i] = T.Tensor(x_vec, "bfloat16", grad_out.data)[
-                                            t, q + T.if_then_else(u == h, HEADS_IN_FLIGHT, 0), (u * wpr * 32 + tr) * V + i]
+                                            t, q + T.if_then_else(u == h, HEADS_IN_FLIGHT, 0), (base + u * HALF) * V + i]
                                     for i in T.unroll(V):
                                         gva[i] = T.ieee_add(gva[i], T.ieee_mul(
                                             _f(gol[i]), gate_score[t, q + T.if_then_else(u == h, HEADS_IN_FLIGHT, 0)]))
                                 for i in T.vectorized(V):
                                     gvo[i] = T.Cast("bfloat16", gva[i])
-                                T.stg128(T.Tensor(gv_vec, "bfloat16", grad_v.data)[t, (u * wpr * 32 + tr) * V],
+                                T.stg128(T.Tensor(gv_vec, "bfloat16", grad_v.data)[t, (base + u * HALF) * V],
                                          T.Tensor((1,), "uint32x4", gvo.data)[0])
             for u in T.unroll(U):
-                if ok != 0 and u * wpr * 32 + tr < nvec:
+                if ok != 0 and base + u * HALF < nvec:
                     for i in T.vectorized(V):
-                        T.Tensor(p_vec, "float32", grad_w_partial.data)[p, h, (u * wpr * 32 + tr) * V + i] = gw[u * V + i]
+                        T.Tensor(p_vec, "float32", grad_w_partial.data)[p, h, (base + u * HALF) * V + i] = gw[u * V + i]
 
     return main
 
