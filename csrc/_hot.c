@@ -7,10 +7,10 @@
  *   1. read the runtime symbols the layout needs: tensor sizes / strides, int scalar parameters;
  *   2. pick the device: unchecked launchers, the first tensor's get_device(); bound ones, their own;
  *   3. bound launchers: read every data pointer (data_ptr() or __cuda_array_interface__) and have
- *      the twin check them (alignment, aliasing) when they differ from the last checked ones;
+ *      the twin check them (alignment, aliasing) unless they equal one of the last RECENT_PTRS sets checked;
  *   4. evaluate every launch's grid and scalar programs, range-check and pack every argument into
  *      per-call stack buffers (so calls are reentrant and thread-safe), TMA descriptors copied
- *      from a per-slot cache of the last TMA_RECENT addresses (the twin encodes a new one);
+ *      from a per-slot cache of the last RECENT_PTRS addresses (the twin encodes a new one);
  *   5. the device's functions (loaded by the twin, once per device) and the stream (torch's
  *      current stream, or the one given: converted by the twin unless it is an int);
  *   6. make the device's context current, launch each launch with the GIL released, restore.
@@ -33,7 +33,7 @@
 #define MAXD 16  /* devices */
 #define MAXPROG 64
 #define DESC 128
-#define TMA_RECENT 8 /* descriptors per TMA slot, by global address (the twin keeps as many: _tma.RECENT) */
+#define RECENT_PTRS 8 /* checked pointer sets, and descriptors per TMA slot by address (as the twin's _tma.RECENT) */
 #define BAIL 2   /* "let the Python twin do this call" */
 
 typedef int (*launch_fn)(void *, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
@@ -77,9 +77,9 @@ typedef struct {
     Launch launch[MAXL];
     int ndev;
     Device dev[MAXD];
-    uint64_t ok_ptrs[MAXP];
-    int ok_valid;
-    TmaCache tma[MAXT][TMA_RECENT]; /* geometry is fixed per bound launcher: the address is the key */
+    uint64_t ok_ptrs[RECENT_PTRS][MAXP]; /* pointer sets that passed the twin's check (depends on nothing else) */
+    int ok_count, ok_next;
+    TmaCache tma[MAXT][RECENT_PTRS]; /* geometry is fixed per bound launcher: the address is the key */
     int tma_next[MAXT];
     launch_fn cu_launch;
     launch_ex_fn cu_launch_ex;
@@ -390,7 +390,7 @@ PyMODINIT_FUNC PyInit__hot(void) {
     PyObject *dp = tp ? PyType_FromSpec(&dispatch_spec) : NULL;
     core_type = tp;
     Py_XINCREF(tp); /* core_type keeps its own reference */
-    if (dp == NULL || PyModule_AddObject(m, "Launcher", tp) || add_front(m, dp) || PyModule_AddObject(m, "Dispatch", dp)) {
+    if (!dp || PyModule_AddObject(m, "Launcher", tp) || add_front(m, dp) || PyModule_AddObject(m, "Dispatch", dp)) {
         Py_XDECREF(dp);
         Py_XDECREF(m);
         return NULL;

@@ -299,12 +299,14 @@ def test_recent_signatures_serve_only_equal_calls(make_registry, fake_gpu, monke
     assert len(slow) == (3 if fake_gpu.hot == "c" else 4)
 
 
-def test_tma_descriptors_are_kept_per_address(make_registry, fake_gpu, monkeypatch):
+def test_tma_descriptors_are_kept_per_address(make_registry, fake_gpu, monkeypatch, rt):
     """A launch alternating between recent tensors encodes each descriptor once and, on the compiled
-    path, asks the twin for each address once (csrc: TMA_RECENT per slot)."""
-    asked = []
-    real = _launcher.Launcher._tma_address
-    monkeypatch.setattr(_launcher.Launcher, "_tma_address", lambda self, k, ptr: asked.append(ptr) or real(self, k, ptr))
+    path, asks the twin for each address, and to check each pointer set, once (csrc: RECENT_PTRS)."""
+    asked, checked = [], []
+    real, check = _launcher.Launcher._tma_address, _launcher.Launcher._check_pointers
+    monkeypatch.setattr(_launcher.Launcher, "_tma_address",
+                        lambda self, k, ptr: asked.append(ptr) or real(self, k, ptr))
+    monkeypatch.setattr(_launcher.Launcher, "_check_pointers", lambda self, p: checked.append(p) or check(self, p))
     reg = make_registry()
     b, c = _bf16(1024, 1024), _bf16(70, 1024)
     a_list = [_bf16(70, 1024) for _ in range(4)]
@@ -315,6 +317,11 @@ def test_tma_descriptors_are_kept_per_address(make_registry, fake_gpu, monkeypat
     assert [u64 for u64 in (int.from_bytes(ln["args"][0][:8], "little") for ln in fake_gpu.launches)] == \
         [a.ptr for a in a_list] * 3
     assert len(asked) == (4 if fake_gpu.hot == "c" else 0)
+    assert len(checked) == (4 if fake_gpu.hot == "c" else 12)
+    misaligned = F.FakeTensor((70, 1024), dtype="bfloat16", ptr=a_list[0].ptr + 2)
+    for _ in range(2):  # a refused pointer set is never remembered
+        with pytest.raises(rt.ArgumentError, match="aligned"):
+            reg.launch("toy.gemm", misaligned, b, c)
 
 
 def _front_scenario(front) -> list:
