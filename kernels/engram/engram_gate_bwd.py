@@ -50,9 +50,11 @@ or the extra slots when hc < U) are loaded directly.
 import tilelang.language as T
 
 from .._declare import KernelDecl
-from .engram_gate_fwd import HALF, MAX_HIDDEN, PASS_CONFIGS, SEG, THREADS, U, V, WARPS
+from .engram_gate_fwd import MAX_HIDDEN, PASS_CONFIGS, THREADS, U, V, WARPS
 
 
+HALF = THREADS // 2  # threads per segment (as in the forward; defined here so either file reverts alone)
+SEG = HALF * U  # vectors per segment
 HEADS_IN_FLIGHT = 4  # grad_v: grad_out vectors of this many heads staged per token
 GO, VV, XX, KK = 0, 1, 2, 3  # the staged streams
 NSCAL = 4 + HEADS_IN_FLIGHT  # staged fp32 scalars: dot, gate, rstd_x, rstd_k of the row, then gate[t, q]
