@@ -119,8 +119,9 @@ static PyObject *find_plan(Dispatch *d, PyObject *a) {
         Py_DECREF(key);
     }
     if (plan && have && (PyObject *)Py_TYPE(plan) == core_type) {
-        recent_add(&d->recent[d->next], &d->pos, &sig, plan);
-        d->next = (d->next + 1) % RECENT;
+        int slot = d->next;
+        d->next = (slot + 1) % RECENT;
+        recent_add(&d->recent[slot], &d->pos, &sig, plan);
     }
     if (have) sig_release(&sig, d->pos.nt);
     return plan;

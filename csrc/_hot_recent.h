@@ -136,8 +136,9 @@ static void recent_clear(Recent *e, const Positions *p) {
 
 /* Remember `plan` for `s` in entry `slot` (its references are copied and taken). */
 static void recent_add(Recent *e, const Positions *p, const Sig *s, PyObject *plan) {
-    recent_clear(e, p);
-    e->sig = *s;
+    while (e->plan) /* a plan's destructor may let another thread fill this entry: empty it again */
+        recent_clear(e, p);
+    e->sig = *s; /* from here on no Python code runs: the entry is filled atomically under the GIL */
     for (int i = 0; i < p->nt; i++) Py_INCREF(e->sig.t[i].dtype);
     for (int i = 0; i < p->nk; i++) Py_INCREF(e->sig.ktype[i]);
     for (int i = 0; i < p->nd; i++) Py_INCREF(e->sig.dtype[i]);

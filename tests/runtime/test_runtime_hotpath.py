@@ -368,3 +368,36 @@ def test_compiled_front_is_runtime_launch(make_registry, fake_gpu, hot_module, m
 
 def test_runtime_launch_is_the_front_of_the_chosen_path(rt):
     assert rt.launch is rt._launch_python or type(rt.launch).__name__ == "Front"
+
+
+def test_recent_signatures_under_threads(make_registry, fake_gpu, monkeypatch):
+    """8 threads, 24 signatures (more than a Dispatch remembers): every launch packs its own caller's
+    pointers and row count while the recent entries are replaced under it."""
+    from tilebin.runtime import _registry, _signature, _tensors
+
+    cell = [F.FakeTorchTensor]
+    for mod in (_registry, _signature, _tensors):
+        monkeypatch.setattr(mod, "TORCH_TENSOR", cell)
+    monkeypatch.setattr(_launcher, "torch_stream_getter", lambda: (lambda index: 0x77))
+    reg = make_registry()
+    pairs = [(F.FakeTorchTensor((m, 64)), F.FakeTorchTensor((m, 64))) for m in range(1, 25)]
+    errors, barrier = [], threading.Barrier(8)
+
+    def work(k):
+        barrier.wait()
+        try:
+            for i in range(150):
+                reg.launch("toy.scale", *pairs[(k * 3 + i) % len(pairs)], 1.0)
+        except Exception as exc:  # surfaced below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors and len(fake_gpu.launches) == 8 * 150
+    rows = {x.data_ptr(): (out.data_ptr(), x.shape[0]) for x, out in pairs}
+    for ln in fake_gpu.launches:
+        x_ptr, out_ptr, m = struct.unpack_from("<QQi", b"".join(ln["args"][:3]))
+        assert rows[x_ptr] == (out_ptr, m)
