@@ -25,7 +25,7 @@ from typing import Any, Optional, Union
 
 import torch
 
-from .._common import aligned_input, check_cuda, check_int, check_tensor, fail, launcher, memo_table, typed_key
+from .._common import aligned_input, check_cuda, check_flag, check_int, check_tensor, fail, launcher, memo_table, typed_key
 from ..config import get_num_sms
 
 QuantTensor = tuple[torch.Tensor, torch.Tensor]
@@ -46,12 +46,6 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-
-
-def _flag(op: str, name: str, value: Any) -> bool:
-    if not isinstance(value, (bool, int)):
-        raise fail(op, f"{name} must be a bool, got {type(value).__name__} {value!r}")
-    return bool(value)
 
 
 def _contiguous(op: str, name: str, t: torch.Tensor) -> None:
@@ -142,7 +136,7 @@ def get_fused_mapping(
     num_experts = check_int(op, "num_experts", num_experts, 1, MAX_EXPERTS)
     num_expanded_tokens = check_int(op, "num_expanded_tokens", num_expanded_tokens, 0)
     alignment = check_int(op, "alignment", alignment, 1)
-    force_no_sync = _flag(op, "force_no_sync", force_no_sync)
+    force_no_sync = check_flag(op, "force_no_sync", force_no_sync)
     num_tokens, num_topk = topk_idx.shape
     numel = num_tokens * num_topk
     if numel + num_experts * (alignment - 1) > 2**30:
@@ -240,7 +234,7 @@ def expand_to_fused_with_sf(
     _contiguous(op, "x[1] (sf)", x_sf)
     if type(num_per_channels) is not int or num_per_channels not in (32, 128):
         raise fail(op, f"num_per_channels={num_per_channels!r} is not supported; supported: 32, 128")
-    col = _flag(op, "use_tma_aligned_col_major_sf", use_tma_aligned_col_major_sf)
+    col = check_flag(op, "use_tma_aligned_col_major_sf", use_tma_aligned_col_major_sf)
     num_tokens, hidden = data.shape
     sf_cols = _cdiv(hidden, num_per_channels)
     if x_sf.dtype == torch.int32:
