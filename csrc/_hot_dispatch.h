@@ -254,6 +254,21 @@ static PyType_Slot front_slots[] = {
 
 static PyType_Spec front_spec = {"tilebin.runtime._hot.Front", sizeof(Front), 0, Py_TPFLAGS_DEFAULT, front_slots};
 
+/* _hot.single_device(flag): whether the driver sees exactly one CUDA device (recent signatures then
+ * skip each tensor's get_device(): its ordinal can only be 0).  Returns the previous value. */
+static PyObject *set_single_device(PyObject *module, PyObject *flag) {
+    int v = PyObject_IsTrue(flag), old = one_device;
+    if (v < 0) return NULL;
+    one_device = v;
+    return PyBool_FromLong(old);
+}
+
+static PyMethodDef module_methods[] = {
+    {"single_device", set_single_device, METH_O,
+     "single_device(flag): the driver sees exactly one CUDA device (set by the registry; returns the old value)"},
+    {NULL, NULL, 0, NULL},
+};
+
 /* Module init: the Front type (after Dispatch, whose type it recognises). */
 static int add_front(PyObject *m, PyObject *dispatch) {
     PyObject *tp;
@@ -263,7 +278,7 @@ static int add_front(PyObject *m, PyObject *dispatch) {
     Py_INCREF(dispatch);
     dispatch_type = dispatch;
     if ((tp = PyType_FromSpec(&front_spec)) == NULL) return -1;
-    if (PyModule_AddObject(m, "Front", tp)) {
+    if (PyModule_AddFunctions(m, module_methods) || PyModule_AddObject(m, "Front", tp)) {
         Py_DECREF(tp);
         return -1;
     }

@@ -1,7 +1,8 @@
 /* _hot.c, part 4a: a Dispatch's recent signatures -- runtime.launch's plan-cache hit compared as C values.
  *
  * A Dispatch remembers the last RECENT signatures it found in its plan cache, each as plain values:
- * per tensor its dtype (identity), sizes (shape), strides and CUDA ordinal (is_cuda and get_device()); per
+ * per tensor its dtype (identity), sizes (shape), strides and CUDA ordinal (is_cuda and get_device(), or 0
+ * without the call when the driver sees one device); per
  * keyed scalar its exact type and int value; per pass-through scalar its type.  A call whose values
  * equal one of them runs that plan without building, hashing or comparing a key tuple.  Equal values
  * mean an equal fast key (runtime/_signature.py: dtype, size(), stride(), device per tensor), so both
@@ -36,6 +37,9 @@ typedef struct {
 } Recent;
 
 static PyObject *s_is_cuda;
+/* 1 when the driver sees exactly one CUDA device (set by the registry through _hot.single_device once
+ * the driver is open; the count is fixed for the process): a CUDA tensor's ordinal is then 0. */
+static int one_device;
 
 /* A tuple of at most RD exact ints (x.shape, or x.stride() when `call`) into `out`; 0, or BAIL (error cleared). */
 static int read_ints(PyObject *x, PyObject *name, int call, int64_t *out, int *n) {
@@ -62,6 +66,10 @@ static int read_tensor_sig(PyObject *x, TensorSig *t) {
     if (read_ints(x, s_shape, 0, t->size, &t->ndim) || read_ints(x, s_stride, 1, t->stride, &nstride) ||
         nstride != t->ndim)
         return BAIL;
+    if (one_device) { /* the driver sees one device: every CUDA tensor is on ordinal 0 (no get_device() call) */
+        t->dev = 0;
+        return 0;
+    }
     PyObject *r = PyObject_CallMethodObjArgs(x, s_get_device, NULL);
     rc = r == NULL ? BAIL : ll_of(r, &dev);
     Py_XDECREF(r);

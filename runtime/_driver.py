@@ -21,7 +21,7 @@ from ._errors import DeviceError
 
 _LOCK = threading.Lock()
 THREAD = threading.local()  # .dev: the DeviceInfo whose context this thread made current, or None
-_STATE: dict[str, Any] = {}  # "driver": the module, "version": cuDriverGetVersion()
+_STATE: dict[str, Any] = {}  # "driver": the module, "version": cuDriverGetVersion(), "count": cuDeviceGetCount()
 _DEVICES: dict[int, "DeviceInfo"] = {}
 _SUPPORTED: set[tuple[int, str, int]] = set()  # (ordinal, arch, min_driver_cuda) that passed the checks
 
@@ -172,6 +172,7 @@ def device(ordinal: int, arch: str, min_driver_cuda: int) -> DeviceInfo:
 
 def _open(mod: Any, ordinal: int) -> DeviceInfo:
     count = check(mod.cuDeviceGetCount(), "cuDeviceGetCount")
+    _STATE["count"] = count  # fixed for the process (the compiled launch front reads "one device")
     if not 0 <= ordinal < count:
         raise DeviceError(
             f"tensors are on cuda:{ordinal} but the driver sees {count} device(s); check CUDA_VISIBLE_DEVICES"

@@ -284,6 +284,9 @@ class Registry:
         launches = tuple(bl.spec for bl in binding.launches)
         load = functools.partial(self._functions, binding.kernel, binding.variant, launches)
         dev, handles = load(binding.device)
+        hot = hot_module()
+        if hot is not None:  # one visible device: the compiled front's recent signatures skip get_device()
+            hot.single_device(_driver._STATE.get("count") == 1)
         bound = Bound(dev, handles, binding.guard, binding.tma, bool(torch_positions))
         return make_launcher(bound_layout(spec, binding), load, bound)
 

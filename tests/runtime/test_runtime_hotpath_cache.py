@@ -160,3 +160,39 @@ def test_recent_signatures_under_threads(make_registry, fake_gpu, monkeypatch):
     for ln in fake_gpu.launches:
         x_ptr, out_ptr, m = struct.unpack_from("<QQi", b"".join(ln["args"][:3]))
         assert rows[x_ptr] == (out_ptr, m)
+
+
+def test_one_device_skips_get_device(make_registry, fake_gpu, monkeypatch, rt):
+    """A driver that sees one device (csrc/_hot_recent.h one_device): the compiled front's recent
+    signatures take a CUDA tensor's ordinal as 0 without calling get_device(); with more devices, or an
+    unknown count, they read it.  Both launch the same bytes, and a non-CUDA tensor is still refused."""
+    from tilebin.runtime import _driver, _registry, _signature, _tensors
+
+    cell = [F.FakeTorchTensor]
+    for mod in (_registry, _signature, _tensors):
+        monkeypatch.setattr(mod, "TORCH_TENSOR", cell)
+    monkeypatch.setattr(_launcher, "torch_stream_getter", lambda: (lambda index: 0x77))
+    calls = []
+    real = F.FakeTorchTensor.get_device
+    monkeypatch.setattr(F.FakeTorchTensor, "get_device", lambda self: calls.append(1) or real(self))
+    hot = _launcher.hot_module()
+    seen = {}
+    try:
+        for count in (1, 2, None):
+            monkeypatch.setitem(_driver._STATE, "count", count)
+            reg = make_registry()
+            x, out = F.FakeTorchTensor((300, 64)), F.FakeTorchTensor((300, 64))
+            reg.launch("toy.scale", x, out, 1.0)  # builds the plan (and tells the front the device count)
+            calls.clear()
+            for _ in range(3):
+                reg.launch("toy.scale", x, out, 1.0)
+            seen[count] = [dict(ln, args=ln["args"][2:]) for ln in fake_gpu.launches[-3:]]  # past the pointers
+            if hot is not None:
+                assert hot.single_device(count == 1) is (count == 1)
+                assert (len(calls) == 0) is (count == 1)
+            with pytest.raises(rt.ArgumentError, match="cuda"):
+                reg.launch("toy.scale", F.FakeTorchTensor((300, 64), device=("cpu", 0)), out, 1.0)
+    finally:
+        if hot is not None:
+            hot.single_device(False)
+    assert len(seen[1]) == 3 and seen[1] == seen[2] == seen[None]
