@@ -25,21 +25,24 @@ Partial row ``p < num_blocks`` covers the consecutive tokens ``[p * per, (p + 1)
 the fused-weight gradient (``grad_w_reduce``).  Deterministic: fixed summation orders for any
 launch, and grad_x/grad_k/grad_v do not depend on ``num_blocks``.
 
-Design (after tile_kernels' backward; our own code): block ``bx = p * nhg + hg`` (``nhg =
-ceil(hc / 4)``; one block per token range at hc <= 4, so one wave of ``num_blocks`` blocks) runs
-heads ``4 hg + j`` over the tokens of range ``p``, one token per step with all four heads: head
-slot ``j = tid // 64`` (two warps), thread ``ln = tid % 64`` owns the row's vectors ``ln + u * 64``
-(``u < 16``, a constant 1 KB step: immediate offsets of one address per stream).  Per step: the
-four statistics and all of the thread's grad_out and v vectors are loaded (16-byte loads, issued
-before any use), ``sum go*v`` goes through 5 shuffles and one barrier (two warps per head, ``red``
-double-buffered, so one barrier per token); the first pass-2 chunk (4 vectors of grad_out, x, k
-and w) is loaded before that barrier, the others after it; grad_x and grad_k leave as 16-byte
-stores.  The fused-weight gradient accumulates in private shared-memory slots (128 KB: a thread
-reads and writes only its own, so no barrier), leaving registers for the loads in flight (254
-registers, no spills, one block per SM).  grad_v (the ``hg == 0`` blocks): thread ``(j, ln)`` sums
-the vectors ``ln + (4 uu + j) * 64`` over the heads in order, the first four heads' vectors
-loaded together (mostly L1 hits: the block just read them), any further heads (hc > 4, the slow
-path) one by one.
+Design: rows (token, head) are laid out as in ``engram_gate_fwd``: two halves of 128 threads,
+``rpb = 2`` heads per block (one per half) at ``hidden <= 4096``, else ``rpb = 1`` (a 512-vector
+segment of the row per half), chosen at run time from hidden; block ``bx = p * G + g`` (``G =
+ceil(hc / rpb)``) runs heads ``g * rpb + j`` over the tokens of range ``p``, so the blocks of one
+range run together and share v and grad_out rows through L2.  Thread ``tr`` of a half owns the
+vectors ``base + u * 128`` (``base = seg * 512 + tr``, ``u < U``; a constant step, so its global
+accesses are one address plus immediate offsets per stream): it keeps its slice of
+the fused weight (loaded once) and of the weight gradient in registers, and streams its tokens
+through a two-stage shared-memory ring of *private* slots: while it computes token ``t`` from
+one stage, the cp.async copies of token ``t + 1`` (grad_out, v, x, k, the four saved
+statistics, and the grad_v operands below) are in flight into the other stage (a thread only
+reads what it copied itself, so ``cp.async.wait_group`` suffices; the one barrier per token is
+the ``sum go*v`` exchange, double-buffered).  About ``THREADS * U`` 16-byte vectors per stream
+are in flight per block (56-64 KB at hidden 4096-8192) during the whole token loop; one block per
+SM (shared memory).  grad_v: vector ``i`` of the row is summed (heads in order) by the thread
+that owns it (in slot ``u``) in the row of head ``u % hc``; for the slot ``u == h`` the first
+``HEADS_IN_FLIGHT`` heads' grad_out vectors and gates come through the ring, any others (hc > 4,
+or the extra slots when hc < U) are loaded directly.
 """
 
 # No ``from __future__ import annotations``: TileLang evaluates the PrimFunc's tensor
@@ -47,19 +50,24 @@ path) one by one.
 import tilelang.language as T
 
 from .._declare import KernelDecl
-from .engram_gate_fwd import MAX_HIDDEN, PASS_CONFIGS, THREADS, V, WARPS
+from .engram_gate_fwd import MAX_HIDDEN, PASS_CONFIGS, THREADS, U, V, WARPS
 
 
-HPB = 4  # heads per block: at hc 4 one step is all heads of a token
-TPH = THREADS // HPB  # 64 threads (2 warps) per head
-UU = MAX_HIDDEN // (V * TPH)  # 16: most vectors per thread (the row's vectors ln + u * TPH)
-P1 = 8  # vectors per thread whose grad_out and v loads are in flight together in the first pass
-PC = 4  # vectors per thread whose x, k, w and grad_out loads are in flight together in the second pass
-PASS_CONFIGS_BWD = dict(PASS_CONFIGS, **{"tl.disable_thread_storage_sync": True})  # one explicit barrier per token
+HALF = THREADS // 2  # threads per segment (as in the forward; defined here so either file reverts alone)
+SEG = HALF * U  # vectors per segment
+HEADS_IN_FLIGHT = 4  # grad_v: grad_out vectors of this many heads staged per token
+GO, VV, XX, KK = 0, 1, 2, 3  # the staged streams
+NSCAL = 4 + HEADS_IN_FLIGHT  # staged fp32 scalars: dot, gate, rstd_x, rstd_k of the row, then gate[t, q]
+PASS_CONFIGS_BWD = dict(PASS_CONFIGS, **{"tl.disable_thread_storage_sync": True})  # private slots: see above
 
 
 def _f(x):
     return T.Cast("float32", x)
+
+
+def _cp(dst, src, n):
+    """One cp.async of ``n`` elements (16 bytes of bf16, or one fp32) into shared memory."""
+    return T.ptx_cp_async(T.access_ptr(dst, "w", n), T.access_ptr(src, "r", n), n)
 
 
 def engram_gate_bwd():
@@ -68,7 +76,9 @@ def engram_gate_bwd():
     ks0, ks1, vs0 = T.dynamic("k_stride_s"), T.dynamic("k_stride_h"), T.dynamic("v_stride_s")
     num_blocks = T.dynamic("num_blocks")
     nvec = hidden // V
-    nhg = T.ceildiv(hc, HPB)  # head groups: blocks per token range
+    # as in the forward: segments per row (1 or 2), rows (heads) per block (2 or 1)
+    nseg = T.max(1, (nvec + SEG - 1) // SEG)
+    rows_per_block = 2 // nseg
     x_vec = (num_tokens, hc, nvec * V)
     w_vec = (hc, nvec * V)
     p_vec = (num_blocks, hc, nvec * V)
@@ -94,29 +104,25 @@ def engram_gate_bwd():
         clamp_value: T.float32,
         scalar: T.float32,
     ):
-        with T.Kernel(num_blocks * nhg, threads=THREADS) as bx:
+        with T.Kernel(num_blocks * T.ceildiv(hc, rows_per_block), threads=THREADS) as bx:
             tid = T.get_thread_binding()
+            stg = T.alloc_shared((2, 4, U, THREADS * V), "bfloat16")
+            gvs = T.alloc_shared((2, HEADS_IN_FLIGHT, THREADS * V), "bfloat16")
+            scl = T.alloc_shared((2, NSCAL, THREADS), "float32")
             red = T.alloc_shared((2, WARPS), "float32")
-            gws = T.alloc_shared((UU, THREADS, V), "float32")  # private grad_w slots (128 KB)
-            goa = T.alloc_local((P1 * V,), "bfloat16")
-            va = T.alloc_local((P1 * V,), "bfloat16")
-            gob = T.alloc_local((PC * V,), "bfloat16")
-            xb = T.alloc_local((PC * V,), "bfloat16")
-            kb = T.alloc_local((PC * V,), "bfloat16")
-            wb = T.alloc_local((PC * V,), "float32")
-            gvl = T.alloc_local((HPB * V,), "bfloat16")  # grad_v: one vector of HPB heads
-            gts = T.alloc_local((HPB,), "float32")
-            gwl = T.alloc_local((V,), "float32")
-            gwo = T.alloc_local((4,), "float32")
+            ws = T.alloc_local((U * V,), "float32")
+            gw = T.alloc_local((U * V,), "float32")
+            gol = T.alloc_local((V,), "bfloat16")
+            vl = T.alloc_local((V,), "bfloat16")
+            xl = T.alloc_local((V,), "bfloat16")
+            kl = T.alloc_local((V,), "bfloat16")
             ogx = T.alloc_local((V,), "bfloat16")
             ogk = T.alloc_local((V,), "bfloat16")
             gvo = T.alloc_local((V,), "bfloat16")
-            gol = T.alloc_local((V,), "bfloat16")
             gva = T.alloc_local((V,), "float32")
             fx = T.alloc_local((V,), "float32")
             fk = T.alloc_local((V,), "float32")
             acc = T.alloc_var("float32")
-            pu = T.alloc_var("float32")
             tot = T.alloc_var("float32")
             gg = T.alloc_var("float32")
             rx = T.alloc_var("float32")
@@ -126,141 +132,150 @@ def engram_gate_bwd():
             big = T.alloc_var("float32")
             cx = T.alloc_var("float32")
             ck = T.alloc_var("float32")
-            pair = T.alloc_var("int32")
-            ln = T.alloc_var("int32")
-            gvb = T.alloc_var("int32")
-            hg = T.alloc_var("int32")
+            wide = T.alloc_var("int32")
+            rpb = T.alloc_var("int32")
+            j = T.alloc_var("int32")
+            base = T.alloc_var("int32")
             h = T.alloc_var("int32")
             ok = T.alloc_var("int32")
             p = T.alloc_var("int32")
             per = T.alloc_var("int32")
             t0 = T.alloc_var("int32")
             n = T.alloc_var("int32")
+            tn = T.alloc_var("int32")
             t = T.alloc_var("int32")
-            sb = T.alloc_var("int32")
-            pair = tid // TPH  # this thread's head in the group
-            ln = tid % TPH  # its first vector; the others follow at the constant step TPH
-            gvb = ln + pair * TPH  # grad_v: its vectors gvb + uu * HPB * TPH (slots u with u % HPB == pair)
-            p = T.truncdiv(bx, nhg)
-            hg = T.truncmod(bx, nhg)
-            h = hg * HPB + pair
+            sn = T.alloc_var("int32")
+            sc = T.alloc_var("int32")
+            wide = nseg - 1  # 0: two heads per block; 1: one head, a segment per half
+            rpb = rows_per_block
+            j = (tid // HALF) * (1 - wide)  # this half's row in the block
+            base = (tid // HALF) * wide * SEG + tid % HALF  # the thread's first vector
+            p = T.truncdiv(bx, T.ceildiv(hc, rpb))
+            h = T.truncmod(bx, T.ceildiv(hc, rpb)) * rpb + j
             ok = T.if_then_else(h < hc, 1, 0)
             h = h * ok
             per = T.truncdiv(num_tokens + num_blocks - 1, num_blocks)
             t0 = T.min(p * per, num_tokens)
             n = T.min(per, num_tokens - t0)
-            for u in T.unroll(UU):  # a thread reads and writes only its own slots: no barrier
-                for i in T.vectorized(V):
-                    gws[u, tid, i] = T.float32(0)
-            for it in T.serial(n):
-                t = t0 + it
-                sb = it % 2  # red is double-buffered: one barrier per token
-                # pass 1: sum go * v over the row (all loads issued first)
-                if ok != 0:
-                    d = dot[t, h]
-                    gg = gate_score[t, h]
-                    rx = rstd_x[t, h]
-                    rk = rstd_k[t, h]
-                acc = T.float32(0)
-                for c1 in T.unroll(UU // P1):
-                    for uc in T.unroll(P1):
-                        if ok != 0 and ln + (c1 * P1 + uc) * TPH < nvec:
+            for u in T.unroll(U):
+                if ok != 0 and base + u * HALF < nvec:
+                    for i in T.vectorized(V):
+                        ws[u * V + i] = T.Tensor(w_vec, "float32", weight_fused.data)[h, (base + u * HALF) * V + i]
+            for i in T.unroll(U * V):
+                gw[i] = T.float32(0)
+            # iteration ``it`` stages token t0 + it and computes token t0 + it - 1
+            for it in T.serial(n + 1):
+                tn = t0 + it
+                sn = it % 2
+                T.sync_warp()  # a compiler fence: last iteration's reads of stage sn stay before its refill
+                if ok != 0 and it < n:
+                    for u in T.unroll(U):
+                        if base + u * HALF < nvec:
+                            _cp(stg[sn, GO, u, tid * V], T.Tensor(x_vec, "bfloat16", grad_out.data)[
+                                tn, h, (base + u * HALF) * V], V)
+                            _cp(stg[sn, VV, u, tid * V], T.Tensor(v_flat, "bfloat16", v.data)[
+                                tn * (vs0 // V) * V + (base + u * HALF) * V], V)
+                            _cp(stg[sn, XX, u, tid * V], T.Tensor(x_vec, "bfloat16", hidden_states.data)[
+                                tn, h, (base + u * HALF) * V], V)
+                            _cp(stg[sn, KK, u, tid * V], T.Tensor(k_flat, "bfloat16", k.data)[
+                                tn * (ks0 // V) * V + h * (ks1 // V) * V + (base + u * HALF) * V], V)
+                    if h < U and base + h * HALF < nvec:  # this thread's first grad_v slot, u == h
+                        for q in T.unroll(HEADS_IN_FLIGHT):
+                            if q < hc:
+                                _cp(gvs[sn, q, tid * V], T.Tensor(x_vec, "bfloat16", grad_out.data)[
+                                    tn, q, (base + h * HALF) * V], V)
+                                _cp(scl[sn, 4 + q, tid], gate_score[tn, q], 1)
+                    _cp(scl[sn, 0, tid], dot[tn, h], 1)
+                    _cp(scl[sn, 1, tid], gate_score[tn, h], 1)
+                    _cp(scl[sn, 2, tid], rstd_x[tn, h], 1)
+                    _cp(scl[sn, 3, tid], rstd_k[tn, h], 1)
+                T.ptx_commit_group()  # one group per iteration, possibly empty
+                if it > 0:
+                    t = tn - 1
+                    sc = 1 - sn
+                    T.ptx_wait_group(1)  # token t's copies (this thread's) have landed
+                    T.sync_warp()  # the wait asm has no memory clobber: keep the reads below it
+                    acc = T.float32(0)
+                    for u in T.unroll(U):
+                        if ok != 0 and base + u * HALF < nvec:
                             for i in T.vectorized(V):
-                                goa[uc * V + i] = T.Tensor(x_vec, "bfloat16", grad_out.data)[
-                                    t, h, (ln + (c1 * P1 + uc) * TPH) * V + i]
+                                gol[i] = stg[sc, GO, u, tid * V + i]
                             for i in T.vectorized(V):
-                                va[uc * V + i] = T.Tensor(v_flat, "bfloat16", v.data)[
-                                    t * (vs0 // V) * V + (ln + (c1 * P1 + uc) * TPH) * V + i]
-                    for uc in T.unroll(P1):
-                        if ok != 0 and ln + (c1 * P1 + uc) * TPH < nvec:
-                            pu = T.float32(0)
+                                vl[i] = stg[sc, VV, u, tid * V + i]
                             for i in T.unroll(V):
-                                pu += _f(goa[uc * V + i]) * _f(va[uc * V + i])
-                            acc += pu
-                # pass 2 in chunks of PC vectors; chunk 0's loads are in flight across the barrier
-                for c in T.unroll(UU // PC):
-                    for uc in T.unroll(PC):
-                        if ok != 0 and ln + (c * PC + uc) * TPH < nvec:
-                            for i in T.vectorized(V):
-                                gob[uc * V + i] = T.Tensor(x_vec, "bfloat16", grad_out.data)[
-                                    t, h, (ln + (c * PC + uc) * TPH) * V + i]
-                            for i in T.vectorized(V):
-                                xb[uc * V + i] = T.Tensor(x_vec, "bfloat16", hidden_states.data)[
-                                    t, h, (ln + (c * PC + uc) * TPH) * V + i]
-                            for i in T.vectorized(V):
-                                kb[uc * V + i] = T.Tensor(k_flat, "bfloat16", k.data)[
-                                    t * (ks0 // V) * V + h * (ks1 // V) * V + (ln + (c * PC + uc) * TPH) * V + i]
-                            for i in T.vectorized(V):
-                                wb[uc * V + i] = T.Tensor(w_vec, "float32", weight_fused.data)[
-                                    h, (ln + (c * PC + uc) * TPH) * V + i]
-                    if c == 0:  # uniform: every thread reaches the barrier once per token
-                        for r in T.unroll(5):
-                            acc += T.shfl_xor(acc, 16 >> r)
-                        if tid % 32 == 0:
-                            red[sb, tid // 32] = acc
-                        T.sync_threads()
-                        tot = red[sb, pair * 2] + red[sb, pair * 2 + 1]  # the head's two warps, in order
+                                acc += _f(gol[i]) * _f(vl[i])
+                    for r in T.unroll(5):
+                        acc += T.shfl_xor(acc, 16 >> r)
+                    if tid % 32 == 0:
+                        red[sc, tid // 32] = acc
+                    T.sync_threads()
+                    if ok != 0:
+                        tot = red[sc, j * 4]
+                        for q in T.unroll(3):  # the row's warps, in order
+                            tot += red[sc, j * 4 + q + 1]
+                        if wide != 0:
+                            for q in T.unroll(4):
+                                tot += red[sc, 4 + q]
+                        d = scl[sc, 0, tid]
+                        gg = scl[sc, 1, tid]
+                        rx = scl[sc, 2, tid]
+                        rk = scl[sc, 3, tid]
                         sg = T.ieee_mul(T.ieee_mul(T.ieee_mul(d, rx), rk), scalar)
                         big = T.if_then_else(T.abs(sg) < clamp_value, T.float32(0),
                                              tot * gg * (T.float32(1) - gg) * T.float32(0.5) / T.sqrt(T.abs(sg))
                                              * (rx * rk * scalar))
                         cx = d * rx * rx / _f(hidden)
                         ck = d * rk * rk / _f(hidden)
-                    for uc in T.unroll(PC):
-                        if ok != 0 and ln + (c * PC + uc) * TPH < nvec:
-                            for i in T.vectorized(V):
-                                gwl[i] = gws[c * PC + uc, tid, i]
-                            for i in T.unroll(V):
-                                fx[i] = _f(gob[uc * V + i]) + big * (
-                                    _f(kb[uc * V + i]) * wb[uc * V + i] - _f(xb[uc * V + i]) * cx)
-                                fk[i] = big * (_f(xb[uc * V + i]) * wb[uc * V + i] - _f(kb[uc * V + i]) * ck)
-                                gwl[i] = gwl[i] + big * _f(xb[uc * V + i]) * _f(kb[uc * V + i])
-                            for i in T.vectorized(V):
-                                gws[c * PC + uc, tid, i] = gwl[i]
-                            # bf16x2 converts, then one explicit 16-byte store (kernels/README.md, Pitfalls)
-                            for i in T.vectorized(V):
-                                ogx[i] = T.Cast("bfloat16", fx[i])
-                            for i in T.vectorized(V):
-                                ogk[i] = T.Cast("bfloat16", fk[i])
-                            T.stg128(T.Tensor(x_vec, "bfloat16", grad_x.data)[t, h, (ln + (c * PC + uc) * TPH) * V],
-                                     T.Tensor((1,), "uint32x4", ogx.data)[0])
-                            T.stg128(T.Tensor(x_vec, "bfloat16", grad_k.data)[t, h, (ln + (c * PC + uc) * TPH) * V],
-                                     T.Tensor((1,), "uint32x4", ogk.data)[0])
-                # grad_v (the first head group's blocks): heads in order, the first HPB loaded together
-                if hg == 0:
-                    for q in T.unroll(HPB):
-                        if q < hc:
-                            gts[q] = gate_score[t, q]
-                    for uu in T.unroll(UU // HPB):
-                        if gvb + uu * HPB * TPH < nvec:
-                            for q in T.unroll(HPB):
-                                if q < hc:
-                                    for i in T.vectorized(V):
-                                        gvl[q * V + i] = T.Tensor(x_vec, "bfloat16", grad_out.data)[
-                                            t, q, (gvb + uu * HPB * TPH) * V + i]
-                            for i in T.unroll(V):
-                                gva[i] = T.float32(0)
-                            for q in T.unroll(HPB):
-                                if q < hc:
-                                    for i in T.unroll(V):
-                                        gva[i] = T.ieee_add(gva[i], T.ieee_mul(_f(gvl[q * V + i]), gts[q]))
-                            for q in T.serial(T.max(hc - HPB, 0)):  # hc > 4: the slow path
+                        for u in T.unroll(U):
+                            if base + u * HALF < nvec:
                                 for i in T.vectorized(V):
-                                    gol[i] = T.Tensor(x_vec, "bfloat16", grad_out.data)[
-                                        t, q + HPB, (gvb + uu * HPB * TPH) * V + i]
+                                    gol[i] = stg[sc, GO, u, tid * V + i]
+                                for i in T.vectorized(V):
+                                    xl[i] = stg[sc, XX, u, tid * V + i]
+                                for i in T.vectorized(V):
+                                    kl[i] = stg[sc, KK, u, tid * V + i]
                                 for i in T.unroll(V):
-                                    gva[i] = T.ieee_add(gva[i], T.ieee_mul(_f(gol[i]), gate_score[t, q + HPB]))
-                            for i in T.vectorized(V):
-                                gvo[i] = T.Cast("bfloat16", gva[i])
-                            T.stg128(T.Tensor(gv_vec, "bfloat16", grad_v.data)[t, (gvb + uu * HPB * TPH) * V],
-                                     T.Tensor((1,), "uint32x4", gvo.data)[0])
-            for u in T.unroll(UU):
-                if ok != 0 and ln + u * TPH < nvec:
-                    for hf in T.unroll(2):
-                        for i in T.vectorized(4):
-                            gwo[i] = gws[u, tid, hf * 4 + i]
-                        T.stg128(T.Tensor(p_vec, "float32", grad_w_partial.data)[p, h, (ln + u * TPH) * V + hf * 4],
-                                 T.Tensor((1,), "uint32x4", gwo.data)[0])
+                                    fx[i] = _f(gol[i]) + big * (_f(kl[i]) * ws[u * V + i] - _f(xl[i]) * cx)
+                                    fk[i] = big * (_f(xl[i]) * ws[u * V + i] - _f(kl[i]) * ck)
+                                    gw[u * V + i] += big * _f(xl[i]) * _f(kl[i])
+                                # packed bf16x2 converts, then one explicit 16-byte store (T.stg128):
+                                # a vectorized copy from the bf16 array was split by LLVM into four
+                                # 4-byte STGs for every slot but the first
+                                for i in T.vectorized(V):
+                                    ogx[i] = T.Cast("bfloat16", fx[i])
+                                for i in T.vectorized(V):
+                                    ogk[i] = T.Cast("bfloat16", fk[i])
+                                T.stg128(T.Tensor(x_vec, "bfloat16", grad_x.data)[t, h, (base + u * HALF) * V],
+                                         T.Tensor((1,), "uint32x4", ogx.data)[0])
+                                T.stg128(T.Tensor(x_vec, "bfloat16", grad_k.data)[t, h, (base + u * HALF) * V],
+                                         T.Tensor((1,), "uint32x4", ogk.data)[0])
+                        # grad_v on the vectors base + u * HALF with u % hc == h (heads in order)
+                        for u in T.unroll(U):
+                            if T.truncmod(u, hc) == h and base + u * HALF < nvec:
+                                for i in T.unroll(V):
+                                    gva[i] = T.float32(0)
+                                if u == h:  # the staged heads
+                                    for q in T.unroll(HEADS_IN_FLIGHT):
+                                        if q < hc:
+                                            for i in T.vectorized(V):
+                                                gol[i] = gvs[sc, q, tid * V + i]
+                                            for i in T.unroll(V):
+                                                gva[i] = T.ieee_add(gva[i], T.ieee_mul(_f(gol[i]), scl[sc, 4 + q, tid]))
+                                for q in T.serial(T.if_then_else(u == h, T.max(hc - HEADS_IN_FLIGHT, 0), hc)):
+                                    for i in T.vectorized(V):
+                                        gol[i] = T.Tensor(x_vec, "bfloat16", grad_out.data)[
+                                            t, q + T.if_then_else(u == h, HEADS_IN_FLIGHT, 0), (base + u * HALF) * V + i]
+                                    for i in T.unroll(V):
+                                        gva[i] = T.ieee_add(gva[i], T.ieee_mul(
+                                            _f(gol[i]), gate_score[t, q + T.if_then_else(u == h, HEADS_IN_FLIGHT, 0)]))
+                                for i in T.vectorized(V):
+                                    gvo[i] = T.Cast("bfloat16", gva[i])
+                                T.stg128(T.Tensor(gv_vec, "bfloat16", grad_v.data)[t, (base + u * HALF) * V],
+                                         T.Tensor((1,), "uint32x4", gvo.data)[0])
+            for u in T.unroll(U):
+                if ok != 0 and base + u * HALF < nvec:
+                    for i in T.vectorized(V):
+                        T.Tensor(p_vec, "float32", grad_w_partial.data)[p, h, (base + u * HALF) * V + i] = gw[u * V + i]
 
     return main
 
