@@ -182,12 +182,17 @@ static PyType_Spec dispatch_spec = {"tilebin.runtime._hot.Dispatch", sizeof(Disp
                                     dispatch_slots};
 
 /* Front(registry_cell, slow): tilebin.runtime.launch itself.  front(name, *args, stream=None) finds the
- * kernel's Dispatch (registry_cell[0]._entries[name].launch) and runs it with no Python frame; any other
+ * kernel's Dispatch (registry_cell[0]._entries[name].launch; the last FRONT_NAMES name objects found for
+ * the current registry are remembered, compared by identity) and runs it with no Python frame; any other
  * call (keywords besides stream, no registry yet, an unknown name, a Python-path entry) is
  * slow(name, *args, **kwargs), the Python function with the same contract. */
+#define FRONT_NAMES 8 /* kernel names whose Dispatch a Front remembers (for the registry it last served) */
 typedef struct {
     PyObject_HEAD
     PyObject *cell, *slow;
+    PyObject *reg;                  /* the registry the names below belong to (held: its id cannot be reused) */
+    PyObject *name[FRONT_NAMES], *dispatch[FRONT_NAMES];
+    int next;
 } Front;
 
 static PyObject *s_entries, *s_launchattr, *s_streamkw, *dispatch_type;
@@ -208,20 +213,51 @@ static int front_init(PyObject *self, PyObject *args, PyObject *kw) {
 static void front_dealloc(PyObject *self) {
     Front *f = (Front *)self;
     PyTypeObject *tp = Py_TYPE(self);
-    Py_XDECREF(f->cell), Py_XDECREF(f->slow);
+    Py_XDECREF(f->cell), Py_XDECREF(f->slow), Py_XDECREF(f->reg);
+    for (int i = 0; i < FRONT_NAMES; i++) Py_XDECREF(f->name[i]), Py_XDECREF(f->dispatch[i]);
     ((freefunc)PyType_GetSlot(tp, Py_tp_free))(self);
     Py_DECREF(tp);
+}
+
+/* Remember that `name` of registry `reg` is served by Dispatch `d` (a registry's entry for a name is
+ * created once and never replaced, and an entry's Dispatch is fixed at its creation).  The new values
+ * are stored before the old ones are released: a destructor running Python code sees a whole table. */
+static void front_remember(Front *f, PyObject *reg, PyObject *name, PyObject *d) {
+    PyObject *old[2 * FRONT_NAMES + 1] = {NULL};
+    int n = 0;
+    if (f->reg != reg) {
+        old[n++] = f->reg;
+        for (int i = 0; i < FRONT_NAMES; i++) {
+            old[n++] = f->name[i], old[n++] = f->dispatch[i];
+            f->name[i] = f->dispatch[i] = NULL;
+        }
+        Py_INCREF(reg);
+        f->reg = reg, f->next = 0;
+    } else {
+        old[n++] = f->name[f->next], old[n++] = f->dispatch[f->next];
+    }
+    Py_INCREF(name), Py_INCREF(d);
+    f->name[f->next] = name, f->dispatch[f->next] = d;
+    f->next = (f->next + 1) % FRONT_NAMES;
+    for (int i = 0; i < n; i++) Py_XDECREF(old[i]);
 }
 
 /* The Dispatch serving kernel `name` (a new reference), or NULL (no exception) when there is none. */
 static PyObject *front_dispatch(Front *f, PyObject *name) {
     PyObject *reg = PyList_Size(f->cell) ? PyList_GetItem(f->cell, 0) : NULL, *d = NULL;
+    if (reg && reg == f->reg)
+        for (int i = 0; i < FRONT_NAMES; i++)
+            if (f->name[i] == name) { /* the same name object: no lookups */
+                Py_INCREF(f->dispatch[i]);
+                return f->dispatch[i];
+            }
     PyObject *entries = (reg && reg != Py_None) ? PyObject_GetAttr(reg, s_entries) : NULL;
     PyObject *entry = (entries && PyDict_Check(entries)) ? PyDict_GetItemWithError(entries, name) : NULL;
     if (entry) d = PyObject_GetAttr(entry, s_launchattr); /* entry is borrowed from entries, still held */
     Py_XDECREF(entries);
     if (d && (PyObject *)Py_TYPE(d) != dispatch_type) Py_CLEAR(d);
     PyErr_Clear();
+    if (d && PyUnicode_CheckExact(name)) front_remember(f, reg, name, d);
     return d;
 }
 
