@@ -92,3 +92,20 @@ def fake_gpu(monkeypatch, hot_path):
 
     monkeypatch.setattr(_tma, "_STATE", {"raw": encode})
     yield fake
+
+
+@pytest.fixture
+def counting_torch_registry(make_registry, fake_gpu, monkeypatch):
+    """``(registry, slow)``: a registry whose launches see ``rt_fakes.FakeTorchTensor`` as torch
+    tensors (stream 0x77), and ``slow``, a list that grows by one per launch that reached the
+    Python ``KernelEntry.launch`` (a plan-cache miss for the compiled path)."""
+    from tilebin.runtime import _launcher, _registry, _signature, _tensors
+
+    cell = [rt_fakes.FakeTorchTensor]
+    for mod in (_registry, _signature, _tensors):
+        monkeypatch.setattr(mod, "TORCH_TENSOR", cell)
+    monkeypatch.setattr(_launcher, "torch_stream_getter", lambda: (lambda index: 0x77))
+    slow: list = []
+    real = _registry.KernelEntry.launch
+    monkeypatch.setattr(_registry.KernelEntry, "launch", lambda self, *a: slow.append(1) or real(self, *a))
+    return make_registry(), slow

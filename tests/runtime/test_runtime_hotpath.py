@@ -189,19 +189,10 @@ def test_hot_path_setting_is_applied(monkeypatch, rt):
         rt.hot_path()
 
 
-def test_plan_cache_hits_skip_python(make_registry, fake_gpu, monkeypatch):
+def test_plan_cache_hits_skip_python(counting_torch_registry, fake_gpu):
     """runtime.launch with plain (torch-like) tensors: after the first call builds the plan, the
     compiled Dispatch finds it by the same key _signature.fast_signature builds, without Python."""
-    from tilebin.runtime import _registry, _signature, _tensors
-
-    cell = [F.FakeTorchTensor]
-    for mod in (_registry, _signature, _tensors):
-        monkeypatch.setattr(mod, "TORCH_TENSOR", cell)
-    monkeypatch.setattr(_launcher, "torch_stream_getter", lambda: (lambda index: 0x77))
-    slow = []
-    real = _registry.KernelEntry.launch
-    monkeypatch.setattr(_registry.KernelEntry, "launch", lambda self, *a: slow.append(1) or real(self, *a))
-    reg = make_registry()
+    reg, slow = counting_torch_registry
     pairs = [(F.FakeTorchTensor((300, 64)), F.FakeTorchTensor((300, 64))) for _ in range(3)]
     for k, (x, out) in enumerate(pairs):
         reg.launch("toy.scale", x, out, float(k))

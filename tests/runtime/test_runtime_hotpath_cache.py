@@ -19,20 +19,11 @@ def _bf16(*shape, **kw):
     return F.tensor(shape, dtype="bfloat16", **kw)
 
 
-def test_recent_signatures_serve_only_equal_calls(make_registry, fake_gpu, monkeypatch, rt):
+def test_recent_signatures_serve_only_equal_calls(counting_torch_registry, make_registry, fake_gpu, rt):
     """The compiled Dispatch's recent signatures (csrc/_hot_recent.h): a repeated call skips the key,
     while a call differing in strides, dtype, device, or a keyed scalar's value or type gets its own
     plan or its own refusal; plans the registry evicts are forgotten."""
-    from tilebin.runtime import _registry, _signature, _tensors
-
-    cell = [F.FakeTorchTensor]
-    for mod in (_registry, _signature, _tensors):
-        monkeypatch.setattr(mod, "TORCH_TENSOR", cell)
-    monkeypatch.setattr(_launcher, "torch_stream_getter", lambda: (lambda index: 0x77))
-    slow = []
-    real = _registry.KernelEntry.launch
-    monkeypatch.setattr(_registry.KernelEntry, "launch", lambda self, *a: slow.append(1) or real(self, *a))
-    reg = make_registry()
+    reg, slow = counting_torch_registry
     x, out = F.FakeTorchTensor((300, 64)), F.FakeTorchTensor((300, 64))
     for _ in range(3):
         reg.launch("toy.scale", x, out, 1.0)
