@@ -2,7 +2,14 @@
 
 Kept out of ``kernels/__init__.py`` on purpose: every kernel imports that package, so the AOT
 cache digests it with each kernel; adding a module here must not invalidate the others.
+
+The mHC family is listed by file name (every ``kernels/mhc/<name>.py`` not starting with ``_``,
+sorted): its kernels are written in parallel, one file each, and none edits a shared list.
 """
+
+from pathlib import Path
+
+_MHC = Path(__file__).resolve().parent / "mhc"
 
 ALL_MODULES = (
     "tilebin.kernels.transpose.batched_transpose",
@@ -36,4 +43,6 @@ ALL_MODULES = (
     "tilebin.kernels.engram.engram_gate_fwd",
     "tilebin.kernels.engram.engram_gate_bwd",
     "tilebin.kernels.engram.grad_w_reduce",
+) + tuple(
+    f"tilebin.kernels.mhc.{p.stem}" for p in sorted(_MHC.glob("*.py")) if not p.name.startswith("_")
 )

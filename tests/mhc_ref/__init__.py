@@ -1,0 +1,1 @@
+"""Torch references of the mHC family (the definitions the GPU tests compare against)."""
