@@ -1,0 +1,212 @@
+"""``mhc_pre_norm_fn``: RMSNorm of the flattened mHC residual fused with the projection ``fn``
+(tile_kernels 1.0.0 ``tile_kernels.modeling.mhc.ops.norm_fn``), differentiable.
+
+``out[..., j] = (sum_k x[k] * fn_eff[j, k]) * rsqrt(mean_k(x[k]**2) + eps)`` with ``x`` the
+residual ``[..., M, H]`` flattened to ``K = M * H`` values (bf16, widened to fp32), ``fn_eff =
+tf32(fn * norm_weight)`` (or ``tf32(fn)``) and ``out`` fp32 ``[..., M * (M + 2)]``.  The GEMM runs
+on TF32 tensor cores (exact products, fp32 accumulation); the norm factor is applied after it.
+
+``n_splits`` is the most split-K partitions of K the forward uses: it takes
+``min(n_splits, K / 128, ceil(256 / ceil(tokens / 64)))`` (enough blocks to fill the GPU; one
+split once the tokens alone do), so the rounding of a token's sums depends on its call's token
+count and K only (never on timing); tile_kernels 1.0.0 always uses one split.
+
+Backward: the gradients of the residual (bf16), of ``fn`` and of ``norm_weight`` (fp32; the
+TF32 rounding counts as the identity).  ``fuse_grad_acc`` (default True, as tile_kernels):
+when the residual's storage carries ``grad_from_mhc_post`` (the residual gradient ``mhc_post``'s
+backward leaves there), the residual gradient is added into that tensor in place, the attribute
+is removed and None is returned for the residual; otherwise (or with ``fuse_grad_acc=False``)
+a fresh gradient is returned.  With a norm weight, the ``main_grad`` convention holds for
+``fn`` and ``norm_weight``: a ``main_grad`` attribute (contiguous fp32 of the parameter's
+shape) receives the gradient in place and None is returned for that parameter.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from tilebin.ops._common import (
+    aligned_input,
+    check_cuda,
+    check_flag,
+    check_float32,
+    check_int,
+    check_tensor,
+    fail,
+    launcher,
+)
+
+_OP = "mhc_pre_norm_fn"
+MULTS = (4, 2)  # mhc_mult values with prebuilt kernels
+KB = 128  # K granularity of the split-K GEMM (kernels/mhc/norm_fn.py)
+TB = 64  # tokens per block of the forward GEMM
+TARGET_BLOCKS = 256  # split K until the forward GEMM has about this many blocks
+
+
+def num_splits(num_tokens: int, mhc_hidden: int, n_splits: int) -> int:
+    """The split-K count the forward uses (see the module docstring)."""
+    token_blocks = max(1, -(-num_tokens // TB))
+    want = max(1, -(-TARGET_BLOCKS // token_blocks))
+    return max(1, min(n_splits, mhc_hidden // KB, want))
+
+
+def check_residual(op: str, residual: Any) -> tuple[int, int, tuple[int, ...]]:
+    """bf16 ``[..., M, H]`` contiguous with M in MULTS, H a positive multiple of 64: (M, H, outer)."""
+    check_tensor(op, "residual", residual, (torch.bfloat16,))
+    if residual.dim() < 2:
+        raise fail(op, f"residual must be [..., mhc_mult, hidden], got shape {tuple(residual.shape)}")
+    *outer, mult, hidden = residual.shape
+    if mult not in MULTS:
+        raise fail(op, f"residual has mhc_mult={mult} (shape {tuple(residual.shape)}); supported: "
+                       f"{', '.join(map(str, MULTS))}")
+    if hidden <= 0 or hidden % 64:
+        raise fail(op, f"residual has hidden={hidden}; supported: a positive multiple of 64 (e.g. 4096, 7168)")
+    if not residual.is_contiguous():
+        raise fail(op, f"residual must be contiguous (strides {tuple(residual.stride())}); call .contiguous()")
+    if residual.numel() >= 2**31:
+        raise fail(op, f"residual has {residual.numel()} elements; supported: < 2**31 (split the tokens)")
+    return mult, hidden, tuple(outer)
+
+
+def check_fn(op: str, fn: Any, mult: int, hidden: int) -> None:
+    n, k = mult * (mult + 2), mult * hidden
+    check_tensor(op, "fn", fn, (torch.float32,), 2)
+    if tuple(fn.shape) != (n, k):
+        raise fail(op, f"fn has shape {tuple(fn.shape)}; want [mhc_mult * (mhc_mult + 2), mhc_mult * hidden] = "
+                       f"{[n, k]} for residual's mhc_mult={mult}, hidden={hidden}")
+    if not fn.is_contiguous():
+        raise fail(op, f"fn must be contiguous (strides {tuple(fn.stride())}); call .contiguous()")
+
+
+def _check_weight(norm_weight: Any, k: int) -> None:
+    if norm_weight is None:
+        return
+    check_tensor(_OP, "mhc_norm_weight", norm_weight, (torch.float32,), 1)
+    if norm_weight.shape[0] != k:
+        raise fail(_OP, f"mhc_norm_weight has shape {tuple(norm_weight.shape)}; want [mhc_mult * hidden] = [{k}]")
+    if not norm_weight.is_contiguous():
+        raise fail(_OP, "mhc_norm_weight must be contiguous; call .contiguous()")
+
+
+def _main_grad_of(param: torch.Tensor, name: str) -> torch.Tensor | None:
+    grad = getattr(param, "main_grad", None)
+    if grad is None:
+        return None
+    check_tensor(_OP, f"{name}.main_grad", grad, (torch.float32,), param.dim())
+    if tuple(grad.shape) != tuple(param.shape) or not grad.is_contiguous() or grad.device != param.device:
+        raise fail(_OP, f"{name}.main_grad is {tuple(grad.shape)} (strides {tuple(grad.stride())}) on {grad.device}; "
+                        f"supported: a contiguous float32 tensor of shape {tuple(param.shape)} on {param.device}")
+    return grad
+
+
+def prep_fn(fn: torch.Tensor, norm_weight: torch.Tensor | None) -> torch.Tensor:
+    """``tf32(fn * norm_weight)`` (or ``tf32(fn)``): the fn the GEMM kernels read."""
+    n, k = fn.shape
+    fn_eff = torch.empty((n, k), dtype=torch.float32, device=fn.device)
+    w = norm_weight if norm_weight is not None else fn.new_empty((0,))
+    launcher("mhc.norm_fn_prep")(fn, w, fn_eff, 1 if norm_weight is not None else 0)
+    return fn_eff
+
+
+def forward_partials(x: torch.Tensor, fn_eff: torch.Tensor, mult: int, n_splits: int
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Split-K partials ``part_mul [S, T, N]``, ``part_sq [S, T]`` of x ``[T, K]`` (T > 0)."""
+    t, k = x.shape
+    n = fn_eff.shape[0]
+    s = num_splits(t, k, n_splits)
+    part_mul = torch.empty((s, t, n), dtype=torch.float32, device=x.device)
+    part_sq = torch.empty((s, t), dtype=torch.float32, device=x.device)
+    launcher("mhc.norm_fn_fwd_mul", mult=mult)(x, fn_eff, part_mul, part_sq)
+    return part_mul, part_sq
+
+
+class MHCPreNormFn(torch.autograd.Function):
+    """``apply(residual, fn, norm_eps, fuse_grad_acc, n_splits[, norm_weight])`` -> fp32 ``[..., N]``.
+
+    Arguments are validated by :func:`mhc_pre_norm_fn`'s checks (repeated here, so a direct
+    ``apply`` is checked too).
+    """
+
+    @staticmethod
+    def forward(ctx: Any, residual: torch.Tensor, fn: torch.Tensor, norm_eps: float, fuse_grad_acc: bool,
+                n_splits: int, norm_weight: torch.Tensor | None = None) -> torch.Tensor:
+        mult, hidden, outer = check_residual(_OP, residual)
+        check_fn(_OP, fn, mult, hidden)
+        k = mult * hidden
+        n = fn.shape[0]
+        _check_weight(norm_weight, k)
+        eps = check_float32(_OP, "mhc_norm_eps", norm_eps)
+        fuse = check_flag(_OP, "fuse_grad_acc", fuse_grad_acc)
+        splits = check_int(_OP, "n_splits", n_splits, 1)
+        check_cuda(_OP, residual=residual, fn=fn, mhc_norm_weight=norm_weight)
+        if norm_weight is not None:
+            _main_grad_of(fn, "mhc_fn")
+            _main_grad_of(norm_weight, "mhc_norm_weight")
+        x = aligned_input(residual.view(-1, k))
+        t = x.shape[0]
+        fn_eff = prep_fn(aligned_input(fn), aligned_input(norm_weight))
+        out = torch.empty((t, n), dtype=torch.float32, device=residual.device)
+        out_mul = torch.empty((t, n), dtype=torch.float32, device=residual.device)
+        sqrsum = torch.empty((t,), dtype=torch.float32, device=residual.device)
+        if t:
+            part_mul, part_sq = forward_partials(x, fn_eff, mult, splits)
+            launcher("mhc.norm_fn_fwd_norm", mult=mult)(part_mul, part_sq, out, out_mul, sqrsum, k, eps)
+        ctx.save_for_backward(x, fn, fn_eff, norm_weight, out_mul, sqrsum)
+        ctx.meta = (mult, eps, fuse, tuple(residual.shape))
+        return out.view(*outer, n)
+
+    @staticmethod
+    def backward(ctx: Any, out_grad: torch.Tensor) -> tuple:
+        x, fn, fn_eff, norm_weight, out_mul, sqrsum = ctx.saved_tensors
+        mult, eps, fuse, shape = ctx.meta
+        t, k = x.shape
+        n = fn_eff.shape[0]
+        g = out_grad.reshape(t, n).to(torch.float32).contiguous()
+        stash = None
+        if fuse and hasattr(x.untyped_storage(), "grad_from_mhc_post"):
+            stash = x.untyped_storage().grad_from_mhc_post
+            if (not isinstance(stash, torch.Tensor) or stash.dtype != torch.bfloat16 or stash.numel() != t * k
+                    or not stash.is_contiguous() or stash.device != x.device):
+                raise fail(_OP, "the residual's grad_from_mhc_post must be a contiguous bfloat16 tensor of the "
+                                f"residual's shape {shape} on {x.device}")
+        x_grad = stash.view(t, k) if stash is not None else torch.empty((t, k), dtype=torch.bfloat16, device=x.device)
+        fn_eff_grad = torch.empty((n, k), dtype=torch.float32, device=x.device)
+        g_mul = torch.empty((t, n), dtype=torch.float32, device=x.device)
+        g_sq = torch.empty((t,), dtype=torch.float32, device=x.device)
+        if t:
+            launcher("mhc.norm_fn_bwd_norm", mult=mult)(g, out_mul, sqrsum, g_mul, g_sq, k, eps)
+        launcher("mhc.norm_fn_bwd_mul", mult=mult)(g_mul, g_sq, x, fn_eff, x_grad, fn_eff_grad,
+                                                   1 if stash is not None else 0)
+        if stash is not None:
+            del x.untyped_storage().grad_from_mhc_post
+        x_out = None if stash is not None else x_grad.view(shape)
+        if norm_weight is None:
+            return x_out, fn_eff_grad, None, None, None, None
+        main_fn = _main_grad_of(fn, "mhc_fn")
+        main_w = _main_grad_of(norm_weight, "mhc_norm_weight")
+        acc = main_fn is not None or main_w is not None
+        fn_grad = main_fn if main_fn is not None else (
+            torch.zeros_like(fn_eff) if acc else torch.empty_like(fn_eff))
+        w_grad = main_w if main_w is not None else (
+            torch.zeros((k,), dtype=torch.float32, device=x.device) if acc else
+            torch.empty((k,), dtype=torch.float32, device=x.device))
+        launcher("mhc.norm_fn_weight_bwd")(fn, norm_weight, fn_eff_grad, fn_grad, w_grad, 1 if acc else 0)
+        return (x_out, None if main_fn is not None else fn_grad, None, None, None,
+                None if main_w is not None else w_grad)
+
+
+def mhc_pre_norm_fn(
+    residual: torch.Tensor,
+    mhc_fn: torch.Tensor,
+    mhc_norm_weight: torch.Tensor | None,
+    mhc_norm_eps: float,
+    fuse_grad_acc: bool = True,
+    n_splits: int = 16,
+) -> torch.Tensor:
+    """The mixes ``[..., M * (M + 2)]`` (fp32) of an mHC residual ``[..., M, H]`` (bf16); see the module."""
+    return MHCPreNormFn.apply(residual, mhc_fn, mhc_norm_eps, fuse_grad_acc, n_splits, mhc_norm_weight)
+
+
+__all__ = ["MHCPreNormFn", "mhc_pre_norm_fn"]
