@@ -1,0 +1,152 @@
+"""``mhc.multilayer_recompute``: rebuild the layer inputs and residuals of several consecutive mHC
+layers from the first residual (activation recomputation; tile_kernels 1.0.0
+``mhc_multilayer_recompute``).
+
+Parameters, in order: ``initial_residual`` bf16 ``[n, M, hidden]`` (contiguous), ``ptrs`` int64
+``[6, num_layers]``: the data pointers of the per-layer tensors, by row
+
+    0 pre_mix[i]      fp32 [n, M]       (i < num_layers)
+    1 layer_input[i]  bf16 [n, hidden]  (i < num_layers, written)
+    2 layer_output[i] bf16 [n, hidden]  (i < num_post)
+    3 post_mix[i]     fp32 [n, M]       (i < num_post)
+    4 comb_mix[i]     fp32 [n, M, M]    (i < num_post)
+    5 residual[i]     bf16 [n, M, hidden] (i < num_post, written)
+
+(every one contiguous and 16-byte aligned; unused slots are ignored), and ``num_post``
+(``num_layers - 1`` or ``num_layers``).  Per token and hidden element, with ``r`` the fp32 residual
+(``initial_residual`` widened)::
+
+    for i < num_post:
+        layer_input[i] = bf16(sum_j pre_mix[i][j] * r[j])
+        new[o]         = post_mix[i][o] * layer_output[i] + sum_j comb_mix[i][j, o] * r[j]
+        residual[i][o] = bf16(new[o]);   r = fp32(residual[i])
+    if num_post < num_layers:  layer_input[num_post] = bf16(sum_j pre_mix[num_post][j] * r[j])
+
+Every product and sum is rounded to fp32 on its own (no FMA), in the order written (j ascending),
+so a float32 torch loop in the same order is bit-exact.
+
+Design: one thread per 8 consecutive hidden elements of one token (16-byte bf16 vectors), its
+``M x 8`` residual in registers across all layers: the residual is read once and each layer
+costs one read of its output and the writes, the minimum traffic.  The token's mixes are read
+by every thread of the token (L1 hits).  ``hidden % 8 == 0``; ``M`` is compile-time.
+"""
+
+# No ``from __future__ import annotations``: TileLang evaluates the PrimFunc's tensor
+# annotations, which name closure variables of the factory.
+import tilelang.language as T
+
+from .._declare import KernelDecl
+
+THREADS = 256
+V = 8  # bf16 per 16-byte vector
+MULTS = (4, 2, 8)
+
+
+def multilayer_recompute(mhc_mult: int):
+    m = mhc_mult
+    vm = 4 if m % 4 == 0 else m  # fp32 per vector load of a mix row
+    n, hidden, layers = T.dynamic("num_tokens"), T.dynamic("hidden"), T.dynamic("num_layers")
+    hv = hidden // V  # vectors per token row
+
+    @T.prim_func
+    def main(
+        initial_residual: T.Tensor((n, m, hidden), "bfloat16"),
+        ptrs: T.Tensor((6, layers), "int64"),
+        num_post: T.int32,
+    ):
+        with T.Kernel(T.ceildiv(n * hv, THREADS), threads=THREADS) as bx:
+            tid = T.get_thread_binding()
+            r = T.alloc_local((m, V), "float32")
+            nw = T.alloc_local((m, V), "float32")
+            acc = T.alloc_local((V,), "float32")
+            ob = T.alloc_local((V,), "bfloat16")
+            ib = T.alloc_local((m, V), "bfloat16")
+            pre = T.alloc_local((m,), "float32")
+            post = T.alloc_local((m,), "float32")
+            comb = T.alloc_local((m * m,), "float32")
+            tok = T.alloc_var("int32")
+            col = T.alloc_var("int32")  # the thread's vector: hidden elements col * V ...
+            tok = (bx * THREADS + tid) // hv
+            col = (bx * THREADS + tid) % hv
+            if bx * THREADS + tid < n * hv:
+                for j in T.unroll(m):
+                    for e in T.vectorized(V):
+                        ib[j, e] = T.Tensor((n, m, hv * V), "bfloat16", initial_residual.data)[tok, j, col * V + e]
+                for j in T.unroll(m):
+                    for e in T.unroll(V):
+                        r[j, e] = T.Cast("float32", ib[j, e])
+                for i in T.serial(num_post):
+                    for c in T.unroll(m // vm):
+                        for k in T.vectorized(vm):
+                            pre[c * vm + k] = T.make_tensor_from_addr(ptrs[0, i], (n, m), "float32")[
+                                tok, c * vm + k]
+                    for c in T.unroll(m // vm):
+                        for k in T.vectorized(vm):
+                            post[c * vm + k] = T.make_tensor_from_addr(ptrs[3, i], (n, m), "float32")[
+                                tok, c * vm + k]
+                    for c in T.unroll(m * m // 4):
+                        for k in T.vectorized(4):
+                            comb[c * 4 + k] = T.make_tensor_from_addr(ptrs[4, i], (n, m * m), "float32")[
+                                tok, c * 4 + k]
+                    for e in T.vectorized(V):
+                        ob[e] = T.make_tensor_from_addr(ptrs[2, i], (n, hv * V), "bfloat16")[
+                            tok, col * V + e]
+                    # the layer's input from the residual entering it
+                    for e in T.unroll(V):
+                        acc[e] = T.ieee_mul(pre[0], r[0, e])
+                    for j in T.unroll(m - 1):
+                        for e in T.unroll(V):
+                            acc[e] = T.ieee_add(acc[e], T.ieee_mul(pre[j + 1], r[j + 1, e]))
+                    for e in T.unroll(V):
+                        ib[0, e] = T.Cast("bfloat16", acc[e])
+                    for e in T.vectorized(V):
+                        T.make_tensor_from_addr(ptrs[1, i], (n, hv * V), "bfloat16")[
+                            tok, col * V + e] = ib[0, e]
+                    # the residual leaving it
+                    for o in T.unroll(m):
+                        for e in T.unroll(V):
+                            nw[o, e] = T.ieee_mul(post[o], T.Cast("float32", ob[e]))
+                        for j in T.unroll(m):
+                            for e in T.unroll(V):
+                                nw[o, e] = T.ieee_add(nw[o, e], T.ieee_mul(comb[j * m + o], r[j, e]))
+                    for o in T.unroll(m):
+                        for e in T.unroll(V):
+                            ib[o, e] = T.Cast("bfloat16", nw[o, e])
+                    for o in T.unroll(m):
+                        for e in T.vectorized(V):
+                            T.make_tensor_from_addr(ptrs[5, i], (n, m, hv * V), "bfloat16")[
+                                tok, o, col * V + e] = ib[o, e]
+                    for o in T.unroll(m):
+                        for e in T.unroll(V):
+                            r[o, e] = T.Cast("float32", ib[o, e])
+                if num_post < layers:
+                    for c in T.unroll(m // vm):
+                        for k in T.vectorized(vm):
+                            pre[c * vm + k] = T.make_tensor_from_addr(ptrs[0, num_post], (n, m), "float32")[
+                                tok, c * vm + k]
+                    for e in T.unroll(V):
+                        acc[e] = T.ieee_mul(pre[0], r[0, e])
+                    for j in T.unroll(m - 1):
+                        for e in T.unroll(V):
+                            acc[e] = T.ieee_add(acc[e], T.ieee_mul(pre[j + 1], r[j + 1, e]))
+                    for e in T.unroll(V):
+                        ib[0, e] = T.Cast("bfloat16", acc[e])
+                    for e in T.vectorized(V):
+                        T.make_tensor_from_addr(ptrs[1, num_post], (n, hv * V), "bfloat16")[
+                            tok, col * V + e] = ib[0, e]
+
+    return main
+
+
+KERNELS = (
+    KernelDecl(
+        name="mhc.multilayer_recompute",
+        factory=multilayer_recompute,
+        grid=tuple({"mhc_mult": m} for m in MULTS),
+        outputs=(),  # it writes only through ptrs (the op checks those tensors)
+        pass_configs={"tl.disable_safe_memory_legalize": True},  # every access is guarded by the element check
+        doc="layer inputs and residuals of consecutive mHC layers, rebuilt from the first residual.",
+    ),
+)
+
+__all__ = ["KERNELS", "MULTS", "THREADS", "multilayer_recompute"]
