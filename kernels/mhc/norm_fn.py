@@ -64,8 +64,8 @@ def _n_of(mult: int) -> int:
 
 def _tf32(v):
     """fp32 ``v`` rounded to TF32 (half away from zero), low 13 bits cleared."""
-    bits = T.reinterpret("int32", v)
-    return T.reinterpret("float32", (bits + 0x1000) & T.int32(-8192))
+    bits = T.reinterpret(v, "int32")
+    return T.reinterpret((bits + 0x1000) & T.int32(-8192), "float32")
 
 
 def norm_fn_prep():
