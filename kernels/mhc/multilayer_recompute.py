@@ -47,6 +47,7 @@ def multilayer_recompute(mhc_mult: int):
     vm = 4 if m % 4 == 0 else m  # fp32 per vector load of a mix row
     n, hidden, layers = T.dynamic("num_tokens"), T.dynamic("hidden"), T.dynamic("num_layers")
     hv = hidden // V  # vectors per token row
+    min_blocks = 2 if m <= 4 else 1  # M = 8 keeps 2 x 64 residual values live: it would spill under 128 registers
 
     @T.prim_func
     def main(
@@ -55,12 +56,15 @@ def multilayer_recompute(mhc_mult: int):
         num_post: T.int32,
     ):
         with T.Kernel(T.ceildiv(n * hv, THREADS), threads=THREADS) as bx:
+            if min_blocks > 1:
+                T.annotate_min_blocks_per_sm(min_blocks)  # <= 128 registers: 16 warps per SM keep loads in flight
             tid = T.get_thread_binding()
-            r = T.alloc_local((m, V), "float32")
-            nw = T.alloc_local((m, V), "float32")
+            rb = T.alloc_local((m, V), "bfloat16")  # the residual entering the layer (bf16 exactly)
+            nb = T.alloc_local((m, V), "bfloat16")  # the residual leaving it
+            lb = T.alloc_local((V,), "bfloat16")
+            ob = T.alloc_local((V,), "bfloat16")  # this layer's output
+            obn = T.alloc_local((V,), "bfloat16")  # the next layer's, loaded early (in flight during the math)
             acc = T.alloc_local((V,), "float32")
-            ob = T.alloc_local((V,), "bfloat16")
-            ib = T.alloc_local((m, V), "bfloat16")
             pre = T.alloc_local((m,), "float32")
             post = T.alloc_local((m,), "float32")
             comb = T.alloc_local((m * m,), "float32")
@@ -71,10 +75,10 @@ def multilayer_recompute(mhc_mult: int):
             if bx * THREADS + tid < n * hv:
                 for j in T.unroll(m):
                     for e in T.vectorized(V):
-                        ib[j, e] = T.Tensor((n, m, hv * V), "bfloat16", initial_residual.data)[tok, j, col * V + e]
-                for j in T.unroll(m):
-                    for e in T.unroll(V):
-                        r[j, e] = T.Cast("float32", ib[j, e])
+                        rb[j, e] = T.Tensor((n, m, hv * V), "bfloat16", initial_residual.data)[tok, j, col * V + e]
+                if num_post > 0:
+                    for e in T.vectorized(V):
+                        ob[e] = T.make_tensor_from_addr(ptrs[2, 0], (n, hv * V), "bfloat16")[tok, col * V + e]
                 for i in T.serial(num_post):
                     for c in T.unroll(m // vm):
                         for k in T.vectorized(vm):
@@ -88,52 +92,53 @@ def multilayer_recompute(mhc_mult: int):
                         for k in T.vectorized(4):
                             comb[c * 4 + k] = T.make_tensor_from_addr(ptrs[4, i], (n, m * m), "float32")[
                                 tok, c * 4 + k]
-                    for e in T.vectorized(V):
-                        ob[e] = T.make_tensor_from_addr(ptrs[2, i], (n, hv * V), "bfloat16")[
-                            tok, col * V + e]
                     # the layer's input from the residual entering it
                     for e in T.unroll(V):
-                        acc[e] = T.ieee_mul(pre[0], r[0, e])
+                        acc[e] = T.ieee_mul(pre[0], T.Cast("float32", rb[0, e]))
                     for j in T.unroll(m - 1):
                         for e in T.unroll(V):
-                            acc[e] = T.ieee_add(acc[e], T.ieee_mul(pre[j + 1], r[j + 1, e]))
+                            acc[e] = T.ieee_add(acc[e], T.ieee_mul(pre[j + 1], T.Cast("float32", rb[j + 1, e])))
                     for e in T.unroll(V):
-                        ib[0, e] = T.Cast("bfloat16", acc[e])
+                        lb[e] = T.Cast("bfloat16", acc[e])
                     for e in T.vectorized(V):
-                        T.make_tensor_from_addr(ptrs[1, i], (n, hv * V), "bfloat16")[
-                            tok, col * V + e] = ib[0, e]
-                    # the residual leaving it
+                        T.make_tensor_from_addr(ptrs[1, i], (n, hv * V), "bfloat16")[tok, col * V + e] = lb[e]
+                    if i + 1 < num_post:  # no output overlaps an input (the op checks), so reading early is safe
+                        for e in T.vectorized(V):
+                            obn[e] = T.make_tensor_from_addr(ptrs[2, i + 1], (n, hv * V), "bfloat16")[
+                                tok, col * V + e]
+                    # the residual leaving it, one output stream at a time
                     for o in T.unroll(m):
                         for e in T.unroll(V):
-                            nw[o, e] = T.ieee_mul(post[o], T.Cast("float32", ob[e]))
+                            acc[e] = T.ieee_mul(post[o], T.Cast("float32", ob[e]))
                         for j in T.unroll(m):
                             for e in T.unroll(V):
-                                nw[o, e] = T.ieee_add(nw[o, e], T.ieee_mul(comb[j * m + o], r[j, e]))
-                    for o in T.unroll(m):
+                                acc[e] = T.ieee_add(acc[e], T.ieee_mul(comb[j * m + o], T.Cast("float32", rb[j, e])))
                         for e in T.unroll(V):
-                            ib[o, e] = T.Cast("bfloat16", nw[o, e])
+                            nb[o, e] = T.Cast("bfloat16", acc[e])
                     for o in T.unroll(m):
                         for e in T.vectorized(V):
                             T.make_tensor_from_addr(ptrs[5, i], (n, m, hv * V), "bfloat16")[
-                                tok, o, col * V + e] = ib[o, e]
+                                tok, o, col * V + e] = nb[o, e]
                     for o in T.unroll(m):
                         for e in T.unroll(V):
-                            r[o, e] = T.Cast("float32", ib[o, e])
+                            rb[o, e] = nb[o, e]
+                    for e in T.unroll(V):
+                        ob[e] = obn[e]
                 if num_post < layers:
                     for c in T.unroll(m // vm):
                         for k in T.vectorized(vm):
                             pre[c * vm + k] = T.make_tensor_from_addr(ptrs[0, num_post], (n, m), "float32")[
                                 tok, c * vm + k]
                     for e in T.unroll(V):
-                        acc[e] = T.ieee_mul(pre[0], r[0, e])
+                        acc[e] = T.ieee_mul(pre[0], T.Cast("float32", rb[0, e]))
                     for j in T.unroll(m - 1):
                         for e in T.unroll(V):
-                            acc[e] = T.ieee_add(acc[e], T.ieee_mul(pre[j + 1], r[j + 1, e]))
+                            acc[e] = T.ieee_add(acc[e], T.ieee_mul(pre[j + 1], T.Cast("float32", rb[j + 1, e])))
                     for e in T.unroll(V):
-                        ib[0, e] = T.Cast("bfloat16", acc[e])
+                        lb[e] = T.Cast("bfloat16", acc[e])
                     for e in T.vectorized(V):
                         T.make_tensor_from_addr(ptrs[1, num_post], (n, hv * V), "bfloat16")[
-                            tok, col * V + e] = ib[0, e]
+                            tok, col * V + e] = lb[e]
 
     return main
 
