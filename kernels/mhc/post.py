@@ -1,0 +1,247 @@
+"""``mhc.post_fwd`` / ``mhc.post_bwd``: merge a sublayer's output back into the mHC streams, and
+the gradients of that merge.
+
+``mhc.post_fwd(x, residual, post_mix, comb_mix, out)``: ``x`` bf16 ``[num_tokens, hidden]``,
+``residual`` bf16 ``[num_tokens, mhc, hidden]``, ``post_mix`` fp32 ``[num_tokens, mhc]``,
+``comb_mix`` fp32 ``[num_tokens, mhc, mhc]``, ``out`` bf16 like residual.  Stream ``n`` of the
+output takes column ``n`` of the token's comb matrix (``comb_mix[t, m, n]`` weighs input stream
+``m``).  Per element, in fp32 with ``r_m = float(residual[t, m, i])``::
+
+    acc = post_mix[t, n] * float(x[t, i])
+    acc = fma(comb_mix[t, m, n], r_m, acc) for m = 0 .. mhc-1;   out[t, n, i] = bf16(acc)
+
+``mhc.post_bwd(grad_out, x, residual, post_mix, comb_mix, grad_x, grad_residual, grad_post_mix,
+grad_comb_mix)``: ``grad_out`` bf16 like residual; outputs ``grad_x`` bf16 like x,
+``grad_residual`` bf16 like residual, ``grad_post_mix`` fp32 ``[num_tokens, mhc]``,
+``grad_comb_mix`` fp32 ``[num_tokens, mhc, mhc]``.  With ``g_n = float(grad_out[t, n, i])``::
+
+    grad_residual[t, m, i] = bf16(sum_n comb_mix[t, m, n] * g_n)   (fma chain over n in order)
+    grad_x[t, i]           = bf16(sum_n post_mix[t, n] * g_n)      (fma chain over n in order)
+    grad_comb_mix[t, m, n] = sum_i r_m * g_n                        (fp32 sums over hidden)
+    grad_post_mix[t, n]    = sum_i float(x[t, i]) * g_n
+
+``mhc`` is the compile-time key; ``num_tokens`` and ``hidden`` are run-time symbols
+(``hidden % 8 == 0``).  Contiguous, 16-byte aligned tensors.
+
+Design (both directions): one block of ``THREADS`` = 128 threads per token, walking the row in
+*phases* of ``THREADS * U`` 16-byte vectors (a run-time loop); in a phase thread ``tr`` owns
+the vectors ``base + tr + u * THREADS`` (a compile-time step: immediate address offsets) of x
+and of every stream.  All of a phase's loads are issued before any arithmetic (forward ``U *
+(mhc + 1)`` vectors, ``U = max(1, 8 // mhc)``; backward ``U * (2 * mhc + 1)``, ``U = max(1, 4 //
+mhc)``: 9-18 vectors per thread), leaving registers for several blocks per SM (whose loads
+cover one block's reduction and tail).  The
+token's mix coefficients are loaded once per thread (broadcast reads).  The backward's
+``mhc * (mhc + 1)`` sums: a thread adds its products in (phase, vector, element) order, each
+warp combines its lanes by xor-shuffles (16, 8, 4, 2, 1) and the four warps' sums are added
+in warp order: deterministic for a given hidden.
+"""
+
+# No ``from __future__ import annotations``: TileLang evaluates the PrimFunc's tensor
+# annotations, which name closure variables of the factory.
+import tilelang.language as T
+
+from .._declare import KernelDecl
+
+THREADS = 128
+WARPS = THREADS // 32
+V = 8  # bf16 per 16-byte vector
+MHC_VALUES = (4, 2, 8)
+PASS_CONFIGS = {"tl.disable_safe_memory_legalize": True}  # every access is guarded
+
+
+def fwd_vectors(mhc: int) -> int:
+    """Vectors per thread and phase of the forward for ``mhc`` streams."""
+    return max(1, 8 // mhc)
+
+
+def bwd_vectors(mhc: int) -> int:
+    """Vectors per thread and phase of the backward for ``mhc`` streams."""
+    return max(1, 4 // mhc)
+
+
+def post_fwd(mhc: int):
+    """Build the forward PrimFunc for ``mhc`` streams."""
+    U = fwd_vectors(mhc)
+    PH = THREADS * U
+    num_tokens, hidden = T.dynamic("num_tokens"), T.dynamic("hidden")
+    nvec = hidden // V
+    r_vec = (num_tokens, mhc, nvec * V)  # rows a multiple of V long: every vector access is aligned
+    x_vec = (num_tokens, nvec * V)
+
+    @T.prim_func
+    def main(
+        x: T.Tensor((num_tokens, hidden), "bfloat16"),
+        residual: T.Tensor((num_tokens, mhc, hidden), "bfloat16"),
+        post_mix: T.Tensor((num_tokens, mhc), "float32"),
+        comb_mix: T.Tensor((num_tokens, mhc, mhc), "float32"),
+        out: T.Tensor((num_tokens, mhc, hidden), "bfloat16"),
+    ):
+        with T.Kernel(num_tokens, threads=THREADS) as bx:
+            tid = T.get_thread_binding()
+            xs = T.alloc_local((U * V,), "bfloat16")
+            rs = T.alloc_local((U * mhc * V,), "bfloat16")
+            pw = T.alloc_local((mhc,), "float32")
+            cw = T.alloc_local((mhc * mhc,), "float32")
+            acc = T.alloc_local((V,), "float32")
+            ob = T.alloc_local((mhc * V,), "bfloat16")
+            for m in T.unroll(mhc):
+                pw[m] = post_mix[bx, m]
+                for n in T.unroll(mhc):
+                    cw[m * mhc + n] = comb_mix[bx, m, n]
+            for ph in T.serial(T.ceildiv(nvec, PH)):
+                for u in T.unroll(U):
+                    if ph * PH + tid + u * THREADS < nvec:
+                        for i in T.vectorized(V):
+                            xs[u * V + i] = T.Tensor(x_vec, "bfloat16", x.data)[bx, (ph * PH + tid + u * THREADS) * V + i]
+                        for m in T.unroll(mhc):
+                            for i in T.vectorized(V):
+                                rs[(u * mhc + m) * V + i] = T.Tensor(r_vec, "bfloat16", residual.data)[
+                                    bx, m, (ph * PH + tid + u * THREADS) * V + i]
+                for u in T.unroll(U):
+                    if ph * PH + tid + u * THREADS < nvec:
+                        for n in T.unroll(mhc):
+                            for i in T.unroll(V):
+                                acc[i] = T.ieee_mul(pw[n], T.Cast("float32", xs[u * V + i]))
+                            for m in T.unroll(mhc):
+                                for i in T.unroll(V):
+                                    acc[i] = T.ieee_fmaf(cw[m * mhc + n], T.Cast("float32", rs[(u * mhc + m) * V + i]),
+                                                         acc[i])
+                            for i in T.vectorized(V):
+                                ob[n * V + i] = T.Cast("bfloat16", acc[i])
+                        for n in T.unroll(mhc):
+                            T.stg128(T.Tensor(r_vec, "bfloat16", out.data)[bx, n, (ph * PH + tid + u * THREADS) * V],
+                                     T.Tensor((mhc,), "uint32x4", ob.data)[n])
+
+    return main
+
+
+def post_bwd(mhc: int):
+    """Build the backward PrimFunc for ``mhc`` streams."""
+    U = bwd_vectors(mhc)
+    PH = THREADS * U
+    NS = mhc * mhc + mhc  # sums per token: grad_comb_mix (m, n) at m * mhc + n, then grad_post_mix n
+    num_tokens, hidden = T.dynamic("num_tokens"), T.dynamic("hidden")
+    nvec = hidden // V
+    r_vec = (num_tokens, mhc, nvec * V)
+    x_vec = (num_tokens, nvec * V)
+
+    @T.prim_func
+    def main(
+        grad_out: T.Tensor((num_tokens, mhc, hidden), "bfloat16"),
+        x: T.Tensor((num_tokens, hidden), "bfloat16"),
+        residual: T.Tensor((num_tokens, mhc, hidden), "bfloat16"),
+        post_mix: T.Tensor((num_tokens, mhc), "float32"),
+        comb_mix: T.Tensor((num_tokens, mhc, mhc), "float32"),
+        grad_x: T.Tensor((num_tokens, hidden), "bfloat16"),
+        grad_residual: T.Tensor((num_tokens, mhc, hidden), "bfloat16"),
+        grad_post_mix: T.Tensor((num_tokens, mhc), "float32"),
+        grad_comb_mix: T.Tensor((num_tokens, mhc, mhc), "float32"),
+    ):
+        with T.Kernel(num_tokens, threads=THREADS) as bx:
+            tid = T.get_thread_binding()
+            gs = T.alloc_local((U * mhc * V,), "bfloat16")
+            rs = T.alloc_local((U * mhc * V,), "bfloat16")
+            xs = T.alloc_local((U * V,), "bfloat16")
+            pw = T.alloc_local((mhc,), "float32")
+            cw = T.alloc_local((mhc * mhc,), "float32")
+            part = T.alloc_local((NS,), "float32")
+            acc = T.alloc_local((V,), "float32")
+            ob = T.alloc_local((mhc * V,), "bfloat16")
+            xb = T.alloc_local((V,), "bfloat16")
+            red = T.alloc_shared((NS, WARPS), "float32")
+            tot = T.alloc_var("float32")
+            for m in T.unroll(mhc):
+                pw[m] = post_mix[bx, m]
+                for n in T.unroll(mhc):
+                    cw[m * mhc + n] = comb_mix[bx, m, n]
+            for s in T.unroll(NS):
+                part[s] = T.float32(0)
+            for ph in T.serial(T.ceildiv(nvec, PH)):
+                for u in T.unroll(U):
+                    if ph * PH + tid + u * THREADS < nvec:
+                        for n in T.unroll(mhc):
+                            for i in T.vectorized(V):
+                                gs[(u * mhc + n) * V + i] = T.Tensor(r_vec, "bfloat16", grad_out.data)[
+                                    bx, n, (ph * PH + tid + u * THREADS) * V + i]
+                        for m in T.unroll(mhc):
+                            for i in T.vectorized(V):
+                                rs[(u * mhc + m) * V + i] = T.Tensor(r_vec, "bfloat16", residual.data)[
+                                    bx, m, (ph * PH + tid + u * THREADS) * V + i]
+                        for i in T.vectorized(V):
+                            xs[u * V + i] = T.Tensor(x_vec, "bfloat16", x.data)[bx, (ph * PH + tid + u * THREADS) * V + i]
+                for u in T.unroll(U):
+                    if ph * PH + tid + u * THREADS < nvec:
+                        # the reductions over hidden
+                        for m in T.unroll(mhc):
+                            for n in T.unroll(mhc):
+                                for i in T.unroll(V):
+                                    part[m * mhc + n] = T.ieee_fmaf(T.Cast("float32", rs[(u * mhc + m) * V + i]),
+                                                                    T.Cast("float32", gs[(u * mhc + n) * V + i]),
+                                                                    part[m * mhc + n])
+                        for n in T.unroll(mhc):
+                            for i in T.unroll(V):
+                                part[mhc * mhc + n] = T.ieee_fmaf(T.Cast("float32", xs[u * V + i]),
+                                                                  T.Cast("float32", gs[(u * mhc + n) * V + i]),
+                                                                  part[mhc * mhc + n])
+                        # grad_residual: row m of the comb matrix against the output streams
+                        for m in T.unroll(mhc):
+                            for i in T.unroll(V):
+                                acc[i] = T.ieee_mul(cw[m * mhc], T.Cast("float32", gs[(u * mhc) * V + i]))
+                            for n in T.unroll(mhc - 1):
+                                for i in T.unroll(V):
+                                    acc[i] = T.ieee_fmaf(cw[m * mhc + n + 1],
+                                                         T.Cast("float32", gs[(u * mhc + n + 1) * V + i]), acc[i])
+                            for i in T.vectorized(V):
+                                ob[m * V + i] = T.Cast("bfloat16", acc[i])
+                        for m in T.unroll(mhc):
+                            T.stg128(T.Tensor(r_vec, "bfloat16", grad_residual.data)[
+                                bx, m, (ph * PH + tid + u * THREADS) * V], T.Tensor((mhc,), "uint32x4", ob.data)[m])
+                        # grad_x
+                        for i in T.unroll(V):
+                            acc[i] = T.ieee_mul(pw[0], T.Cast("float32", gs[(u * mhc) * V + i]))
+                        for n in T.unroll(mhc - 1):
+                            for i in T.unroll(V):
+                                acc[i] = T.ieee_fmaf(pw[n + 1], T.Cast("float32", gs[(u * mhc + n + 1) * V + i]), acc[i])
+                        for i in T.vectorized(V):
+                            xb[i] = T.Cast("bfloat16", acc[i])
+                        T.stg128(T.Tensor(x_vec, "bfloat16", grad_x.data)[bx, (ph * PH + tid + u * THREADS) * V],
+                                 T.Tensor((1,), "uint32x4", xb.data)[0])
+            for s in T.unroll(NS):
+                for r in T.unroll(5):
+                    part[s] += T.shfl_xor(part[s], 16 >> r)
+            if tid % 32 == 0:
+                for s in T.unroll(NS):
+                    red[s, tid // 32] = part[s]
+            T.sync_threads()
+            if tid < NS:
+                tot = red[tid, 0]
+                for q in T.unroll(WARPS - 1):
+                    tot += red[tid, q + 1]
+                if tid < mhc * mhc:
+                    grad_comb_mix[bx, tid // mhc, tid % mhc] = tot
+                else:
+                    grad_post_mix[bx, tid - mhc * mhc] = tot
+
+    return main
+
+
+KERNELS = (
+    KernelDecl(
+        name="mhc.post_fwd",
+        factory=post_fwd,
+        grid=tuple({"mhc": m} for m in MHC_VALUES),
+        outputs=("out",),
+        pass_configs=PASS_CONFIGS,
+        doc="out[t, n, :] = bf16(post_mix[t, n] * x[t, :] + sum over m of comb_mix[t, m, n] * residual[t, m, :]).",
+    ),
+    KernelDecl(
+        name="mhc.post_bwd",
+        factory=post_bwd,
+        grid=tuple({"mhc": m} for m in MHC_VALUES),
+        outputs=("grad_x", "grad_residual", "grad_post_mix", "grad_comb_mix"),
+        pass_configs=PASS_CONFIGS,
+        doc="Gradients of mhc.post_fwd for x, residual (bf16), post_mix and comb_mix (fp32 sums over hidden).",
+    ),
+)
+
+__all__ = ["KERNELS", "MHC_VALUES", "THREADS", "bwd_vectors", "fwd_vectors", "post_bwd", "post_fwd"]
