@@ -24,11 +24,14 @@ Numerics (the order the op layer and the tests rely on):
 Kernels of this file:
 
 * ``mhc.norm_fn_prep``: ``fn_eff = tf32(fn * w)`` (or ``tf32(fn)`` with ``has_weight == 0``).
-* ``mhc.norm_fn_fwd_mul``: the split-K GEMM + sum of squares.  Block = 128 threads (4 warps),
-  ``TB`` = 64 tokens x a split's column range, 128 columns a step through a 3-stage pipeline
-  (x tile bf16 16 KB + fn tile fp32 16 KB per stage).  x is widened to fp32 in registers and
-  fed to ``mma.sync`` TF32 (WGMMA off: N = 24 is padded to 32 only).  Grid
-  ``(ceil(T / 64), S)``.
+* ``mhc.norm_fn_fwd_mul``: the split-K GEMM + sum of squares.  A block takes ``TB`` = 128
+  tokens x a split's column range, 128 columns a step through a 4-stage pipeline: TileLang
+  warp-specialises it (a producer warpgroup issues the TMA loads of the x tile, bf16 32 KB in a
+  128-byte swizzle, and of the fn tile, fp32 N x 128; rows past the tokens or past N are filled
+  with zeros by TMA) and 8 consumer warps of 16 rows each widen x to fp32 in registers (the
+  swizzle keeps those scalar shared-memory reads conflict-free), add the squares and feed
+  ``mma.sync`` TF32 with N exactly (24: three n8 tiles; WGMMA off).  Grid ``(ceil(T / 128), S)``,
+  one block per SM (176 KB of shared memory).
 * ``mhc.norm_fn_fwd_norm``: one thread per ``(token, j)``; writes ``out``, and ``out_mul`` /
   ``sqrsum`` (the saved statistics for backward).
 * ``mhc.norm_fn_bwd_norm``: one thread per ``(token, j)``.
@@ -41,11 +44,14 @@ Kernels of this file:
 # No ``from __future__ import annotations``: TileLang evaluates the PrimFunc's tensor
 # annotations, which name closure variables of the factory.
 import tilelang.language as T
+from tilelang.layout import make_swizzled_layout
 
 from .._declare import KernelDecl
 
 KB = 128  # columns per pipeline step (K must be a multiple)
-TB = 64  # tokens per block of the forward GEMM
+TB = 128  # tokens per block of the forward GEMM (8 consumer warps, 16 rows each)
+FWD_THREADS = 256  # consumer threads of the forward GEMM (TileLang adds a TMA producer warpgroup)
+FWD_STAGES = 4
 TB_BWD = 64  # tokens per step of the backward GEMM
 NP = 32  # N padded for the MMA (N <= 32)
 THREADS = 128
@@ -106,8 +112,8 @@ def norm_fn_fwd_mul(mult: int):
         part_mul: T.Tensor((n_splits, num_tokens, n), "float32"),
         part_sq: T.Tensor((n_splits, num_tokens), "float32"),
     ):
-        with T.Kernel(T.ceildiv(num_tokens, TB), n_splits, threads=THREADS) as (bx, bs):
-            acc = T.alloc_fragment((TB, NP), "float32")
+        with T.Kernel(T.ceildiv(num_tokens, TB), n_splits, threads=FWD_THREADS) as (bx, bs):
+            acc = T.alloc_fragment((TB, n), "float32")
             sq4 = T.alloc_fragment((TB, 4), "float32")
             sq = T.alloc_fragment((TB,), "float32")
             T.clear(acc)
@@ -115,11 +121,12 @@ def norm_fn_fwd_mul(mult: int):
             nkb = k_cols // KB
             kb_lo = bs * nkb // n_splits
             kb_hi = (bs + 1) * nkb // n_splits
-            for kb in T.Pipelined(kb_lo, kb_hi, num_stages=3):
+            for kb in T.Pipelined(kb_lo, kb_hi, num_stages=FWD_STAGES):
                 x_s = T.alloc_shared((TB, KB), "bfloat16")
-                f_s = T.alloc_shared((NP, KB), "float32")
+                f_s = T.alloc_shared((n, KB), "float32")
                 x_h = T.alloc_fragment((TB, KB), "bfloat16")
                 x_f = T.alloc_fragment((TB, KB), "float32")
+                T.annotate_layout({x_s: make_swizzled_layout(x_s)})  # conflict-free scalar reads below
                 T.copy(x[bx * TB, kb * KB], x_s)
                 T.copy(fn_eff[0, kb * KB], f_s)
                 T.copy(x_s, x_h)
@@ -127,13 +134,13 @@ def norm_fn_fwd_mul(mult: int):
                 for q in T.serial(KB // 4):
                     for i, j in T.Parallel(TB, 4):
                         sq4[i, j] += x_f[i, q * 4 + j] * x_f[i, q * 4 + j]
-                T.gemm(x_f, f_s, acc, transpose_B=True)
+                T.gemm(x_f, f_s, acc, transpose_B=True, policy=T.GemmWarpPolicy.FullRow)
             T.reduce_sum(sq4, sq, dim=1)
             for i in T.Parallel(TB):
                 if bx * TB + i < num_tokens:
                     part_sq[bs, bx * TB + i] = sq[i]
-            for i, j in T.Parallel(TB, NP):
-                if j < n and bx * TB + i < num_tokens:
+            for i, j in T.Parallel(TB, n):
+                if bx * TB + i < num_tokens:
                     part_mul[bs, bx * TB + i, j] = acc[i, j]
 
     return main

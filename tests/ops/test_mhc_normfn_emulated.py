@@ -149,10 +149,17 @@ def _inputs(outer=(2, 3), m=4, h=128, weight=False, seed=0):
 
 
 @pytest.mark.parametrize("tokens,k,n_splits,want", [
-    (1, 1024, 16, 8), (1, 16384, 16, 16), (64, 16384, 16, 16), (4096, 16384, 16, 4), (8192, 28672, 16, 2),
-    (16384, 16384, 16, 1), (100000, 16384, 16, 1), (13, 256, 16, 2), (13, 16384, 3, 3), (0, 1024, 16, 8)])
+    (1, 1024, 16, 8), (1, 16384, 16, 16), (128, 16384, 16, 16), (4096, 16384, 16, 8), (8192, 28672, 16, 4),
+    (16384, 16384, 16, 2), (100000, 16384, 16, 1), (13, 256, 16, 2), (13, 16384, 3, 3), (0, 1024, 16, 8)])
 def test_split_count(tokens, k, n_splits, want):
     assert nf.num_splits(tokens, k, n_splits) == want
+
+
+def test_op_constants_match_the_kernels():
+    pytest.importorskip("tilelang")
+    from tilebin.kernels.mhc import norm_fn as knf
+
+    assert (nf.KB, nf.TB, nf.MULTS) == (knf.KB, knf.TB, knf.MULTS)
 
 
 @pytest.mark.parametrize("weight", [False, True])

@@ -7,7 +7,7 @@ tf32(fn * norm_weight)`` (or ``tf32(fn)``) and ``out`` fp32 ``[..., M * (M + 2)]
 on TF32 tensor cores (exact products, fp32 accumulation); the norm factor is applied after it.
 
 ``n_splits`` is the most split-K partitions of K the forward uses: it takes
-``min(n_splits, K / 128, ceil(256 / ceil(tokens / 64)))`` (enough blocks to fill the GPU; one
+``min(n_splits, K / 128, ceil(256 / ceil(tokens / 128)))`` (enough blocks to fill the GPU; one
 split once the tokens alone do), so the rounding of a token's sums depends on its call's token
 count and K only (never on timing); tile_kernels 1.0.0 always uses one split.
 
@@ -40,8 +40,8 @@ from tilebin.ops._common import (
 
 _OP = "mhc_pre_norm_fn"
 MULTS = (4, 2)  # mhc_mult values with prebuilt kernels
-KB = 128  # K granularity of the split-K GEMM (kernels/mhc/norm_fn.py)
-TB = 64  # tokens per block of the forward GEMM
+KB = 128  # K granularity of the split-K GEMM (kernels/mhc/norm_fn.py: KB)
+TB = 128  # tokens per block of the forward GEMM (kernels/mhc/norm_fn.py: TB)
 TARGET_BLOCKS = 256  # split K until the forward GEMM has about this many blocks
 
 
