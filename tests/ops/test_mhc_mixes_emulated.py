@@ -167,3 +167,72 @@ def test_recompute(emu, n, m, hidden, layers, post):
     want_in, want_res = rref.recompute(res, pre, outs, posts, combs)
     for a, b in zip(inputs + residuals, want_in + want_res):
         assert torch.equal(a.view(b.shape), b)
+
+
+_KERNEL_FILES = {"mhc.sinkhorn_fwd": "sinkhorn", "mhc.sinkhorn_bwd": "sinkhorn",
+                 "mhc.pre_split_mixes_fwd": "pre_split_mixes", "mhc.pre_split_mixes_bwd": "pre_split_mixes",
+                 "mhc.multilayer_recompute": "multilayer_recompute"}
+
+
+def _signature_check(name: str, key: dict, args: tuple) -> None:
+    """The launch matches the PrimFunc: parameter count, tensor dtypes and ranks, static dims,
+    one value per dynamic dim, scalar types (the unchecked launcher checks none of this)."""
+    import importlib
+
+    from tvm.target import Target
+
+    module = importlib.import_module(f"tilebin.kernels.mhc.{_KERNEL_FILES[name]}")
+    (decl,) = [d for d in module.KERNELS if d.name == name]
+    with Target({"kind": "cuda", "arch": "sm_90a"}):
+        func = decl.factory(**key)
+    assert len(func.params) == len(args), (name, len(func.params), len(args))
+    bound: dict[str, int] = {}
+    for var, arg in zip(func.params, args):
+        if var in func.buffer_map:
+            buf = func.buffer_map[var]
+            assert isinstance(arg, torch.Tensor) and arg.is_contiguous(), (name, buf.name)
+            assert str(arg.dtype).removeprefix("torch.") == str(buf.dtype), (name, buf.name, arg.dtype, buf.dtype)
+            assert arg.dim() == len(buf.shape), (name, buf.name, tuple(arg.shape), buf.shape)
+            for dim, size in zip(buf.shape, arg.shape):
+                if hasattr(dim, "value"):
+                    assert int(dim.value) == size, (name, buf.name, tuple(arg.shape), buf.shape)
+                else:
+                    assert bound.setdefault(str(dim), size) == size, (name, buf.name, str(dim), bound, size)
+        else:
+            want = float if "float" in str(var.dtype) else int
+            assert type(arg) is want, (name, var.name, type(arg))
+
+
+def test_launches_match_the_kernels_signatures(monkeypatch):
+    pytest.importorskip("tilelang", reason="tracing the kernels needs tilelang")
+    recorded = []
+    emu = Emulator(monkeypatch)
+    inner = emu.launcher
+
+    def launcher(name, **key):
+        fn = inner(name, **key)
+
+        def launch(*args):
+            recorded.append((name, key, args))
+            fn(*args)
+        return launch
+
+    for mod in (sk, sm, rc):
+        monkeypatch.setattr(mod, "launcher", launcher)
+    for m in (4, 2):
+        x = torch.randn((3, 5, m * (m + 2)), requires_grad=True)
+        s, b = torch.ones(3, requires_grad=True), torch.zeros(m * (m + 2), requires_grad=True)
+        pre, post, comb = sm.mhc_pre_split_mixes(x, s, b, m, 2.0, 1e-6)
+        y = sk.sinkhorn_normalize(comb, 3, 1e-6)
+        torch.autograd.backward([y, pre, post], [torch.ones_like(y), torch.ones_like(pre), torch.ones_like(post)])
+        res = torch.randn((15, m, 64)).bfloat16()
+        ins = [torch.empty((15, 64), dtype=torch.bfloat16) for _ in range(2)]
+        outs = [torch.randn((15, 64)).bfloat16()]
+        rs = [torch.empty((15, m, 64), dtype=torch.bfloat16)]
+        for t in [pre, post, comb] + ins + outs + rs:
+            emu.by_ptr[t.data_ptr()] = t
+        rc.mhc_multilayer_recompute(res, [pre, pre], outs, [post], [comb.detach()], ins, rs)
+    assert sorted({n for n, _, _ in recorded}) == ["mhc.multilayer_recompute", "mhc.pre_split_mixes_bwd",
+                                                   "mhc.pre_split_mixes_fwd", "mhc.sinkhorn_bwd", "mhc.sinkhorn_fwd"]
+    for name, key, args in recorded:
+        _signature_check(name, key, args)
