@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import operator
+import threading
 from typing import Any
 
 import torch
@@ -20,12 +21,35 @@ from tilebin.runtime import ArgumentError
 _LAUNCHERS: dict[tuple, Any] = {}
 
 
+class _Tracing(threading.local):
+    """Per thread: whether the op running now is the fake (shape-only) twin of itself.
+
+    ``tilebin.ops._torch`` registers every op with ``torch.library``; its fake implementation
+    runs the op's own code on fake tensors with ``on`` set, so shapes, dtypes, strides and
+    argument errors come from the one code path.  While ``on``: launches are no-ops, pointers
+    read as 0 (fake tensors have no memory), and nothing is memoized (a memo, a placeholder or
+    a launcher cached from fake tensors must never serve a real call).
+    """
+
+    on = False
+
+
+TRACING = _Tracing()
+
+
+def _no_launch(*args: Any) -> None:
+    """The launch of an op traced with fake tensors: nothing to run."""
+
+
 def launcher(name: str, **key: Any) -> runtime.UncheckedLauncher:
     """The launcher of kernel ``name``'s variant whose key is exactly ``key`` (cached).
 
     ``fn(*args)`` launches with the PrimFunc's parameters in order on torch's current stream;
     see :meth:`tilebin.runtime.Registry.unchecked_launcher` for what it does not check.
+    While tracing with fake tensors (:data:`TRACING`) it is a no-op that reads nothing.
     """
+    if TRACING.on:
+        return _no_launch
     cache_key = (name, tuple(sorted(key.items())))
     fn = _LAUNCHERS.get(cache_key)
     if fn is None:
@@ -33,10 +57,18 @@ def launcher(name: str, **key: Any) -> runtime.UncheckedLauncher:
     return fn
 
 
+def ptr(t: torch.Tensor) -> int:
+    """``t.data_ptr()``, or 0 while tracing with fake tensors (which have no memory): pointer
+    and alignment checks apply to real tensors only."""
+    return 0 if TRACING.on else t.data_ptr()
+
+
 def memo_table(table: dict, made_with: list, *current: Any) -> dict:
     """``table`` (an op module's memo of validated configurations), emptied first when the objects
     it was filled under (``made_with``: e.g. the module's launcher and device check, which tests
     stub) are no longer ``current``; ``made_with`` then records them."""
+    if TRACING.on:  # fake tensors: a fresh, throw-away table (nothing found, nothing kept)
+        return {}
     if len(made_with) != len(current) or any(a is not b for a, b in zip(made_with, current)):
         table.clear()
         made_with[:] = current
@@ -135,7 +167,7 @@ def aligned_input(t: Any, align: int = 16) -> Any:
     fresh, aligned allocation when its data pointer is not ``align``-byte aligned (a view that
     starts inside a tensor, e.g. the rows of a later chunk of tokens).  None and empty tensors
     pass through."""
-    if t is None or not t.data_ptr() % align or not t.numel():
+    if t is None or not ptr(t) % align or not t.numel():
         return t
     return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device).copy_(t)
 
@@ -158,6 +190,6 @@ def check_aligned(op: str, name: str, t: torch.Tensor, align: int = 16) -> None:
     """The innermost dim is contiguous and the data pointer is ``align``-byte aligned."""
     if t.dim() and t.stride(-1) != 1 and t.size(-1) > 1:
         raise fail(op, f"{name} must be contiguous in its last dim (strides {tuple(t.stride())}); call .contiguous()")
-    if t.data_ptr() % align:
+    if ptr(t) % align:
         raise fail(op, f"{name}'s data pointer {t.data_ptr():#x} is not {align}-byte aligned (vector loads); "
                        f"pass {name}.clone()")

@@ -14,9 +14,13 @@ place); launches go on torch's current stream, asynchronously.
 
 from __future__ import annotations
 
-import torch
+from typing import Any
 
-from .._common import aligned_input, check_cuda, fail, launcher
+import torch
+from torch.compiler import is_compiling
+
+from .._common import TRACING, aligned_input, check_cuda, fail, launcher
+from .._torch import TorchOp, traced
 from ..config import get_num_sms
 from ._checks import (BF16, FP32, MAX_ELEMENTS, check_bool, check_contiguous, check_disjoint, check_float,
                       check_hidden, check_strided_rows)
@@ -53,6 +57,8 @@ def engram_gate_fwd(hidden_states: torch.Tensor, k: torch.Tensor, v: torch.Tenso
     the gate and both rstds as fp32 ``[num_tokens, hc_mult]`` (views of one buffer), else four
     ``None``.  fp32 math; the sums' order differs from torch's (tolerance, not bit-exact).
     """
+    if is_compiling() and not TRACING.on:
+        return traced("engram_gate_fwd", hidden_states, k, v, weight_fused, eps, clamp_value, save_for_backward)
     op = "engram_gate_fwd"
     num_tokens, hc, hidden = _check_gate_inputs(op, hidden_states, k, v, weight_fused)
     eps = check_float(op, "eps", eps)
@@ -80,6 +86,9 @@ def engram_gate_bwd(grad_out: torch.Tensor, hidden_states: torch.Tensor, k: torc
     token range, zeros where a range is empty) for :func:`grad_w_reduce`.  ``num_sms`` is
     :func:`tilebin.ops.config.get_num_sms`; the results do not depend on it beyond summation order.
     """
+    if is_compiling() and not TRACING.on:
+        return traced("engram_gate_bwd", grad_out, hidden_states, k, v, weight_fused, dot, gate_score, rstd_x,
+                      rstd_k, clamp_value)
     op = "engram_gate_bwd"
     num_tokens, hc, hidden = _check_gate_inputs(op, hidden_states, k, v, weight_fused)
     check_contiguous(op, "grad_out", grad_out, BF16, shape=(num_tokens, hc, hidden))
@@ -111,6 +120,9 @@ def grad_w_reduce(grad_w_partial: torch.Tensor, weight_hidden: torch.Tensor, wei
     grad_weight_embed: fp32 ``[hc_mult, hidden]`` (e.g. a parameter's ``main_grad``), separate
     memory.  All contiguous.  Deterministic fixed-order fp32 sums.
     """
+    if is_compiling() and not TRACING.on:
+        return traced("grad_w_reduce", grad_w_partial, weight_hidden, weight_embed, grad_weight_hidden,
+                      grad_weight_embed)
     if not _reduce_args_plain(grad_w_partial, weight_hidden, weight_embed, grad_weight_hidden, grad_weight_embed):
         _check_reduce_args(grad_w_partial, weight_hidden, weight_embed, grad_weight_hidden, grad_weight_embed)
     hc = grad_w_partial.shape[1]
@@ -146,6 +158,8 @@ def _reduce_args_plain(gp, wh, we, gwh, gwe) -> bool:
     a call that must fail) returns False and goes through the checks, which raise the same error
     as ever.  Stricter than the checks is safe: a False only costs the slow path."""
     tensor = torch.Tensor
+    if TRACING.on:  # fake tensors have no addresses: the checks judge them
+        return False
     if not (isinstance(gp, tensor) and isinstance(wh, tensor) and isinstance(we, tensor)
             and isinstance(gwh, tensor) and isinstance(gwe, tensor)):
         return False
@@ -171,6 +185,35 @@ def _reduce_args_plain(gp, wh, we, gwh, gwe) -> bool:
     # the outputs (p3, p4) overlap neither each other nor an input
     return ((e3 <= p4 or e4 <= p3) and (e3 <= p0 or e0 <= p3) and (e3 <= p1 or e1 <= p3) and (e3 <= p2 or e2 <= p3)
             and (e4 <= p0 or e0 <= p4) and (e4 <= p1 or e1 <= p4) and (e4 <= p2 or e2 <= p4))
+
+
+def _fwd_result(result: Any) -> tuple:
+    """engram_gate_fwd's result as the schema's ``(out, stats)``: the saved ``dot, gate_score,
+    rstd_x, rstd_k`` are rows of one ``[4, tokens, hc]`` tensor (a custom op's outputs may not
+    alias each other), empty ``[4, 0, 0]`` when not saved."""
+    if result[1] is None:
+        return result[0], result[0].new_empty((4, 0, 0), dtype=torch.float32)
+    dot = result[1]  # the first of four contiguous [tokens, hc] rows of one allocation
+    tokens, hc = dot.shape
+    return result[0], dot.as_strided((4, tokens, hc), (tokens * hc, hc, 1), dot.storage_offset())
+
+
+def _fwd_public(outputs: tuple) -> tuple:
+    out, stats = outputs
+    return (out, *stats.unbind(0)) if stats.shape[1:] != (0, 0) else (out, None, None, None, None)
+
+
+TORCH_OPS = (
+    TorchOp("engram_gate_fwd", "(Tensor hidden_states, Tensor k, Tensor v, Tensor weight_fused, float eps, "
+                               "float clamp_value, bool save_for_backward=True) "
+                               "-> (Tensor, Tensor)",
+            engram_gate_fwd, result_to_schema=_fwd_result, result_to_public=_fwd_public),
+    TorchOp("engram_gate_bwd", "(Tensor grad_out, Tensor hidden_states, Tensor k, Tensor v, Tensor weight_fused, "
+                               "Tensor dot, Tensor gate_score, Tensor rstd_x, Tensor rstd_k, float clamp_value) "
+                               "-> (Tensor, Tensor, Tensor, Tensor)", engram_gate_bwd),
+    TorchOp("grad_w_reduce", "(Tensor grad_w_partial, Tensor weight_hidden, Tensor weight_embed, "
+                             "Tensor(a!) grad_weight_hidden, Tensor(b!) grad_weight_embed) -> ()", grad_w_reduce),
+)
 
 
 __all__ = ["engram_gate_bwd", "engram_gate_fwd", "grad_w_reduce"]

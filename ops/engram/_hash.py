@@ -9,8 +9,10 @@ stream, asynchronously.  Every extent is a run-time value (one cubin per op).
 from __future__ import annotations
 
 import torch
+from torch.compiler import is_compiling
 
-from .._common import check_cuda, fail, launcher
+from .._common import TRACING, check_cuda, fail, launcher
+from .._torch import TorchOp, traced
 from ._checks import BF16, check_contiguous, check_hidden
 
 _INT32 = (torch.int32,)
@@ -29,6 +31,8 @@ def engram_hash(ngram_token_ids: torch.Tensor, multipliers: torch.Tensor, vocab_
     ``int64(id[t, i]) * multipliers[l, i]`` over ``i <= j`` (int64 wrap-around, int32 result
     wrapping like torch's).  Bit-exact with the torch reference; any n, layer and table count.
     """
+    if is_compiling() and not TRACING.on:
+        return traced("engram_hash", ngram_token_ids, multipliers, vocab_sizes, offsets)
     op = "engram_hash"
     check_contiguous(op, "ngram_token_ids", ngram_token_ids, _INT32, ndim=2)
     num_tokens, n = ngram_token_ids.shape
@@ -63,6 +67,8 @@ def fused_weight(weight_hidden: torch.Tensor, weight_embed: torch.Tensor) -> tor
     Both bf16 ``[hc_mult, hidden]``, contiguous, hidden a multiple of 8 (any size; tile_kernels
     needs a multiple of 256).  Exact (bf16 products are exact in fp32).
     """
+    if is_compiling() and not TRACING.on:
+        return traced("fused_weight", weight_hidden, weight_embed)
     op = "fused_weight"
     check_contiguous(op, "weight_hidden", weight_hidden, BF16, ndim=2)
     hc, hidden = weight_hidden.shape
@@ -73,6 +79,13 @@ def fused_weight(weight_hidden: torch.Tensor, weight_embed: torch.Tensor) -> tor
     if hc:
         launcher("engram.fused_weight")(weight_hidden, weight_embed, out)
     return out
+
+
+TORCH_OPS = (
+    TorchOp("engram_hash", "(Tensor ngram_token_ids, Tensor multipliers, Tensor vocab_sizes, Tensor offsets) -> Tensor",
+            engram_hash),
+    TorchOp("fused_weight", "(Tensor weight_hidden, Tensor weight_embed) -> Tensor", fused_weight),
+)
 
 
 __all__ = ["engram_hash", "fused_weight"]

@@ -19,8 +19,10 @@ from __future__ import annotations
 from typing import Any, Optional
 
 import torch
+from torch.compiler import is_compiling
 
-from .._common import check_float32, check_tensor, fail, launcher, memo_table, typed_key
+from .._common import TRACING, check_float32, check_tensor, fail, launcher, memo_table, typed_key
+from .._torch import TorchOp, traced
 
 __all__ = ["top2_sum_gate", "topk_gate", "topk_sum_and_topk_group_idx"]
 
@@ -34,6 +36,8 @@ _PLACEHOLDERS: dict[torch.device, tuple[torch.Tensor, ...]] = {}
 
 
 def _launcher(name: str, slots: int | None) -> Any:
+    if TRACING.on:  # fake tensors: launcher() gives a no-op, which must not be cached
+        return launcher(name) if slots is None else launcher(name, slots=slots)
     fn = _LAUNCHERS.get((name, slots))
     if fn is None:
         fn = _LAUNCHERS[(name, slots)] = launcher(name) if slots is None else launcher(name, slots=slots)
@@ -71,14 +75,16 @@ def _on_cuda(op: str, first: torch.Tensor, **others: Optional[torch.Tensor]) -> 
 
 def _placeholders(device: torch.device) -> tuple[torch.Tensor, ...]:
     """1-element stand-ins for absent optional inputs (never read: their flag bit is clear)."""
-    p = _PLACEHOLDERS.get(device)
+    p = None if TRACING.on else _PLACEHOLDERS.get(device)  # fake stand-ins are never cached
     if p is None:
-        p = _PLACEHOLDERS[device] = (
+        p = (
             torch.zeros(1, dtype=torch.bool, device=device),
             torch.zeros((1, 1), dtype=torch.int32, device=device),
             torch.ones(1, dtype=torch.int32, device=device),
             torch.zeros((1, 1), dtype=torch.int64, device=device),
         )
+        if not TRACING.on:
+            _PLACEHOLDERS[device] = p
     return p
 
 
@@ -106,6 +112,8 @@ def topk_gate(scores: torch.Tensor, num_topk: int) -> torch.Tensor:
     ``0 <= num_topk <= num_experts``.  Descending order; equal scores by lower index (stable),
     NaN first.  Raises ArgumentError for anything else.
     """
+    if is_compiling() and not TRACING.on:
+        return traced("topk_gate", scores, num_topk)
     try:  # a configuration seen before: only the token-count-dependent checks (the slow path says why not)
         shape = scores.shape
         key = typed_key("topk_gate", scores.dtype, scores.device, shape[1:], num_topk)
@@ -141,6 +149,8 @@ def topk_sum_and_topk_group_idx(scores: torch.Tensor, num_topk_sum: int, num_top
     ``1 <= num_groups <= 32``; ``num_topk_sum`` 1 or 2 and ``<= experts_per_group``;
     ``0 <= num_topk_groups <= num_groups``.  Descending group score, ties by lower group.
     """
+    if is_compiling() and not TRACING.on:
+        return traced("topk_sum_and_topk_group_idx", scores, num_topk_sum, num_topk_groups)
     try:  # a configuration seen before: only the token-count-dependent checks (the slow path says why not)
         shape = scores.shape
         key = typed_key("topk_sum_and_topk_group_idx", scores.dtype, scores.device, shape[1:], num_topk_sum,
@@ -329,6 +339,10 @@ def top2_sum_gate(
     ``kernels/moe/top2_sum_gate.py`` (tile_kernels 1.0.0's).  ``unmapped_topk_idx`` is
     written in place (and read for tokens whose ``fix_routing_mask`` is True).
     """
+    if is_compiling() and not TRACING.on:
+        return traced("top2_sum_gate", logits, bias, num_topk, num_topk_groups, num_groups, use_shared_as_routed,
+                      num_shared_experts, routed_scaling_factor, ep_rank, num_ep_ranks, tp_rank, num_tp_ranks,
+                      scoring_func, mask, fix_routing_mask, to_physical_map, logical_count, unmapped_topk_idx)
     try:  # a configuration seen before: only the token-count-dependent checks (the slow path says why not)
         shape = logits.shape
         device = logits.device
@@ -415,3 +429,16 @@ def top2_sum_gate(
                                                                       flags, num_extra),
                                             (ep_rank, num_ep_ranks, tp_rank, num_tp_ranks)))
     return topk_idx, topk_weights
+
+
+TORCH_OPS = (
+    TorchOp("topk_gate", "(Tensor scores, int num_topk) -> Tensor", topk_gate),
+    TorchOp("topk_sum_and_topk_group_idx", "(Tensor scores, int num_topk_sum, int num_topk_groups) -> Tensor",
+            topk_sum_and_topk_group_idx),
+    TorchOp("top2_sum_gate",
+            "(Tensor logits, Tensor bias, int num_topk, int num_topk_groups, int num_groups, bool use_shared_as_routed, "
+            "int num_shared_experts, float routed_scaling_factor, int ep_rank, int num_ep_ranks, int tp_rank, "
+            "int num_tp_ranks, str scoring_func, Tensor? mask=None, Tensor? fix_routing_mask=None, "
+            "Tensor? to_physical_map=None, Tensor? logical_count=None, Tensor(a!)? unmapped_topk_idx=None) "
+            "-> (Tensor, Tensor)", top2_sum_gate),
+)

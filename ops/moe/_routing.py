@@ -24,8 +24,11 @@ from __future__ import annotations
 from typing import Any, Optional, Union
 
 import torch
+from torch.compiler import is_compiling
 
-from .._common import aligned_input, check_cuda, check_flag, check_int, check_tensor, fail, launcher, memo_table, typed_key
+from .._common import (TRACING, aligned_input, check_cuda, check_flag, check_int, check_tensor, fail, launcher,
+                       memo_table, ptr, typed_key)
+from .._torch import TorchOp, traced
 from ..config import get_num_sms
 
 QuantTensor = tuple[torch.Tensor, torch.Tensor]
@@ -61,7 +64,7 @@ def _rows(op: str, name: str, t: torch.Tensor) -> None:
         per = 16 // t.element_size()
         raise fail(op, f"{name} has hidden size {t.size(1)} ({str(t.dtype).removeprefix('torch.')}); this op "
                        f"needs hidden % {per} == 0 (rows of a multiple of 16 bytes): pad the hidden dimension")
-    if t.data_ptr() % 16:
+    if ptr(t) % 16:
         raise fail(op, f"{name}'s data pointer {t.data_ptr():#x} is not 16-byte aligned; pass {name}.clone()")
 
 
@@ -113,6 +116,8 @@ def get_fused_mapping(
     sizes the buffers to fit; unless ``force_no_sync``, it then reads the counts back (a host
     sync), trims the slot maps to their sum and returns the counts as a list (else ``[]``).
     """
+    if is_compiling() and not TRACING.on:
+        return traced("get_fused_mapping", topk_idx, num_experts, num_expanded_tokens, alignment, force_no_sync)
     try:  # a configuration seen before: only the token-count-dependent checks (the slow path says why not)
         shape = topk_idx.shape
         dev = topk_idx.device
@@ -183,6 +188,8 @@ def expand_to_fused(x: torch.Tensor, token_topk_to_pos: torch.Tensor, pos_to_exp
     """Copy row ``t`` of ``x`` (bf16 / fp32 / e4m3 ``[num_tokens, hidden]``, contiguous) to row
     ``token_topk_to_pos[t, k]`` of a new ``[len(pos_to_expert), hidden]`` tensor for every slot
     ``>= 0``; rows whose ``pos_to_expert`` is negative are zeros."""
+    if is_compiling() and not TRACING.on:
+        return traced("expand_to_fused", x, token_topk_to_pos, pos_to_expert)
     try:  # a configuration seen before: only the token-count-dependent checks (the slow path says why not)
         shape = x.shape
         dtype = x.dtype
@@ -224,6 +231,9 @@ def expand_to_fused_with_sf(
     ``use_tma_aligned_col_major_sf``); ``num_per_channels`` 32 or 128.  Returns ``(out, out_sf)``;
     out_sf is row-major ``[slots, sf_cols]``, or with ``use_tma_aligned_col_major_sf`` the same
     shape with strides ``(1, align(slots, 4))``; padding rows of both are zeros."""
+    if is_compiling() and not TRACING.on:
+        return traced("expand_to_fused_with_sf", x, num_per_channels, token_topk_to_pos, pos_to_expert,
+                      use_tma_aligned_col_major_sf)
     op = "expand_to_fused_with_sf"
     if not (isinstance(x, tuple) and len(x) == 2):
         raise fail(op, f"x must be a (data, sf) tuple, got {type(x).__name__}; use expand_to_fused for a plain tensor")
@@ -284,6 +294,11 @@ def reduce_fused(
     dtype) or ``'e4m3'``; sf: fp32 ``[1]``, e4m3 output only; out: optional preallocated
     ``[num_tokens, hidden]`` output (contiguous, of the output dtype).  Returns the output.
     """
+    if is_compiling() and not TRACING.on:
+        if out is None:
+            return traced("reduce_fused", x, topk_weights, token_topk_to_pos, fp8_format, sf, out)
+        traced("reduce_fused_out", x, topk_weights, token_topk_to_pos, fp8_format, sf, out)
+        return out
     try:  # a configuration seen before: only the token-count-dependent checks (the slow path says why not)
         xs, x_sf = x if isinstance(x, tuple) else (x, None)
         shape = xs.shape
@@ -385,6 +400,56 @@ class _Reduce:
             return None
         self.fn(x, topk_weights, token_topk_to_pos, out, x if sf is None else sf, x_sf, *self.flags)
         return out
+
+
+def _mapping_to_schema(result: tuple) -> tuple:
+    """get_fused_mapping's outputs without aliases: the three slot maps are rows of one [3, n]
+    tensor and the per-expert vectors rows of one [3, num_experts] tensor (a custom op's outputs
+    may not alias each other): return those two."""
+    return _rows_base(result[0], 3), result[3], _rows_base(result[4], 3)
+
+
+def _rows_base(first: torch.Tensor, rows: int) -> torch.Tensor:
+    """The ``[rows, n]`` tensor whose first row is ``first`` (rows of one contiguous allocation;
+    ``first._base`` is not kept inside a fake implementation)."""
+    n = first.shape[0]
+    return first.as_strided((rows, n), (n, 1), first.storage_offset())
+
+
+def _mapping_to_public(outputs: tuple) -> tuple:
+    slots, token_topk_to_pos, per_expert = outputs
+    return (*slots.unbind(0), token_topk_to_pos, *per_expert.unbind(0), [])
+
+
+def _syncs(topk_idx: Any, num_experts: Any, num_expanded_tokens: Any, alignment: Any, force_no_sync: Any) -> bool:
+    """get_fused_mapping sizes its outputs from the data (a host sync): not traceable."""
+    return num_expanded_tokens == 0 and not force_no_sync
+
+
+def _reduce_to_schema(x: Any, *rest: Any) -> tuple:
+    data, x_sf = (x[0], x[1]) if isinstance(x, tuple) and len(x) == 2 else (x, None)
+    return (data, x_sf, *rest)
+
+
+TORCH_OPS = (
+    TorchOp("get_fused_mapping", "(Tensor topk_idx, int num_experts, int num_expanded_tokens, int alignment, "
+                                 "bool force_no_sync=False) -> (Tensor, Tensor, Tensor)",
+            get_fused_mapping, result_to_schema=_mapping_to_schema, result_to_public=_mapping_to_public,
+            eager_only=_syncs),
+    TorchOp("expand_to_fused", "(Tensor x, Tensor token_topk_to_pos, Tensor pos_to_expert) -> Tensor", expand_to_fused),
+    TorchOp("expand_to_fused_with_sf", "(Tensor x, Tensor x_sf, int num_per_channels, Tensor token_topk_to_pos, "
+                                       "Tensor pos_to_expert, bool use_tma_aligned_col_major_sf=False) -> (Tensor, Tensor)",
+            expand_to_fused_with_sf, to_schema=_reduce_to_schema, to_public=lambda x, s, *r: ((x, s), *r)),
+    # reduce_fused with a preallocated out writes it: its own op, which mutates out and returns nothing
+    TorchOp("reduce_fused", "(Tensor x, Tensor? x_sf, Tensor? topk_weights, Tensor token_topk_to_pos, "
+                            "str fp8_format=\"\", Tensor? sf=None) -> Tensor",
+            lambda *a: reduce_fused(*a, None), to_schema=lambda *a: _reduce_to_schema(*a[:-1]),
+            to_public=lambda x, s, *r: ((x, s) if s is not None else x, *r)),
+    TorchOp("reduce_fused_out", "(Tensor x, Tensor? x_sf, Tensor? topk_weights, Tensor token_topk_to_pos, "
+                                "str fp8_format, Tensor? sf, Tensor(a!) out) -> ()",
+            reduce_fused, to_schema=_reduce_to_schema,
+            to_public=lambda x, s, *r: ((x, s) if s is not None else x, *r), result_to_schema=lambda r: None),
+)
 
 
 __all__ = ["expand_to_fused", "expand_to_fused_with_sf", "get_fused_mapping", "reduce_fused"]

@@ -19,8 +19,10 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from torch.compiler import is_compiling
 
-from .._common import check_cuda, check_int, check_tensor, fail, launcher, memo_table, typed_key
+from .._common import TRACING, check_cuda, check_int, check_tensor, fail, launcher, memo_table, typed_key
+from .._torch import TorchOp, traced
 from ..config import get_num_sms
 
 MAX_ENTRIES = 1 << 30  # flat index arithmetic in the kernels is int32, with room for a grid sweep
@@ -61,6 +63,8 @@ def aux_fi(topk_idx: torch.Tensor, num_experts: int, num_aux_topk: int) -> torch
     ``-1`` marks an empty slot.  Bit-exact with torch's float32 evaluation of that formula on
     CUDA (the division by the scalar is a multiplication by its float32 reciprocal there).
     """
+    if is_compiling() and not TRACING.on:
+        return traced("aux_fi", topk_idx, num_experts, num_aux_topk)
     op = "aux_fi"
     _check_2d(op, "topk_idx", topk_idx)
     num_experts = check_int(op, "num_experts", num_experts, 1)
@@ -75,6 +79,8 @@ def aux_fi(topk_idx: torch.Tensor, num_experts: int, num_aux_topk: int) -> torch
 def group_count(group_idx: torch.Tensor, num_groups: int) -> torch.Tensor:
     """How many entries of ``group_idx`` (int64 ``[num_tokens, num_topk]``, contiguous) equal each
     group: int32 ``[num_groups]``.  Negative entries (``-1``: empty slot) are not counted."""
+    if is_compiling() and not TRACING.on:
+        return traced("group_count", group_idx, num_groups)
     op = "group_count"
     _check_2d(op, "group_idx", group_idx)
     num_groups = check_int(op, "num_groups", num_groups, 1)
@@ -93,6 +99,8 @@ def normalize_weight(topk_weights: torch.Tensor) -> tuple[torch.Tensor, torch.Te
     to right) of shape ``[num_tokens]`` and ``normalized_weights = w / denominator[:, None]``,
     bit-exact with the same torch expression.
     """
+    if is_compiling() and not TRACING.on:
+        return traced("normalize_weight", topk_weights)
     try:  # a configuration seen before: only the token-count-dependent checks (the slow path says why not)
         shape = topk_weights.shape
         device = topk_weights.device
@@ -131,6 +139,8 @@ def mask_indices_by_tp(indices: torch.Tensor, n: int, num_ep_ranks: int, tp_rank
     per_gpu)) * (num_tp_ranks - 1) * per_gpu`` with ``w = v - tp_rank * per_gpu``.  Negative
     entries stay ``-1``.  Returns a new tensor of indices' dtype and shape.
     """
+    if is_compiling() and not TRACING.on:
+        return traced("mask_indices_by_tp", indices, n, num_ep_ranks, tp_rank, num_tp_ranks)
     op = "mask_indices_by_tp"
     _check_2d(op, "indices", indices, tuple(_MASK_DTYPES))
     n = check_int(op, "n", n, 1)
@@ -156,12 +166,25 @@ def inplace_unique_group_indices(group_indices: torch.Tensor, num_groups: int) -
     ``num_groups`` (>= 1) is checked but not needed: any values are deduplicated (tile_kernels
     requires ``num_groups <= 128`` and group ids below it).
     """
+    if is_compiling() and not TRACING.on:
+        return traced("inplace_unique_group_indices", group_indices, num_groups)
     op = "inplace_unique_group_indices"
     _check_2d(op, "group_indices", group_indices)
     check_int(op, "num_groups", num_groups, 1)
     check_cuda(op, group_indices=group_indices)
     if group_indices.numel():
         launcher("moe.inplace_unique_group_indices")(group_indices)
+
+
+TORCH_OPS = (
+    TorchOp("aux_fi", "(Tensor topk_idx, int num_experts, int num_aux_topk) -> Tensor", aux_fi),
+    TorchOp("group_count", "(Tensor group_idx, int num_groups) -> Tensor", group_count),
+    TorchOp("normalize_weight", "(Tensor topk_weights) -> (Tensor, Tensor)", normalize_weight),
+    TorchOp("mask_indices_by_tp", "(Tensor indices, int n, int num_ep_ranks, int tp_rank, int num_tp_ranks) -> Tensor",
+            mask_indices_by_tp),
+    TorchOp("inplace_unique_group_indices", "(Tensor(a!) group_indices, int num_groups) -> ()",
+            inplace_unique_group_indices),
+)
 
 
 __all__ = ["aux_fi", "group_count", "inplace_unique_group_indices", "mask_indices_by_tp", "normalize_weight"]

@@ -23,8 +23,11 @@ from __future__ import annotations
 from typing import Any, Optional
 
 import torch
+from torch.compiler import is_compiling
 
-from .._common import aligned_input, check_cuda, fail, launcher, typed_key
+from .._common import TRACING, aligned_input, check_cuda, fail, launcher, ptr, typed_key
+from .._torch import TorchOp, traced
+from ._per_token import pair_to_public, pair_to_schema
 from ._sf import input_sf
 
 QuantTensor = tuple[torch.Tensor, torch.Tensor]
@@ -73,7 +76,7 @@ def _prepare_data(data: torch.Tensor) -> torch.Tensor:
     """``data`` contiguous with a 16-byte aligned pointer (a copy only when needed)."""
     if not data.is_contiguous():
         data = data.contiguous()
-    if data.data_ptr() % 16:
+    if ptr(data) % 16:
         data = data.clone()
     return data
 
@@ -181,6 +184,8 @@ def cast_back(
     device and whether ``sf.stride(0) == 1``; fmt; x_block_size with its types, a power-of-two
     token block; x_special_fmt) skips them (a dict lookup): per call only the token count, sf's
     shape (and for row-major sf its last stride) and the 32-bit element limit are checked."""
+    if is_compiling() and not TRACING.on:
+        return traced("cast_back", x, fmt, x_block_size, x_special_fmt)
     key = None
     if type(x) is tuple and len(x) == 2:
         data, sf = x
@@ -225,12 +230,16 @@ def per_token_cast_back(
     x_special_fmt: Optional[str] = None,
 ) -> torch.Tensor:
     """``cast_back(x, fmt, (1, num_per_channels), x_special_fmt)``: one scale per token and group."""
+    if is_compiling() and not TRACING.on:
+        return traced("per_token_cast_back", x, fmt, num_per_channels, x_special_fmt)
     return cast_back(x, fmt, (1, num_per_channels), x_special_fmt=x_special_fmt)
 
 
 def unpack_from_e2m1fn_x2(x: torch.Tensor, out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """Decode packed e2m1 bytes (int8 / uint8 ``[..., k]``, low nibble first) into ``out_dtype``
     values ``[..., 2 k]`` on ``x``'s device (torch ops, any device; code 8 gives -0.0)."""
+    if is_compiling() and not TRACING.on:
+        return traced("unpack_from_e2m1fn_x2", x, out_dtype)
     op = "unpack_from_e2m1fn_x2"
     if not isinstance(x, torch.Tensor):
         raise fail(op, f"x must be a torch.Tensor, got {type(x).__name__}")
@@ -245,5 +254,15 @@ def unpack_from_e2m1fn_x2(x: torch.Tensor, out_dtype: torch.dtype = torch.float3
     codes = torch.stack((byte & 0xF, byte >> 4), dim=-1)
     return table[codes].reshape(*x.shape[:-1], x.shape[-1] * 2).to(out_dtype)
 
+
+TORCH_OPS = (
+    TorchOp("cast_back", "(Tensor x, Tensor x_sf, str fmt, int[] x_block_size, str? x_special_fmt=None) -> Tensor",
+            cast_back, lambda *a: _cast_back_checked(*a, None), pair_to_schema, pair_to_public),
+    TorchOp("per_token_cast_back", "(Tensor x, Tensor x_sf, str fmt, int num_per_channels, str? x_special_fmt=None) "
+                                   "-> Tensor", per_token_cast_back,
+            lambda x, fmt, n, special: _cast_back_checked(x, fmt, (1, n), special, None), pair_to_schema,
+            pair_to_public),
+    TorchOp("unpack_from_e2m1fn_x2", "(Tensor x, ScalarType out_dtype) -> Tensor", unpack_from_e2m1fn_x2),
+)
 
 __all__ = ["cast_back", "per_token_cast_back", "unpack_from_e2m1fn_x2"]

@@ -21,8 +21,10 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from torch.compiler import is_compiling
 
-from .._common import check_cuda, check_flag, check_tensor, fail, launcher
+from .._common import TRACING, ptr, check_cuda, check_flag, check_tensor, fail, launcher
+from .._torch import TorchOp, traced
 from ._sf import output_layout
 
 QuantTensor = tuple[torch.Tensor, torch.Tensor]
@@ -43,7 +45,7 @@ def _kernel_input(x: torch.Tensor) -> torch.Tensor:
     per_vector = 16 // x.element_size()
     stride = x.stride(0)
     rows_ok = 0 <= stride <= _INT32_MAX and (x.size(0) <= 1 or (stride > 0 and stride % per_vector == 0))
-    if x.stride(1) == 1 and rows_ok and x.data_ptr() % 16 == 0:
+    if x.stride(1) == 1 and rows_ok and ptr(x) % 16 == 0:
         return x
     return x.clone(memory_format=torch.contiguous_format)
 
@@ -71,6 +73,9 @@ def per_token_cast_to_e5m6(
 ) -> QuantTensor:
     """Cast 2-D bf16/fp32 ``x`` to packed E5M6 with one scale per token; returns ``(data, sf)``
     (see the module docstring for layouts and rules)."""
+    if is_compiling() and not TRACING.on:
+        return traced("per_token_cast_to_e5m6", x, num_per_channels, use_tma_aligned_col_major_sf, round_sf,
+                      use_packed_ue8m0)
     op = "per_token_cast(fmt='e5m6')"
     tokens, hidden = _validate(op, x, num_per_channels)
     col = check_flag(op, "use_tma_aligned_col_major_sf", use_tma_aligned_col_major_sf)
@@ -85,5 +90,11 @@ def per_token_cast_to_e5m6(
         fn(_kernel_input(x), out, raw_sf, int(rnd), _tokens_per_block(hidden))
     return out, layout.finish(raw_sf, tokens)
 
+
+TORCH_OPS = (
+    TorchOp("per_token_cast_to_e5m6", "(Tensor x, int num_per_channels, bool use_tma_aligned_col_major_sf=False, "
+                                      "bool round_sf=False, bool use_packed_ue8m0=False) -> (Tensor, Tensor)",
+            per_token_cast_to_e5m6),
+)
 
 __all__ = ["per_token_cast_to_e5m6"]

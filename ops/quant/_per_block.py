@@ -11,8 +11,12 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from torch.compiler import is_compiling
 
-from .._common import aligned_input, check_aligned, check_cuda, check_flag, check_tensor, fail, launcher, typed_key
+from .._common import (TRACING, aligned_input, check_aligned, check_cuda, check_flag, check_tensor, fail, launcher, ptr,
+                       typed_key)
+from .._torch import TorchOp, traced
+from ._per_token import pair_to_public, pair_to_schema
 from ._sf import SfLayout, check_fmt, input_sf, output_layout
 
 BLOCKS = ((128, 128), (32, 32))
@@ -68,7 +72,7 @@ def _precomputed_sf(op: str, sf: Any, layout: SfLayout, tokens: int, hidden: int
     if tuple(sf.shape) != want:
         raise fail(op, f"sf has shape {tuple(sf.shape)}; for x of {tokens} x {hidden} and block_size {layout.block} "
                        f"it must be {want} (row-major fp32, one scale per block)")
-    if sf.numel() and (not sf.is_contiguous() or sf.data_ptr() % 16):
+    if sf.numel() and (not sf.is_contiguous() or ptr(sf) % 16):
         sf = sf.clone(memory_format=torch.contiguous_format)  # the kernel reads row-major, 16-byte aligned
     return sf
 
@@ -148,6 +152,8 @@ def per_block_cast(x: torch.Tensor, fmt: str, block_size: tuple[int, int], use_t
     A configuration seen before (dtype, hidden, device, fmt, block, flags, each with its exact
     type) skips the argument checks that do not depend on the token count or the pointer.
     """
+    if is_compiling() and not TRACING.on:
+        return traced("per_block_cast", x, fmt, block_size, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0)
     try:
         key = typed_key(x.dtype, x.dim(), x.shape[-1], x.device, fmt, block_size, use_tma_aligned_col_major_sf,
                         round_sf, use_packed_ue8m0)
@@ -166,6 +172,9 @@ def per_block_cast_with_sf_only(x: torch.Tensor, fmt: str, block_size: tuple[int
                                 use_tma_aligned_col_major_sf: bool = False, round_sf: bool = False,
                                 use_packed_ue8m0: bool = False) -> torch.Tensor:
     """The scales :func:`per_block_cast` would return, without writing the cast data."""
+    if is_compiling() and not TRACING.on:
+        return traced("per_block_cast_with_sf_only", x, fmt, block_size, use_tma_aligned_col_major_sf, round_sf,
+                      use_packed_ue8m0)
     return _per_block("per_block_cast_with_sf_only", x, fmt, block_size, use_tma_aligned_col_major_sf, round_sf,
                       use_packed_ue8m0, sf_only=True)[1]
 
@@ -175,6 +184,9 @@ def per_block_cast_with_precomputed_sf(x: torch.Tensor, fmt: str, block_size: tu
                                        use_packed_ue8m0: bool = False) -> torch.Tensor:
     """Cast ``x`` with given row-major fp32 scales ``sf`` (``[ceil(tokens / b), ceil(hidden / b)]``):
     ``out = cast(x * (1 / sf))``.  The layout flags must be False; ``round_sf`` is ignored."""
+    if is_compiling() and not TRACING.on:
+        return traced("per_block_cast_with_precomputed_sf", x, fmt, block_size, sf, use_tma_aligned_col_major_sf,
+                      round_sf, use_packed_ue8m0)
     return _per_block("per_block_cast_with_precomputed_sf", x, fmt, block_size, use_tma_aligned_col_major_sf,
                       round_sf, use_packed_ue8m0, sf=sf)[0]
 
@@ -187,6 +199,9 @@ def per_block_cast_lossless(x: tuple[torch.Tensor, torch.Tensor], fmt: str, x_bl
     (32, 32) or (128, 128)), exactly when every input scale of an output block is within 2**11 of
     the block's largest.  ``fmt`` must be ``'e4m3'``; ``round_sf`` is implied (the scales are powers
     of two).  Returns ``(out, out_sf)``."""
+    if is_compiling() and not TRACING.on:
+        return traced("per_block_cast_lossless", x, fmt, x_block_size, out_block_size,
+                      use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0)
     op = "per_block_cast_lossless"
     data, x_sf, in_layout = input_sf(op, x, x_block_size)
     check_fmt(op, fmt, ("e4m3",))
@@ -212,6 +227,19 @@ def per_block_cast_lossless(x: tuple[torch.Tensor, torch.Tensor], fmt: str, x_bl
            _KIND[layout.kind])
     return out, layout.finish(raw, tokens)
 
+
+_FLAGS = "bool use_tma_aligned_col_major_sf=False, bool round_sf=False, bool use_packed_ue8m0=False"
+TORCH_OPS = (
+    TorchOp("per_block_cast", f"(Tensor x, str fmt, int[] block_size, {_FLAGS}) -> (Tensor, Tensor)", per_block_cast,
+            fake=lambda *a: _per_block("per_block_cast", *a)),
+    TorchOp("per_block_cast_with_sf_only", f"(Tensor x, str fmt, int[] block_size, {_FLAGS}) -> Tensor",
+            per_block_cast_with_sf_only),
+    TorchOp("per_block_cast_with_precomputed_sf", f"(Tensor x, str fmt, int[] block_size, Tensor sf, {_FLAGS}) -> Tensor",
+            per_block_cast_with_precomputed_sf),
+    TorchOp("per_block_cast_lossless", f"(Tensor x, Tensor x_sf, str fmt, int[] x_block_size, int[] out_block_size, "
+                                       f"{_FLAGS}) -> (Tensor, Tensor)",
+            per_block_cast_lossless, to_schema=pair_to_schema, to_public=pair_to_public),
+)
 
 __all__ = ["per_block_cast", "per_block_cast_with_sf_only", "per_block_cast_with_precomputed_sf",
            "per_block_cast_lossless"]

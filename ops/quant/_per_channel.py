@@ -19,8 +19,11 @@ from __future__ import annotations
 from typing import Any, Optional, Union
 
 import torch
+from torch.compiler import is_compiling
 
-from .._common import aligned_input, check_aligned, check_cuda, check_flag, check_tensor, fail, launcher
+from .._common import TRACING, aligned_input, check_aligned, check_cuda, check_flag, check_tensor, fail, launcher
+from .._torch import TorchOp, traced
+from ._per_token import pair_to_public, pair_to_schema
 from ._sf import check_fmt
 
 QuantTensor = tuple[torch.Tensor, torch.Tensor]
@@ -42,6 +45,8 @@ def _cdiv(a: int, b: int) -> int:
 
 def _dummy(device: torch.device, dtype: torch.dtype, ndim: int) -> torch.Tensor:
     key = (device, dtype, ndim)
+    if TRACING.on:  # fake tensors: never cached (a fake stand-in must not reach a real launch)
+        return torch.zeros((4,) * ndim, dtype=dtype, device=device)
     t = _DUMMIES.get(key)
     if t is None:
         t = _DUMMIES[key] = torch.zeros((4,) * ndim, dtype=dtype, device=device)
@@ -133,6 +138,8 @@ def per_channel_cast(x: torch.Tensor, fmt: str, num_per_tokens: int, round_sf: b
     both contiguous; ``out_sf`` holds dequantization scales.  ``round_sf`` rounds the scales up
     to powers of two.  Raises :class:`tilebin.runtime.ArgumentError` for any unsupported input.
     """
+    if is_compiling() and not TRACING.on:
+        return traced("per_channel_cast", x, fmt, num_per_tokens, round_sf)
     if isinstance(x, tuple):
         raise fail("per_channel_cast", "x must be a plain bf16/fp32 tensor; for a quantized (data, sf) input "
                                        "use per_channel_cast_fused(..., num_per_channels=128)")
@@ -156,6 +163,8 @@ def per_channel_cast_fused(
     negative value).  Returns ``(out [num_tokens_out, hidden] e4m3, out_sf
     [ceil(num_tokens_out / 128), hidden] fp32)``.
     """
+    if is_compiling() and not TRACING.on:
+        return traced("per_channel_cast_fused", x, fmt, num_per_tokens, round_sf, num_per_channels, pos_to_token)
     return _fused("per_channel_cast_fused", x, fmt, num_per_tokens, round_sf, num_per_channels, pos_to_token)
 
 
@@ -168,6 +177,8 @@ def per_channel_cast_and_transpose(x: torch.Tensor, fmt: str, num_per_tokens: in
     num_per_tokens), hidden] fp32)``; ``out.T`` equals :func:`per_channel_cast`'s ``out`` for
     128.  ``hidden % 64 == 0`` is required.
     """
+    if is_compiling() and not TRACING.on:
+        return traced("per_channel_cast_and_transpose", x, fmt, num_per_tokens, round_sf)
     op = "per_channel_cast_and_transpose"
     check_fmt(op, fmt, ("e4m3",))
     _check_int(op, "num_per_tokens", num_per_tokens, (32, 128))
@@ -182,5 +193,15 @@ def per_channel_cast_and_transpose(x: torch.Tensor, fmt: str, num_per_tokens: in
         launcher(_TRANSPOSE, num_per_tokens=num_per_tokens)(x, out, out_sf, int(round_sf))
     return out, out_sf
 
+
+TORCH_OPS = (
+    TorchOp("per_channel_cast", "(Tensor x, str fmt, int num_per_tokens, bool round_sf=False) -> (Tensor, Tensor)",
+            per_channel_cast),
+    TorchOp("per_channel_cast_fused", "(Tensor x, Tensor? x_sf, str fmt, int num_per_tokens, bool round_sf=False, "
+                                      "int? num_per_channels=None, Tensor? pos_to_token=None) -> (Tensor, Tensor)",
+            per_channel_cast_fused, to_schema=pair_to_schema, to_public=pair_to_public),
+    TorchOp("per_channel_cast_and_transpose", "(Tensor x, str fmt, int num_per_tokens, bool round_sf=False) -> "
+                                              "(Tensor, Tensor)", per_channel_cast_and_transpose),
+)
 
 __all__ = ["per_channel_cast", "per_channel_cast_fused", "per_channel_cast_and_transpose"]

@@ -35,8 +35,10 @@ from __future__ import annotations
 from typing import Any, Optional, Union
 
 import torch
+from torch.compiler import is_compiling
 
-from .._common import aligned_input, check_cuda, check_flag, check_tensor, fail, launcher
+from .._common import TRACING, aligned_input, check_cuda, check_flag, check_tensor, fail, launcher, ptr
+from .._torch import TorchOp, traced
 from ._sf import FMT_DTYPES, SfLayout, check_fmt, input_sf, output_layout
 
 QuantTensor = tuple[torch.Tensor, torch.Tensor]
@@ -87,7 +89,7 @@ def _quantized(op: str, x: tuple, x_block_size: Any) -> tuple[torch.Tensor, torc
     tokens, hidden = data.size(0), data.size(1) * (2 if data.dtype == torch.int8 else 1)
     _check_rows(op, "x[0] (data)", data, hidden)
     vector = 16 if data.dtype == torch.float8_e4m3fn else 8  # bytes per lane load
-    if data.stride(1) != 1 or (tokens > 1 and data.stride(0) % vector) or data.data_ptr() % 16:
+    if data.stride(1) != 1 or (tokens > 1 and data.stride(0) % vector) or ptr(data) % 16:
         raise fail(op, f"x[0] (data) must have unit column stride, a row stride that is a multiple of {vector} "
                        f"and a 16-byte aligned pointer (got strides {tuple(data.stride())}); pass data.contiguous()")
     want = layout.shape(tokens, hidden)
@@ -95,7 +97,7 @@ def _quantized(op: str, x: tuple, x_block_size: Any) -> tuple[torch.Tensor, torc
         user = (_cdiv(tokens, layout.block[0]), _cdiv(_cdiv(hidden, layout.block[1]), 4 if layout.packed_ue8m0 else 1))
         raise fail(op, f"x[1] (sf) has shape {tuple(x[1].shape)}; for data {tuple(data.shape)} "
                        f"({tokens} x {hidden} values) with x_block_size={layout.block} it must be {user}")
-    if kernel_sf.data_ptr() % kernel_sf.element_size() or not 0 < kernel_sf.stride(0) <= _INT32_MAX:
+    if ptr(kernel_sf) % kernel_sf.element_size() or not 0 < kernel_sf.stride(0) <= _INT32_MAX:
         raise fail(op, f"x[1] (sf) strides {tuple(x[1].stride())} or its pointer are not usable; pass a freshly "
                        "allocated sf")
     return data, kernel_sf, layout, hidden
@@ -106,7 +108,7 @@ def _kernel_input(x: torch.Tensor) -> torch.Tensor:
     per_vector = 16 // x.element_size()
     stride = x.stride(0)
     rows_ok = x.size(0) <= 1 or 0 < stride <= _INT32_MAX and stride % per_vector == 0
-    if (x.stride(1) == 1 or x.size(1) <= 1) and rows_ok and x.data_ptr() % 16 == 0:
+    if (x.stride(1) == 1 or x.size(1) <= 1) and rows_ok and ptr(x) % 16 == 0:
         return x
     return x.clone(memory_format=torch.contiguous_format)
 
@@ -170,7 +172,7 @@ def _precomputed_layout(op: str, sf: Any, tokens: int, hidden: int, group: int, 
             if col else "[tokens, groups]"
         raise fail(op, f"sf has shape {tuple(sf.shape)}; it must be {how} = {want} for x of {tokens} x {hidden} "
                        f"values and {group} channels per scale")
-    if (sf.stride(1) != 1 and sf.size(1) > 1) or sf.data_ptr() % 4 or not 0 <= sf.stride(0) <= _INT32_MAX:
+    if (sf.stride(1) != 1 and sf.size(1) > 1) or ptr(sf) % 4 or not 0 <= sf.stride(0) <= _INT32_MAX:
         raise fail(op, f"sf must have unit stride along its last dim (got strides {tuple(sf.stride())}); "
                        "pass sf.contiguous()")
     return SfLayout((1, group), col, False)
@@ -214,7 +216,7 @@ class _Plain:
             raw_sf = self.layout.alloc(tokens, self.hidden, device)
         if tokens and self.hidden:
             # contiguous and 16-byte aligned: what _kernel_input passes through as is (hidden % 16 == 0)
-            x_in = x if x.is_contiguous() and not x.data_ptr() & 15 else _kernel_input(x)
+            x_in = x if x.is_contiguous() and not ptr(x) & 15 else _kernel_input(x)
             fn = self.fn
             if fn is None:
                 fn = self.fn = launcher(_KERNEL["cast"], **self.key)
@@ -277,6 +279,9 @@ def per_token_cast(
     A plain ``x`` whose configuration (dtype, dim, hidden, device, fmt, ``num_per_channels`` and
     the flags, with their types) passed the checks before skips them (a dict lookup): only the
     token count, the row layout (copy or not) and the pointer are read per call."""
+    if is_compiling() and not TRACING.on:
+        return traced("per_token_cast", x, fmt, num_per_channels, x_block_size, use_tma_aligned_col_major_sf,
+                      round_sf, use_packed_ue8m0)
     if fmt == "e5m6":
         if x_block_size is not None:
             raise fail("per_token_cast", f"x_block_size={x_block_size!r} is not supported with fmt='e5m6' "
@@ -312,6 +317,9 @@ def per_token_cast_with_sf_only(
     use_packed_ue8m0: bool = False,
 ) -> torch.Tensor:
     """The scales :func:`per_token_cast` would return for a bf16/fp32 ``x``, without the cast."""
+    if is_compiling() and not TRACING.on:
+        return traced("per_token_cast_with_sf_only", x, fmt, num_per_channels, x_block_size,
+                      use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0)
     return _run("per_token_cast_with_sf_only", "sf_only", x, fmt, num_per_channels, x_block_size,
                 use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0)
 
@@ -328,8 +336,42 @@ def per_token_cast_with_precomputed_sf(
 ) -> torch.Tensor:
     """Cast bf16/fp32 ``x`` with given fp32 scales ``sf`` (one per token and group): returns
     ``out`` = ``fmt`` of ``x * (1 / sf)`` (see the module docstring for ``sf``'s layout)."""
+    if is_compiling() and not TRACING.on:
+        return traced("per_token_cast_with_precomputed_sf", x, fmt, num_per_channels, sf, x_block_size,
+                      use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0)
     return _run("per_token_cast_with_precomputed_sf", "precomputed", x, fmt, num_per_channels, x_block_size,
                 use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0, sf=sf)
 
+
+def pair_to_schema(x: Any, *rest: Any) -> tuple:
+    """A ``(data, sf)`` input as the schema's ``x, x_sf`` (a plain tensor: ``x, None``)."""
+    data, x_sf = (x[0], x[1]) if isinstance(x, tuple) and len(x) == 2 else (x, None)
+    return (data, x_sf, *rest)
+
+
+def pair_to_public(x: torch.Tensor, x_sf: Optional[torch.Tensor], *rest: Any) -> tuple:
+    """The schema's ``x, x_sf`` as the public input: ``(x, x_sf)``, or ``x`` when x_sf is None."""
+    return ((x, x_sf) if x_sf is not None else x, *rest)
+
+
+def _cast_checked(x: Any, fmt: Any, num_per_channels: Any, x_block_size: Any, col: Any, rnd: Any, packed: Any) -> Any:
+    """per_token_cast without its memo (the fake implementation)."""
+    if fmt == "e5m6":
+        return per_token_cast(x, fmt, num_per_channels, x_block_size, col, rnd, packed)
+    return _run("per_token_cast", "cast", x, fmt, num_per_channels, x_block_size, col, rnd, packed)
+
+
+_FLAGS = "bool use_tma_aligned_col_major_sf=False, bool round_sf=False, bool use_packed_ue8m0=False"
+TORCH_OPS = (
+    TorchOp("per_token_cast", f"(Tensor x, Tensor? x_sf, str fmt, int num_per_channels, int[]? x_block_size=None, "
+                              f"{_FLAGS}) -> (Tensor, Tensor)",
+            per_token_cast, _cast_checked, pair_to_schema, pair_to_public),
+    TorchOp("per_token_cast_with_sf_only", f"(Tensor x, str fmt, int num_per_channels, int[]? x_block_size=None, "
+                                           f"{_FLAGS}) -> Tensor",
+            per_token_cast_with_sf_only),
+    TorchOp("per_token_cast_with_precomputed_sf", f"(Tensor x, str fmt, int num_per_channels, Tensor sf, "
+                                                  f"int[]? x_block_size=None, {_FLAGS}) -> Tensor",
+            per_token_cast_with_precomputed_sf),
+)
 
 __all__ = ["per_token_cast", "per_token_cast_with_precomputed_sf", "per_token_cast_with_sf_only"]

@@ -25,10 +25,13 @@ import math
 from typing import Any, Optional
 
 import torch
+from torch.compiler import is_compiling
 
-from .._common import (aligned_input, check_aligned, check_cuda, check_flag, check_float32, check_tensor, fail,
+from .._common import (TRACING, aligned_input, check_aligned, check_cuda, check_flag, check_float32, check_tensor, fail,
                        launcher, typed_key)
 from ..config import get_num_sms
+from .._torch import TorchOp, traced
+from ._per_token import pair_to_public, pair_to_schema
 from ._sf import SfLayout, check_fmt, output_layout
 
 QuantTensor = tuple[torch.Tensor, torch.Tensor]
@@ -50,6 +53,8 @@ _FAST_MAX = 256  # memoized swiglu_forward_and_per_token_cast configurations
 def _dummy(device: torch.device, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
     """A stand-in for an absent optional tensor (never read by the kernel)."""
     key = typed_key(device, dtype, shape)
+    if TRACING.on:  # fake tensors: never cached (a fake stand-in must not reach a real launch)
+        return torch.zeros(shape, dtype=dtype, device=device)
     t = _DUMMIES.get(key)
     if t is None:
         t = _DUMMIES[key] = torch.zeros(shape, dtype=dtype, device=device)
@@ -188,6 +193,10 @@ def swiglu_forward_and_per_token_cast(
     types) passed the checks before skips them (a dict lookup): per call only the row count, x's
     contiguity and alignment, and the clamp values (None or a float) are read.
     """
+    if is_compiling() and not TRACING.on:
+        return traced("swiglu_forward_and_per_token_cast", x, fmt, num_per_channels, pos_to_token_topk,
+                      topk_weights, pos_to_expert, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0,
+                      swiglu_clamp_value, clamped_count, sf_clamp_min)
     if pos_to_token_topk is None and topk_weights is None and pos_to_expert is None and clamped_count is None:
         try:  # types too: True == 1 == 1.0 hash alike, but the checks take bools and ints only
             key = typed_key(x.dtype, x.dim(), x.shape[-1], x.device, fmt, num_per_channels,
@@ -304,6 +313,9 @@ def swiglu_backward_and_per_token_cast(
     ``[rows, 2h]`` with fp32 ``[rows, 2h / npc]`` scales, bf16 ``[rows, 2h]``, fp32
     ``[tokens, topk]``.
     """
+    if is_compiling() and not TRACING.on:
+        return traced("swiglu_backward_and_per_token_cast", x, grad_out, weight, pos_to_token_topk,
+                      token_topk_to_pos, num_per_channels, round_sf, swiglu_clamp_value)
     op = "swiglu_backward_and_per_token_cast"
     if isinstance(num_per_channels, bool) or not isinstance(num_per_channels, int) or num_per_channels not in (32, 128):
         raise fail(op, f"num_per_channels={num_per_channels!r} is not supported; supported: 32, 128")
@@ -360,6 +372,9 @@ def swiglu_forward_and_per_channel_cast_and_transpose(
     ``(out, out_sf)``: e4m3 ``[h, tokens]`` (or ``[tokens, h]`` with ``without_transpose``) and
     fp32 ``[tokens / num_per_tokens, h]``.
     """
+    if is_compiling() and not TRACING.on:
+        return traced("swiglu_forward_and_per_channel_cast_and_transpose", x, fmt, num_per_tokens, round_sf,
+                      without_transpose, swiglu_clamp_value)
     op = "swiglu_forward_and_per_channel_cast_and_transpose"
     check_fmt(op, fmt, ("e4m3",))
     check_tensor(op, "x", x, (torch.bfloat16,), 2)
@@ -383,6 +398,29 @@ def swiglu_forward_and_per_channel_cast_and_transpose(
         launcher(_CHANNEL, num_per_tokens=num_per_tokens, transpose=transpose)(x, out, out_sf, clamp, int(round_sf))
     return out, out_sf
 
+
+def _bwd_result(result: Any) -> tuple:
+    out, (x_grad_fp8, x_grad_sf), x_grad, weight_grad = result
+    return out, x_grad_fp8, x_grad_sf, x_grad, weight_grad
+
+
+TORCH_OPS = (
+    TorchOp("swiglu_forward_and_per_token_cast",
+            "(Tensor x, str fmt, int num_per_channels, Tensor? pos_to_token_topk=None, Tensor? topk_weights=None, "
+            "Tensor? pos_to_expert=None, bool use_tma_aligned_col_major_sf=False, bool round_sf=False, "
+            "bool use_packed_ue8m0=False, float? swiglu_clamp_value=None, Tensor(a!)? clamped_count=None, "
+            "float? sf_clamp_min=None) -> (Tensor, Tensor)",
+            swiglu_forward_and_per_token_cast, lambda *a: _forward_checked(*a, None)),
+    TorchOp("swiglu_backward_and_per_token_cast",
+            "(Tensor x, Tensor x_sf, Tensor grad_out, Tensor weight, Tensor pos_to_token_topk, Tensor token_topk_to_pos, "
+            "int num_per_channels, bool round_sf=False, float? swiglu_clamp_value=None) "
+            "-> (Tensor, Tensor, Tensor, Tensor, Tensor)",
+            swiglu_backward_and_per_token_cast, to_schema=pair_to_schema, to_public=pair_to_public,
+            result_to_schema=_bwd_result, result_to_public=lambda r: (r[0], (r[1], r[2]), r[3], r[4])),
+    TorchOp("swiglu_forward_and_per_channel_cast_and_transpose",
+            "(Tensor x, str fmt, int num_per_tokens, bool round_sf=False, bool without_transpose=False, "
+            "float? swiglu_clamp_value=None) -> (Tensor, Tensor)", swiglu_forward_and_per_channel_cast_and_transpose),
+)
 
 __all__ = [
     "swiglu_backward_and_per_token_cast",
