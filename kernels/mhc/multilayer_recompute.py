@@ -25,10 +25,13 @@ Parameters, in order: ``initial_residual`` bf16 ``[n, M, hidden]`` (contiguous),
 Every product and sum is rounded to fp32 on its own (no FMA), in the order written (j ascending),
 so a float32 torch loop in the same order is bit-exact.
 
-Design: one thread per 8 consecutive hidden elements of one token (16-byte bf16 vectors), its
-``M x 8`` residual in registers across all layers: the residual is read once and each layer
-costs one read of its output and the writes, the minimum traffic.  The token's mixes are read
-by every thread of the token (L1 hits).  ``hidden % 8 == 0``; ``M`` is compile-time.
+Design: one thread per 8 consecutive hidden elements of one token (16-byte bf16 vectors).  Its
+``M x 8`` residual stays in registers across all layers, as bf16 (it is exactly bf16 after each
+layer): the residual is read once and each layer costs one read of its output plus the writes,
+the minimum traffic.  The next layer's output vector is loaded before the current layer's math
+(the op guarantees outputs overlap no input), so a load is in flight while a thread computes;
+``M <= 4`` caps registers at 128 (two 256-thread blocks per SM).  The token's mixes are read by
+every thread of the token (L1 hits).  ``hidden % 8 == 0``; ``M`` is compile-time.
 """
 
 # No ``from __future__ import annotations``: TileLang evaluates the PrimFunc's tensor
