@@ -21,7 +21,7 @@ def _excess(out: torch.Tensor, ref: torch.Tensor, bound: torch.Tensor) -> tuple[
 def assert_bf16_close(out: torch.Tensor, ref: torch.Tensor, terms_abs: torch.Tensor, what: str = "") -> None:
     """``out`` (bf16) against the float64 ``ref``; ``terms_abs`` the absolute sum of the terms."""
     assert out.dtype == torch.bfloat16 and out.shape == ref.shape, (what, out.dtype, out.shape, ref.shape)
-    out, ref, terms_abs = out.cpu(), ref.cpu().to(torch.float64), terms_abs.cpu().to(torch.float64)
+    out, ref, terms_abs = out.detach().cpu(), ref.detach().cpu().to(torch.float64), terms_abs.detach().cpu().to(torch.float64)
     bound = ref.abs() * 2.0**-8 + terms_abs * 2.0**-20 + 2.0**-130
     worst, nbad = _excess(out, ref, bound)
     assert nbad == 0, f"{what}: {nbad} of {out.numel()} values off the float64 reference (worst excess {worst:.3g})"
@@ -31,7 +31,7 @@ def assert_fp32_close(out: torch.Tensor, ref: torch.Tensor, terms_abs: torch.Ten
                       rel: float = 2.0**-16) -> None:
     """``out`` (fp32) against the float64 ``ref`` within ``rel`` of the terms' absolute sum."""
     assert out.dtype == torch.float32 and out.shape == ref.shape, (what, out.dtype, out.shape, ref.shape)
-    out, ref, terms_abs = out.cpu(), ref.cpu().to(torch.float64), terms_abs.cpu().to(torch.float64)
+    out, ref, terms_abs = out.detach().cpu(), ref.detach().cpu().to(torch.float64), terms_abs.detach().cpu().to(torch.float64)
     bound = terms_abs * rel + ref.abs() * 2.0**-23 + 2.0**-130
     worst, nbad = _excess(out, ref, bound)
     assert nbad == 0, f"{what}: {nbad} of {out.numel()} values off the float64 reference (worst excess {worst:.3g})"
