@@ -21,7 +21,8 @@ def _excess(out: torch.Tensor, ref: torch.Tensor, bound: torch.Tensor) -> tuple[
 def assert_bf16_close(out: torch.Tensor, ref: torch.Tensor, terms_abs: torch.Tensor, what: str = "") -> None:
     """``out`` (bf16) against the float64 ``ref``; ``terms_abs`` the absolute sum of the terms."""
     assert out.dtype == torch.bfloat16 and out.shape == ref.shape, (what, out.dtype, out.shape, ref.shape)
-    out, ref, terms_abs = out.detach().cpu(), ref.detach().cpu().to(torch.float64), terms_abs.detach().cpu().to(torch.float64)
+    dev = out.device  # compared where the result lives (GPU-sized tensors stay on the GPU)
+    out, ref, terms_abs = out.detach(), ref.detach().to(dev, torch.float64), terms_abs.detach().to(dev, torch.float64)
     bound = ref.abs() * 2.0**-8 + terms_abs * 2.0**-20 + 2.0**-130
     worst, nbad = _excess(out, ref, bound)
     assert nbad == 0, f"{what}: {nbad} of {out.numel()} values off the float64 reference (worst excess {worst:.3g})"
@@ -31,7 +32,8 @@ def assert_fp32_close(out: torch.Tensor, ref: torch.Tensor, terms_abs: torch.Ten
                       rel: float = 2.0**-16) -> None:
     """``out`` (fp32) against the float64 ``ref`` within ``rel`` of the terms' absolute sum."""
     assert out.dtype == torch.float32 and out.shape == ref.shape, (what, out.dtype, out.shape, ref.shape)
-    out, ref, terms_abs = out.detach().cpu(), ref.detach().cpu().to(torch.float64), terms_abs.detach().cpu().to(torch.float64)
+    dev = out.device  # compared where the result lives (GPU-sized tensors stay on the GPU)
+    out, ref, terms_abs = out.detach(), ref.detach().to(dev, torch.float64), terms_abs.detach().to(dev, torch.float64)
     bound = terms_abs * rel + ref.abs() * 2.0**-23 + 2.0**-130
     worst, nbad = _excess(out, ref, bound)
     assert nbad == 0, f"{what}: {nbad} of {out.numel()} values off the float64 reference (worst excess {worst:.3g})"
@@ -40,7 +42,7 @@ def assert_fp32_close(out: torch.Tensor, ref: torch.Tensor, terms_abs: torch.Ten
 def assert_bitwise(out: torch.Tensor, ref: torch.Tensor, what: str = "") -> None:
     """Same dtype, shape and bits."""
     assert out.dtype == ref.dtype and out.shape == ref.shape, (what, out.dtype, ref.dtype, out.shape, ref.shape)
-    a, b = out.cpu().contiguous(), ref.cpu().contiguous()
+    a, b = out.detach().contiguous(), ref.detach().to(out.device).contiguous()
     if a.dtype.is_floating_point:
         bits = {2: torch.int16, 4: torch.int32, 8: torch.int64}[a.element_size()]
         a, b = a.view(bits), b.view(bits)

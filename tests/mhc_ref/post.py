@@ -46,3 +46,38 @@ def post_bwd(grad: torch.Tensor, x: torch.Tensor, residual: torch.Tensor, post_m
         "post_mix": ((g * x.unsqueeze(-2)).sum(-1, keepdim=True), (ga * xa.unsqueeze(-2)).sum(-1, keepdim=True)),
         "comb": (torch.einsum("...mi,...ni->...mn", r, g), torch.einsum("...mi,...ni->...mn", ra, ga)),
     }
+
+
+def post_emulated(x: torch.Tensor, residual: torch.Tensor, post_mix: torch.Tensor, comb: torch.Tensor) -> torch.Tensor:
+    """The forward kernel's bits: per output stream ``n``, ``acc = post_n * x`` (fp32), then
+    ``acc = fma(comb[m, n], residual[m], acc)`` for ``m`` in order, ``bf16(acc)``."""
+    from .apply_mix import fma32
+
+    m = residual.shape[-2]
+    xf, p, c = x.to(torch.float32), post_mix.to(torch.float32), comb.to(torch.float32)
+    outs = []
+    for n in range(m):
+        acc = p[..., n, :] * xf
+        for k in range(m):
+            acc = fma32(c[..., k, n:n + 1], residual[..., k, :], acc)
+        outs.append(acc.to(torch.bfloat16))
+    return torch.stack(outs, dim=-2)
+
+
+def post_bwd_emulated(grad: torch.Tensor, post_mix: torch.Tensor, comb: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The backward kernel's bf16 bits ``(grad_x, grad_residual)``: fp32 chains over the output
+    streams ``n`` in order (a product, then fused multiply-adds), one bf16 rounding."""
+    from .apply_mix import fma32
+
+    m = grad.shape[-2]
+    g, p, c = grad, post_mix.to(torch.float32), comb.to(torch.float32)
+    gx = p[..., 0, :] * g[..., 0, :].to(torch.float32)
+    for n in range(1, m):
+        gx = fma32(p[..., n, :], g[..., n, :], gx)
+    rows = []
+    for k in range(m):
+        acc = c[..., k, 0:1] * g[..., 0, :].to(torch.float32)
+        for n in range(1, m):
+            acc = fma32(c[..., k, n:n + 1], g[..., n, :], acc)
+        rows.append(acc.to(torch.bfloat16))
+    return gx.to(torch.bfloat16), torch.stack(rows, dim=-2)

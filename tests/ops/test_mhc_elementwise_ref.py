@@ -80,3 +80,22 @@ def test_apply_mix_emulated_grad_x_is_one_rounding(mhc):
     got = aref.apply_mix_grad_x_emulated(g, mix)
     want = aref.apply_mix_bwd(g, torch.zeros(5, mhc, 32), mix)[0]
     assert_bf16_close(got, want, want.abs())
+
+
+@pytest.mark.parametrize("mhc", [2, 4, 8])
+def test_emulated_kernel_bits_are_within_the_bounds(mhc):
+    """The bit-level emulations the GPU tests compare against agree with the float64 definitions."""
+    x, r = _r(3, 64).to(torch.bfloat16), _r(3, mhc, 64, seed=1).to(torch.bfloat16)
+    p, c = _r(3, mhc, 1, seed=2).float(), _r(3, mhc, mhc, seed=3).float()
+    assert_bf16_close(pref.post_emulated(x, r, p, c), pref.post(x, r, p, c), pref.post_terms_abs(x, r, p, c))
+    g = _r(3, mhc, 64, seed=4).to(torch.bfloat16)
+    gx, gr = pref.post_bwd_emulated(g, p, c)
+    want = pref.post_bwd(g, x, r, p, c)
+    assert_bf16_close(gx, *want["x"])
+    assert_bf16_close(gr, *want["residual"])
+    assert_bf16_close(aref.apply_mix_emulated(r, p), aref.apply_mix(r, p), aref.apply_mix_terms_abs(r, p))
+    old = _r(3, mhc, 64, seed=5).to(torch.bfloat16)
+    gi = _r(3, 64, seed=6).to(torch.bfloat16)
+    acc = aref.apply_mix_grad_x_acc_emulated(gi, p, old)
+    exact = aref.apply_mix_bwd(gi, r, p)[0] + old.double()
+    assert_bf16_close(acc, exact, exact.abs() + old.double().abs())
