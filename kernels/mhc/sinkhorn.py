@@ -10,7 +10,9 @@ Semantics (tile_kernels 1.0.0 ``sinkhorn_normalize``), per matrix ``x`` with ``r
         P = P / (column sums of P + eps)        even steps
 
 i.e. ``2 * repeat - 1`` normalisation steps after the softmax.  Sums run in index order
-(fp32), divisions are IEEE (no fast math).
+(fp32); a step divides once per row or column (IEEE ``1 / (sum + eps)``, no fast math) and
+multiplies the elements by it (one more rounding than a division per element: well inside fp32
+accuracy, and M times fewer divisions).
 
 Forward ``(x, out, repeat, eps)``: x and out fp32 ``[num_tokens, M, M]`` contiguous.
 
@@ -19,8 +21,9 @@ with ``steps = 2 * repeat - 1`` (the step count comes from its shape).  The kern
 forward, keeping only each step's divisor sums in ``work`` (M floats per step instead of the
 M * M intermediates), then walks the steps backwards: with ``Q`` the step's output,
 ``d = sum + eps`` and ``g`` the incoming gradient, a step's input gradient is
-``(g - sum(g * Q)) / d`` (sums along the normalised axis) and its input is ``Q * d``, so the
-intermediates are rebuilt from the final matrix on the way back.  The softmax's gradient uses
+``(g - sum(g * Q)) * (1 / d)`` (sums along the normalised axis) and its input is ``Q * d``, so
+the intermediates are rebuilt from the final matrix on the way back (the next step's sums are
+loaded while a step is undone).  The softmax's gradient uses
 the softmax recomputed from ``x`` (``(g - sum_row(g * S)) * S``).
 
 Design: one thread per matrix (``M * M`` fp32 in registers, 16-byte vector loads and stores),
@@ -60,6 +63,7 @@ def sinkhorn_fwd(mhc_mult: int):
             tid = T.get_thread_binding()
             p = T.alloc_local((mm,), "float32")
             s = T.alloc_local((m,), "float32")
+            q = T.alloc_local((m,), "float32")  # 1 / (sum + eps): one division per row or column
             if bx * THREADS + tid < n:
                 for c in T.unroll(mm // v):
                     for i in T.vectorized(v):
@@ -85,17 +89,21 @@ def sinkhorn_fwd(mhc_mult: int):
                             s[j] = p[j]
                             for r in T.unroll(m - 1):
                                 s[j] = s[j] + p[(r + 1) * m + j]
+                        for j in T.unroll(m):
+                            q[j] = T.float32(1) / (s[j] + eps)
                         for r in T.unroll(m):
                             for j in T.unroll(m):
-                                p[r * m + j] = p[r * m + j] / (s[j] + eps)
+                                p[r * m + j] = p[r * m + j] * q[j]
                     else:  # rows
                         for r in T.unroll(m):
                             s[r] = p[r * m]
                             for j in T.unroll(m - 1):
                                 s[r] = s[r] + p[r * m + j + 1]
                         for r in T.unroll(m):
+                            q[r] = T.float32(1) / (s[r] + eps)
+                        for r in T.unroll(m):
                             for j in T.unroll(m):
-                                p[r * m + j] = p[r * m + j] / (s[r] + eps)
+                                p[r * m + j] = p[r * m + j] * q[r]
                 for c in T.unroll(mm // v):
                     for i in T.vectorized(v):
                         T.Tensor((n, mm), "float32", out.data)[bx * THREADS + tid, c * v + i] = p[c * v + i]
@@ -124,7 +132,9 @@ def sinkhorn_bwd(mhc_mult: int):
             p = T.alloc_local((mm,), "float32")
             g = T.alloc_local((mm,), "float32")
             s = T.alloc_local((m,), "float32")
-            d = T.alloc_local((m,), "float32")
+            q = T.alloc_local((m,), "float32")  # 1 / (sum + eps): one division per row or column
+            d = T.alloc_local((m,), "float32")  # sum + eps of the step being undone
+            e = T.alloc_local((m,), "float32")  # its reciprocal
             if bx * THREADS + tid < n:
                 # ---- forward again, keeping every step's sums
                 for c in T.unroll(mm // v):
@@ -150,17 +160,21 @@ def sinkhorn_bwd(mhc_mult: int):
                             s[j] = p[j]
                             for r in T.unroll(m - 1):
                                 s[j] = s[j] + p[(r + 1) * m + j]
+                        for j in T.unroll(m):
+                            q[j] = T.float32(1) / (s[j] + eps)
                         for r in T.unroll(m):
                             for j in T.unroll(m):
-                                p[r * m + j] = p[r * m + j] / (s[j] + eps)
+                                p[r * m + j] = p[r * m + j] * q[j]
                     else:
                         for r in T.unroll(m):
                             s[r] = p[r * m]
                             for j in T.unroll(m - 1):
                                 s[r] = s[r] + p[r * m + j + 1]
                         for r in T.unroll(m):
+                            q[r] = T.float32(1) / (s[r] + eps)
+                        for r in T.unroll(m):
                             for j in T.unroll(m):
-                                p[r * m + j] = p[r * m + j] / (s[r] + eps)
+                                p[r * m + j] = p[r * m + j] * q[r]
                     for c in T.unroll(m // vs):
                         for i in T.vectorized(vs):
                             work[k, bx * THREADS + tid, c * vs + i] = s[c * vs + i]
@@ -168,12 +182,18 @@ def sinkhorn_bwd(mhc_mult: int):
                 for c in T.unroll(mm // v):
                     for i in T.vectorized(v):
                         g[c * v + i] = T.Tensor((n, mm), "float32", grad_out.data)[bx * THREADS + tid, c * v + i]
+                for c in T.unroll(m // vs):
+                    for i in T.vectorized(vs):
+                        q[c * vs + i] = work[steps - 1, bx * THREADS + tid, c * vs + i]
                 for kk in T.serial(steps):
-                    for c in T.unroll(m // vs):
-                        for i in T.vectorized(vs):
-                            s[c * vs + i] = work[steps - 1 - kk, bx * THREADS + tid, c * vs + i]
                     for i in T.unroll(m):
-                        d[i] = s[i] + eps
+                        d[i] = q[i] + eps
+                    if kk + 1 < steps:  # the next step's sums: in flight during this step's math
+                        for c in T.unroll(m // vs):
+                            for i in T.vectorized(vs):
+                                q[c * vs + i] = work[steps - 2 - kk, bx * THREADS + tid, c * vs + i]
+                    for i in T.unroll(m):
+                        e[i] = T.float32(1) / d[i]
                     if (steps - 1 - kk) % 2 == 0:  # a column step: sums over rows
                         for j in T.unroll(m):
                             s[j] = g[j] * p[j]
@@ -181,7 +201,7 @@ def sinkhorn_bwd(mhc_mult: int):
                                 s[j] = s[j] + g[(r + 1) * m + j] * p[(r + 1) * m + j]
                         for r in T.unroll(m):
                             for j in T.unroll(m):
-                                g[r * m + j] = (g[r * m + j] - s[j]) / d[j]
+                                g[r * m + j] = (g[r * m + j] - s[j]) * e[j]
                                 p[r * m + j] = p[r * m + j] * d[j]
                     else:  # a row step
                         for r in T.unroll(m):
@@ -190,7 +210,7 @@ def sinkhorn_bwd(mhc_mult: int):
                                 s[r] = s[r] + g[r * m + j + 1] * p[r * m + j + 1]
                         for r in T.unroll(m):
                             for j in T.unroll(m):
-                                g[r * m + j] = (g[r * m + j] - s[r]) / d[r]
+                                g[r * m + j] = (g[r * m + j] - s[r]) * e[r]
                                 p[r * m + j] = p[r * m + j] * d[r]
                 # ---- through the softmax, recomputed from x
                 for c in T.unroll(mm // v):

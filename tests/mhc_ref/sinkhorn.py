@@ -8,9 +8,9 @@
     repeat - 1 times:  P = P / (P.sum(-1) + eps);  P = P / (P.sum(-2) + eps)
 
 ``sinkhorn_fwd_emulated`` / ``sinkhorn_bwd_emulated`` run the kernels' algorithm in fp32 torch
-(sums in index order; the backward keeps each step's sums only, rebuilds every intermediate from
-the final matrix on the way back and recomputes the softmax), so the CPU tests can show that
-algorithm matches float64 autograd of the definition.
+(sums in index order, one reciprocal per row or column; the backward keeps each step's sums
+only, rebuilds every intermediate from the final matrix on the way back and recomputes the
+softmax), so the CPU tests can show that algorithm matches float64 autograd of the definition.
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ def sinkhorn_fwd_emulated(x: torch.Tensor, repeat: int, eps: float) -> torch.Ten
     p = _softmax32(x.float()) + eps
     for k in range(2 * repeat - 1):
         dim = -2 if k % 2 == 0 else -1
-        p = p / (_seq_sum(p, dim) + eps)
+        p = p * (1 / (_seq_sum(p, dim) + eps))
     return p
 
 
@@ -59,11 +59,11 @@ def sinkhorn_bwd_emulated(grad: torch.Tensor, x: torch.Tensor, repeat: int, eps:
         dim = -2 if k % 2 == 0 else -1
         s = _seq_sum(p, dim)
         sums.append((s, dim))
-        p = p / (s + eps)
+        p = p * (1 / (s + eps))
     g = grad.float()
     for s, dim in reversed(sums):
         d = s + eps
-        g = (g - _seq_sum(g * p, dim)) / d
+        g = (g - _seq_sum(g * p, dim)) * (1 / d)
         p = p * d
     sm = _softmax32(x.float())
     return (g - _seq_sum(g * sm, -1)) * sm
