@@ -71,8 +71,9 @@ def _post_fwd(x, residual, post_mix, comb_mix, out):
 
 def _post_bwd(grad_out, x, residual, post_mix, comb_mix, grad_x, grad_residual, grad_post_mix, grad_comb_mix):
     g, r = grad_out.double(), residual.double()
-    grad_x.copy_((post_mix.double().unsqueeze(-1) * g).sum(1).to(BF16))
-    grad_residual.copy_(torch.einsum("tmn,tni->tmi", comb_mix.double(), g).to(BF16))
+    gx, gr = pref.post_bwd_emulated(grad_out, post_mix.unsqueeze(-1), comb_mix)
+    grad_x.copy_(gx)
+    grad_residual.copy_(gr)
     grad_post_mix.copy_((g * x.double().unsqueeze(1)).sum(-1).float())
     grad_comb_mix.copy_(torch.einsum("tmi,tni->tmn", r, g).float())
 
