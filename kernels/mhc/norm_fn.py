@@ -2,7 +2,7 @@
 
 ``residual_flat`` is bf16 ``[num_tokens, K]`` (``K = mhc_mult * hidden``, the flattened
 streams), ``fn`` fp32 ``[N, K]`` (``N = mhc_mult * (mhc_mult + 2)``: 24 for mhc_mult 4).  Every
-extent (tokens, K, number of splits) is a run-time symbol; the compile-time key is ``mult``
+extent (tokens, K, number of splits) is a run-time symbol; the compile-time key is ``mhc_mult``
 (which fixes N).  K must be a multiple of ``KB`` = 128.
 
 Numerics (the order the op layer and the tests rely on):
@@ -35,10 +35,13 @@ Kernels of this file:
 * ``mhc.norm_fn_fwd_norm``: one thread per ``(token, j)``; writes ``out``, and ``out_mul`` /
   ``sqrsum`` (the saved statistics for backward).
 * ``mhc.norm_fn_bwd_norm``: one thread per ``(token, j)``.
-* ``mhc.norm_fn_bwd_mul``: one block per 128 columns looping over all tokens in blocks of 64:
-  ``d fn`` needs no cross-block reduction (deterministic), ``d x`` is written once.
-* ``mhc.norm_fn_weight_bwd``: ``d fn = d fn_eff * w``, ``d w = sum_n d fn_eff[n] * fn[n]``,
-  added to the targets when ``accumulate == 1`` (the ``main_grad`` convention).
+* ``mhc.norm_fn_bwd_mul``: grid ``(K / 128, S_t)``: block ``(c, s)`` takes 128 columns and the
+  token blocks (64 tokens each) ``[s * ntb // S_t, (s + 1) * ntb // S_t)``; it writes ``d x`` of
+  its tiles once and its split's ``g_mul.T @ x`` to ``fn_grad_part[s]`` (no atomics).
+* ``mhc.norm_fn_grad_reduce``: one thread per column: ``d fn_eff = sum_s fn_grad_part[s]`` in
+  split order; then ``d fn = d fn_eff * w`` and ``d w = sum_n d fn_eff[n] * fn[n]`` (rows in
+  order) with a norm weight, else ``d fn = d fn_eff``; added to the targets when
+  ``accumulate == 1`` (the ``main_grad`` convention).
 """
 
 # No ``from __future__ import annotations``: TileLang evaluates the PrimFunc's tensor
@@ -51,21 +54,30 @@ from .._declare import KernelDecl
 KB = 128  # columns per pipeline step (K must be a multiple)
 TB = 128  # tokens per block of the forward GEMM (8 consumer warps, 16 rows each)
 FWD_THREADS = 256  # consumer threads of the forward GEMM (TileLang adds a TMA producer warpgroup)
-FWD_STAGES = 4
 TB_BWD = 64  # tokens per step of the backward GEMM
-NP = 32  # N padded for the MMA (N <= 32)
+MAX_N = 80  # mhc_mult 8
 THREADS = 128
 EW = 256  # threads of the element-wise kernels
-MULTS = (4, 2)
+MULTS = (4, 2, 8)
 PASS_CONFIGS = {"tl.disable_wgmma": True, "tl.disable_warp_specialized": True}
 GEMM_PASS_CONFIGS = {"tl.disable_wgmma": True}
 
 
 def _n_of(mult: int) -> int:
     n = mult * (mult + 2)
-    if n > NP:
-        raise ValueError(f"mhc.norm_fn: mult={mult} gives N={n} > {NP}")
+    if n > MAX_N:
+        raise ValueError(f"mhc.norm_fn: mhc_mult={mult} gives N={n} > {MAX_N}")
     return n
+
+
+def _n_pad(n: int) -> int:
+    """N rounded up to a multiple of 16 (the backward's MMA tiles; padded rows are zeros)."""
+    return -(-n // 16) * 16
+
+
+def _fwd_stages(n: int) -> int:
+    """Pipeline depth of the forward: 4 stages of (32 KB x + N * 512 B fn) fit up to N = 32."""
+    return 4 if n <= 32 else 3
 
 
 def _tf32(v):
@@ -100,9 +112,9 @@ def norm_fn_prep():
     return main
 
 
-def norm_fn_fwd_mul(mult: int):
+def norm_fn_fwd_mul(mhc_mult: int):
     """Split-K partials of ``x @ fn_eff.T`` and of ``sum x**2``."""
-    n = _n_of(mult)
+    n = _n_of(mhc_mult)
     num_tokens, k_cols, n_splits = T.dynamic("num_tokens"), T.dynamic("mhc_hidden"), T.dynamic("n_splits")
 
     @T.prim_func
@@ -121,7 +133,7 @@ def norm_fn_fwd_mul(mult: int):
             nkb = k_cols // KB
             kb_lo = bs * nkb // n_splits
             kb_hi = (bs + 1) * nkb // n_splits
-            for kb in T.Pipelined(kb_lo, kb_hi, num_stages=FWD_STAGES):
+            for kb in T.Pipelined(kb_lo, kb_hi, num_stages=_fwd_stages(n)):
                 x_s = T.alloc_shared((TB, KB), "bfloat16")
                 f_s = T.alloc_shared((n, KB), "float32")
                 x_h = T.alloc_fragment((TB, KB), "bfloat16")
@@ -146,9 +158,9 @@ def norm_fn_fwd_mul(mult: int):
     return main
 
 
-def norm_fn_fwd_norm(mult: int):
+def norm_fn_fwd_norm(mhc_mult: int):
     """Sum the split partials in split order, ``out = mul * rsqrt(sq / K + eps)``."""
-    n = _n_of(mult)
+    n = _n_of(mhc_mult)
     num_tokens, n_splits = T.dynamic("num_tokens"), T.dynamic("n_splits")
 
     @T.prim_func
@@ -183,9 +195,9 @@ def norm_fn_fwd_norm(mult: int):
     return main
 
 
-def norm_fn_bwd_norm(mult: int):
+def norm_fn_bwd_norm(mhc_mult: int):
     """``g_mul = tf32(g * rms)``; ``g_sq = (g . mul) * rms / (sq + eps * K) / -2``."""
-    n = _n_of(mult)
+    n = _n_of(mhc_mult)
     num_tokens = T.dynamic("num_tokens")
 
     @T.prim_func
@@ -218,10 +230,11 @@ def norm_fn_bwd_norm(mult: int):
     return main
 
 
-def norm_fn_bwd_mul(mult: int):
-    """``d fn = g_mul.T @ x``; ``d x = (d x_in + g_mul @ fn_eff) + 2 x g_sq`` (bf16)."""
-    n = _n_of(mult)
-    num_tokens, k_cols = T.dynamic("num_tokens"), T.dynamic("mhc_hidden")
+def norm_fn_bwd_mul(mhc_mult: int):
+    """``d x = (d x_in + g_mul @ fn_eff) + 2 x g_sq`` (bf16); split ``s``'s part of ``g_mul.T @ x``."""
+    n = _n_of(mhc_mult)
+    npad = _n_pad(n)
+    num_tokens, k_cols, t_splits = T.dynamic("num_tokens"), T.dynamic("mhc_hidden"), T.dynamic("t_splits")
 
     @T.prim_func
     def main(
@@ -230,27 +243,28 @@ def norm_fn_bwd_mul(mult: int):
         x: T.Tensor((num_tokens, k_cols), "bfloat16"),
         fn_eff: T.Tensor((n, k_cols), "float32"),
         x_grad: T.Tensor((num_tokens, k_cols), "bfloat16"),
-        fn_grad: T.Tensor((n, k_cols), "float32"),
+        fn_grad_part: T.Tensor((t_splits, n, k_cols), "float32"),
         accumulate: T.int32,
     ):
-        with T.Kernel(k_cols // KB, threads=THREADS) as bk:
-            f_s = T.alloc_shared((NP, KB), "float32")
+        with T.Kernel(k_cols // KB, t_splits, threads=THREADS) as (bk, bs):
+            f_s = T.alloc_shared((npad, KB), "float32")
             x_s = T.alloc_shared((TB_BWD, KB), "float32")
-            g_s = T.alloc_shared((TB_BWD, NP), "float32")
-            fg = T.alloc_fragment((NP, KB), "float32")
+            g_s = T.alloc_shared((TB_BWD, npad), "float32")
+            fg = T.alloc_fragment((npad, KB), "float32")
             xg = T.alloc_fragment((TB_BWD, KB), "float32")
             gs = T.alloc_fragment((TB_BWD,), "float32")
-            for i, j in T.Parallel(NP, KB):
+            for i, j in T.Parallel(npad, KB):
                 f_s[i, j] = T.if_then_else(i < n, fn_eff[T.min(i, n - 1), bk * KB + j], T.float32(0))
             T.clear(fg)
-            for tb in T.serial(T.ceildiv(num_tokens, TB_BWD)):
+            ntb = T.ceildiv(num_tokens, TB_BWD)
+            for tb in T.serial(bs * ntb // t_splits, (bs + 1) * ntb // t_splits):
                 t0 = tb * TB_BWD
                 for i, j in T.Parallel(TB_BWD, KB):
                     x_s[i, j] = T.if_then_else(
                         t0 + i < num_tokens,
                         T.Cast("float32", x[T.min(t0 + i, num_tokens - 1), bk * KB + j]),
                         T.float32(0))
-                for i, j in T.Parallel(TB_BWD, NP):
+                for i, j in T.Parallel(TB_BWD, npad):
                     g_s[i, j] = T.if_then_else(
                         t0 + i < num_tokens and j < n,
                         g_mul[T.min(t0 + i, num_tokens - 1), T.min(j, n - 1)],
@@ -267,49 +281,60 @@ def norm_fn_bwd_mul(mult: int):
                 for i, j in T.Parallel(TB_BWD, KB):
                     if t0 + i < num_tokens:
                         x_grad[t0 + i, bk * KB + j] = T.Cast("bfloat16", xg[i, j] + 2 * x_s[i, j] * gs[i])
-            for i, j in T.Parallel(NP, KB):
+            for i, j in T.Parallel(npad, KB):
                 if i < n:
-                    fn_grad[i, bk * KB + j] = fg[i, j]
+                    fn_grad_part[bs, i, bk * KB + j] = fg[i, j]
 
     return main
 
 
-def norm_fn_weight_bwd():
-    """``d fn = d fn_eff * w``; ``d w[k] = sum_n d fn_eff[n, k] * fn[n, k]`` (rows in order)."""
-    n_rows, k_cols = T.dynamic("n_rows"), T.dynamic("mhc_hidden")
+def norm_fn_grad_reduce():
+    """``d fn_eff = sum_s part[s]`` (split order); with ``has_weight``: ``d fn = d fn_eff * w`` and
+    ``d w[k] = sum_n d fn_eff[n, k] * fn[n, k]`` (rows in order), else ``d fn = d fn_eff``."""
+    t_splits, n_rows, k_cols, k_w = T.dynamic("t_splits"), T.dynamic("n_rows"), T.dynamic("mhc_hidden"), T.dynamic("w_len")
 
     @T.prim_func
     def main(
+        fn_grad_part: T.Tensor((t_splits, n_rows, k_cols), "float32"),
         fn: T.Tensor((n_rows, k_cols), "float32"),
-        w: T.Tensor((k_cols,), "float32"),
-        fn_eff_grad: T.Tensor((n_rows, k_cols), "float32"),
+        w: T.Tensor((k_w,), "float32"),
         fn_grad: T.Tensor((n_rows, k_cols), "float32"),
-        w_grad: T.Tensor((k_cols,), "float32"),
+        w_grad: T.Tensor((k_w,), "float32"),
+        has_weight: T.int32,
         accumulate: T.int32,
     ):
         with T.Kernel(T.ceildiv(k_cols, EW), threads=EW) as bx:
             tid = T.get_thread_binding()
             c = bx * EW + tid
             if c < k_cols:
-                wv = w[c]
+                wv = T.alloc_var("float32")
+                wv = T.float32(1)
+                if has_weight != 0:
+                    wv = w[c]
                 acc = T.alloc_var("float32")
                 acc = T.float32(0)
+                g = T.alloc_var("float32")
                 for r in T.serial(n_rows):
-                    g = fn_eff_grad[r, c]
+                    g = fn_grad_part[0, r, c]
+                    for q in T.serial(t_splits - 1):
+                        g = g + fn_grad_part[q + 1, r, c]
                     acc = acc + g * fn[r, c]
+                    if has_weight != 0:
+                        g = g * wv
                     if accumulate != 0:
-                        fn_grad[r, c] = fn_grad[r, c] + g * wv
+                        fn_grad[r, c] = fn_grad[r, c] + g
                     else:
-                        fn_grad[r, c] = g * wv
-                if accumulate != 0:
-                    w_grad[c] = w_grad[c] + acc
-                else:
-                    w_grad[c] = acc
+                        fn_grad[r, c] = g
+                if has_weight != 0:
+                    if accumulate != 0:
+                        w_grad[c] = w_grad[c] + acc
+                    else:
+                        w_grad[c] = acc
 
     return main
 
 
-_MULT_GRID = tuple({"mult": m} for m in MULTS)
+_MULT_GRID = tuple({"mhc_mult": m} for m in MULTS)
 
 KERNELS = (
     KernelDecl(name="mhc.norm_fn_prep", factory=norm_fn_prep, grid=({},), outputs=("fn_eff",),
@@ -324,11 +349,11 @@ KERNELS = (
                outputs=("g_mul", "g_sq"), pass_configs=PASS_CONFIGS,
                doc="gradients of the mul partial sums (tf32) and of the sum of squares."),
     KernelDecl(name="mhc.norm_fn_bwd_mul", factory=norm_fn_bwd_mul, grid=_MULT_GRID,
-               outputs=("x_grad", "fn_grad"), pass_configs=PASS_CONFIGS,
-               doc="d fn = g_mul.T @ x; d x (+)= g_mul @ fn_eff + 2 x g_sq."),
-    KernelDecl(name="mhc.norm_fn_weight_bwd", factory=norm_fn_weight_bwd, grid=({},),
+               outputs=("x_grad", "fn_grad_part"), pass_configs=PASS_CONFIGS,
+               doc="d x (+)= g_mul @ fn_eff + 2 x g_sq; per token split: g_mul.T @ x."),
+    KernelDecl(name="mhc.norm_fn_grad_reduce", factory=norm_fn_grad_reduce, grid=({},),
                outputs=("fn_grad", "w_grad"), pass_configs=PASS_CONFIGS,
-               doc="gradients of fn and the norm weight through fn_eff = fn * w."),
+               doc="sum the token splits of d fn_eff; gradients of fn and the norm weight through fn_eff = fn * w."),
 )
 
 __all__ = ["KB", "KERNELS", "MULTS", "TB"]

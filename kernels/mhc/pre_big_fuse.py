@@ -40,12 +40,12 @@ from .._declare import KernelDecl
 
 THREADS = 128
 V = 8  # bf16 per 16-byte vector
-MULTS = (4, 2)
+MULTS = (4, 2, 8)
 PASS_CONFIGS = {"tl.disable_safe_memory_legalize": True}  # every access is guarded
 
 
-def pre_big_fuse(mult: int):
-    m = mult
+def pre_big_fuse(mhc_mult: int):
+    m = mhc_mult
     mm = m * m
     n = m * (m + 2)
     U = max(1, 16 // m)
@@ -158,7 +158,7 @@ KERNELS = (
     KernelDecl(
         name="mhc.pre_big_fuse",
         factory=pre_big_fuse,
-        grid=tuple({"mult": mm} for mm in MULTS),
+        grid=tuple({"mhc_mult": mm} for mm in MULTS),
         outputs=("post_mix", "comb_mix", "layer_input"),
         pass_configs=PASS_CONFIGS,
         doc="mixes from split-K partials, split, Sinkhorn, apply mix: post_mix, comb_mix, layer_input.",

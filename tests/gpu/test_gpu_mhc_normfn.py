@@ -2,7 +2,7 @@
 the float64 references in ``tests/mhc_ref`` (``norm_fn``, ``big_fuse``).
 
 tile_kernels' grid: n0 {1, 2} x n1 {1, 13, 48, 512, 1024, 4096, 8192} x hidden {1280, 2560, 4096,
-7168}, mhc_mult 4, with and without norm weight, plus 0 tokens and mhc_mult 2.
+7168}, mhc_mult 4, with and without norm weight, plus 0 tokens and mhc_mult 2 and 8.
 
 * Forward: within the error of an fp32 sum of exact TF32 products: ``|out - ref| <= FWD_ERR *
   rms * sum_k |x_k fn_k|`` (FWD_ERR covers tensor-core accumulation that truncates, ~K / 8 steps
@@ -32,7 +32,7 @@ from mhc_ref import big_fuse as bref
 from mhc_ref import norm_fn as ref
 
 KERNELS = ("norm_fn_prep", "norm_fn_fwd_mul", "norm_fn_fwd_norm", "norm_fn_bwd_norm", "norm_fn_bwd_mul",
-           "norm_fn_weight_bwd", "pre_big_fuse")
+           "norm_fn_grad_reduce", "pre_big_fuse")
 N0 = (1, 2)
 N1 = (1, 13, 48, 512, 1024, 4096, 8192)
 HIDDEN = (1280, 2560, 4096, 7168)
@@ -124,15 +124,28 @@ def test_norm_fn_forward_any_split_count(ops, n_splits):
     assert_within(out, want, _fwd_bound(res, fn, None) + REL_ERR * want.abs(), f"n_splits={n_splits}", FWD_DIFF)
 
 
-def test_norm_fn_mult2_and_odd_hidden(ops):
+@pytest.mark.parametrize("m", [2, 8])
+def test_norm_fn_mult_2_and_8_odd_hidden(ops, m):
+    n = m * (m + 2)
     for n1, hidden in ((13, 64), (1000, 1088), (3, 8192)):
-        seed("normfn_m2", n1, hidden)
-        res, fn, w = _inputs(1, n1, hidden, m=2, weight=True)
+        seed("normfn_m", m, n1, hidden)
+        res, fn, w = _inputs(1, n1, hidden, m=m, weight=True)
         poison_cache(1 << 24)
         with torch.no_grad():
             out = ops[0].mhc_pre_norm_fn(res, fn, w, EPS)
+        assert tuple(out.shape) == (1, n1, n)
         want = ref.pre_norm_fn(res, fn, w, EPS)
-        assert_within(out, want, _fwd_bound(res, fn, w) + REL_ERR * want.abs(), f"mhc_mult 2, {n1}x{hidden}", FWD_DIFF)
+        assert_within(out, want, _fwd_bound(res, fn, w) + REL_ERR * want.abs(), f"mhc_mult {m}, {n1}x{hidden}", FWD_DIFF)
+    # and the backward once
+    res, fn, w = _inputs(1, 300, 1088, m=m, weight=True)
+    go = torch.randn(1, 300, n, device="cuda")
+    leaves = [t.clone().requires_grad_(True) for t in (res, fn, w)]
+    ops[0].mhc_pre_norm_fn(*leaves, EPS).backward(go)
+    want = ref.pre_norm_fn_grads(res, fn, w, EPS, go)
+    bounds = _bwd_bounds(res, fn, w, go)
+    assert_within(leaves[0].grad, want[0], 2.0 ** -8 * want[0].abs() + bounds[0], f"mhc_mult {m} d residual")
+    assert_within(leaves[1].grad, want[1], bounds[1] + 1e-30, f"mhc_mult {m} d fn")
+    assert_within(leaves[2].grad, want[2], bounds[2] + 1e-30, f"mhc_mult {m} d norm_weight")
 
 
 def test_norm_fn_zero_tokens(ops):
@@ -263,15 +276,17 @@ def test_big_fuse_equals_unfused(ops, case):
         assert_within(li, wl, li_bound, f"big fuse layer_input {case} vs float64")
 
 
-def test_big_fuse_mult2_repeat1_and_zero_tokens(ops):
-    seed("big_fuse_m2")
-    res, fn, _ = _inputs(3, 77, 1088, m=2)
-    scale, base = _mix_params(2)
+@pytest.mark.parametrize("m", [2, 8])
+def test_big_fuse_mult_2_and_8_repeat1_and_zero_tokens(ops, m):
+    seed("big_fuse_m", m)
+    res, fn, _ = _inputs(3, 77, 1088, m=m)
+    scale, base = _mix_params(m)
     with torch.no_grad():
-        poison_cache(1 << 24)
-        got = ops[1].mhc_pre_big_fuse(res, fn, scale, base, EPS, EPS, EPS, 1.0, 1, n_splits=5)
-        want = _unfused(res, fn, scale, base, 1.0, 1, n_splits=5)
-        for g, u, name in zip(got, want, ("post_mix", "comb_mix", "layer_input")):
-            assert_bits_equal(g, u, f"big fuse mhc_mult 2 {name}")
+        for repeat, splits in ((1, 5), (7, 16)):
+            poison_cache(1 << 24)
+            got = ops[1].mhc_pre_big_fuse(res, fn, scale, base, EPS, EPS, EPS, 1.0, repeat, n_splits=splits)
+            want = _unfused(res, fn, scale, base, 1.0, repeat, n_splits=splits)
+            for g, u, name in zip(got, want, ("post_mix", "comb_mix", "layer_input")):
+                assert_bits_equal(g, u, f"big fuse mhc_mult {m} repeat {repeat} {name}")
         empty = ops[1].mhc_pre_big_fuse(res[:, :0], fn, scale, base, EPS, EPS, EPS, 1.0, 3)
-    assert [tuple(t.shape) for t in empty] == [(3, 0, 2, 1), (3, 0, 2, 2), (3, 0, 1088)]
+    assert [tuple(t.shape) for t in empty] == [(3, 0, m, 1), (3, 0, m, m), (3, 0, 1088)]

@@ -44,8 +44,9 @@ def _bad_norm_fn():
     yield "dtype", (res.float(), fn, w, 1e-6), r"residual has dtype float32; supported: bfloat16"
     yield "rank", (res[0, 0, 0], fn, w, 1e-6), r"residual must be \[\.\.\., mhc_mult, hidden\]"
     r3, f3, _ = _ok(m=4)
-    yield "mult3", (torch.zeros(2, 3, 64, dtype=torch.bfloat16), f3, None, 1e-6), r"residual has mhc_mult=3 .*supported: 4, 2"
-    yield "mult8", (torch.zeros(2, 8, 64, dtype=torch.bfloat16), f3, None, 1e-6), r"residual has mhc_mult=8 .*supported: 4, 2"
+    yield "mult3", (torch.zeros(2, 3, 64, dtype=torch.bfloat16), f3, None, 1e-6), r"residual has mhc_mult=3 .*supported: 4, 2, 8"
+    yield "mult1", (torch.zeros(2, 1, 64, dtype=torch.bfloat16), f3, None, 1e-6), r"residual has mhc_mult=1 .*supported: 4, 2, 8"
+    yield "fn_for_mult8", (torch.zeros(2, 8, 64, dtype=torch.bfloat16), f3, None, 1e-6), r"fn has shape \(24, 256\); want .*\[80, 512\]"
     yield "hidden", (torch.zeros(2, 4, 96, dtype=torch.bfloat16), f3, None, 1e-6), r"residual has hidden=96; supported: a positive multiple of 64"
     yield "noncontig", (torch.zeros(4, 2, 64, dtype=torch.bfloat16).transpose(0, 1), fn, w, 1e-6), r"residual must be contiguous"
     yield "fn_shape", (res, fn[:20], w, 1e-6), r"fn has shape \(20, 256\); want .*\[24, 256\]"

@@ -39,10 +39,11 @@ from tilebin.ops._common import (
 )
 
 _OP = "mhc_pre_norm_fn"
-MULTS = (4, 2)  # mhc_mult values with prebuilt kernels
+MULTS = (4, 2, 8)  # mhc_mult values with prebuilt kernels
 KB = 128  # K granularity of the split-K GEMM (kernels/mhc/norm_fn.py: KB)
 TB = 128  # tokens per block of the forward GEMM (kernels/mhc/norm_fn.py: TB)
-TARGET_BLOCKS = 256  # split K until the forward GEMM has about this many blocks
+TARGET_BLOCKS = 256  # split K (tokens) until the forward (backward) GEMM has about this many blocks
+TB_BWD = 64  # tokens per step of the backward GEMM (kernels/mhc/norm_fn.py: TB_BWD)
 
 
 def num_splits(num_tokens: int, mhc_hidden: int, n_splits: int) -> int:
@@ -50,6 +51,14 @@ def num_splits(num_tokens: int, mhc_hidden: int, n_splits: int) -> int:
     token_blocks = max(1, -(-num_tokens // TB))
     want = max(1, -(-TARGET_BLOCKS // token_blocks))
     return max(1, min(n_splits, mhc_hidden // KB, want))
+
+
+def num_token_splits(num_tokens: int, mhc_hidden: int) -> int:
+    """The token-split count of the backward GEMM: ``min(ceil(tokens / 64), ceil(256 / (K / 128)))``
+    (at least 1); its partial ``d fn`` are summed in split order."""
+    token_blocks = -(-num_tokens // TB_BWD)
+    want = -(-TARGET_BLOCKS // max(1, mhc_hidden // KB))
+    return max(1, min(token_blocks, want))
 
 
 def check_residual(op: str, residual: Any) -> tuple[int, int, tuple[int, ...]]:
@@ -118,7 +127,7 @@ def forward_partials(x: torch.Tensor, fn_eff: torch.Tensor, mult: int, n_splits:
     s = num_splits(t, k, n_splits)
     part_mul = torch.empty((s, t, n), dtype=torch.float32, device=x.device)
     part_sq = torch.empty((s, t), dtype=torch.float32, device=x.device)
-    launcher("mhc.norm_fn_fwd_mul", mult=mult)(x, fn_eff, part_mul, part_sq)
+    launcher("mhc.norm_fn_fwd_mul", mhc_mult=mult)(x, fn_eff, part_mul, part_sq)
     return part_mul, part_sq
 
 
@@ -152,7 +161,7 @@ class MHCPreNormFn(torch.autograd.Function):
         sqrsum = torch.empty((t,), dtype=torch.float32, device=residual.device)
         if t:
             part_mul, part_sq = forward_partials(x, fn_eff, mult, splits)
-            launcher("mhc.norm_fn_fwd_norm", mult=mult)(part_mul, part_sq, out, out_mul, sqrsum, k, eps)
+            launcher("mhc.norm_fn_fwd_norm", mhc_mult=mult)(part_mul, part_sq, out, out_mul, sqrsum, k, eps)
         ctx.save_for_backward(x, fn, fn_eff, norm_weight, out_mul, sqrsum)
         ctx.meta = (mult, eps, fuse, tuple(residual.shape))
         return out.view(*outer, n)
@@ -172,27 +181,28 @@ class MHCPreNormFn(torch.autograd.Function):
                 raise fail(_OP, "the residual's grad_from_mhc_post must be a contiguous bfloat16 tensor of the "
                                 f"residual's shape {shape} on {x.device}")
         x_grad = stash.view(t, k) if stash is not None else torch.empty((t, k), dtype=torch.bfloat16, device=x.device)
-        fn_eff_grad = torch.empty((n, k), dtype=torch.float32, device=x.device)
+        part = torch.empty((num_token_splits(t, k), n, k), dtype=torch.float32, device=x.device)
         g_mul = torch.empty((t, n), dtype=torch.float32, device=x.device)
         g_sq = torch.empty((t,), dtype=torch.float32, device=x.device)
         if t:
-            launcher("mhc.norm_fn_bwd_norm", mult=mult)(g, out_mul, sqrsum, g_mul, g_sq, k, eps)
-        launcher("mhc.norm_fn_bwd_mul", mult=mult)(g_mul, g_sq, x, fn_eff, x_grad, fn_eff_grad,
-                                                   1 if stash is not None else 0)
+            launcher("mhc.norm_fn_bwd_norm", mhc_mult=mult)(g, out_mul, sqrsum, g_mul, g_sq, k, eps)
+        launcher("mhc.norm_fn_bwd_mul", mhc_mult=mult)(g_mul, g_sq, x, fn_eff, x_grad, part, 1 if stash is not None else 0)
         if stash is not None:
             del x.untyped_storage().grad_from_mhc_post
         x_out = None if stash is not None else x_grad.view(shape)
+        reduce = launcher("mhc.norm_fn_grad_reduce")
         if norm_weight is None:
-            return x_out, fn_eff_grad, None, None, None, None
+            fn_grad = torch.empty((n, k), dtype=torch.float32, device=x.device)
+            empty = fn_grad.new_empty((0,))
+            reduce(part, fn, empty, fn_grad, empty, 0, 0)
+            return x_out, fn_grad, None, None, None, None
         main_fn = _main_grad_of(fn, "mhc_fn")
         main_w = _main_grad_of(norm_weight, "mhc_norm_weight")
         acc = main_fn is not None or main_w is not None
-        fn_grad = main_fn if main_fn is not None else (
-            torch.zeros_like(fn_eff) if acc else torch.empty_like(fn_eff))
-        w_grad = main_w if main_w is not None else (
-            torch.zeros((k,), dtype=torch.float32, device=x.device) if acc else
-            torch.empty((k,), dtype=torch.float32, device=x.device))
-        launcher("mhc.norm_fn_weight_bwd")(fn, norm_weight, fn_eff_grad, fn_grad, w_grad, 1 if acc else 0)
+        new = torch.zeros if acc else torch.empty
+        fn_grad = main_fn if main_fn is not None else new((n, k), dtype=torch.float32, device=x.device)
+        w_grad = main_w if main_w is not None else new((k,), dtype=torch.float32, device=x.device)
+        reduce(part, fn, norm_weight, fn_grad, w_grad, 1, 1 if acc else 0)
         return (x_out, None if main_fn is not None else fn_grad, None, None, None,
                 None if main_w is not None else w_grad)
 

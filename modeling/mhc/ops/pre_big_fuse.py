@@ -66,7 +66,7 @@ def mhc_pre_big_fuse(
     if t:
         fn_eff = prep_fn(aligned_input(fn), None)
         part_mul, part_sq = forward_partials(x.view(t, mult * hidden), fn_eff, mult, splits)
-        launcher("mhc.pre_big_fuse", mult=mult)(
+        launcher("mhc.pre_big_fuse", mhc_mult=mult)(
             part_mul, part_sq, aligned_input(mhc_scale.contiguous()), aligned_input(mhc_base.contiguous()), x,
             post_mix, comb_mix, layer_input, rms, pre_eps, sk_eps, post_mult, repeat)
     return (post_mix.view(*outer, mult, 1), comb_mix.view(*outer, mult, mult), layer_input.view(*outer, hidden))
