@@ -78,8 +78,10 @@ def _bad_apply_mix():
     x, mix = torch.zeros(2, 4, 64, dtype=BF16), torch.zeros(2, 4, 1)
     yield "dtype", (x.float(), mix), r"x has dtype float32; supported: bfloat16"
     yield "rank", (torch.zeros(64, dtype=BF16), mix), r"x must be \[\.\.\., mhc_mult, hidden\]"
-    yield "mhc3", (torch.zeros(2, 3, 64, dtype=BF16), torch.zeros(2, 3, 1)), r"mhc_mult \(x.shape\[-2\]\)=3 is not supported; supported: mhc_mult in \(2, 4, 8\)"
-    yield "hidden", (torch.zeros(2, 4, 12, dtype=BF16), mix), r"x has shape \(2, 4, 12\); its last dim \(hidden=12\) must be a positive multiple of 8"
+    yield "mhc3", (torch.zeros(2, 3, 64, dtype=BF16), torch.zeros(2, 3, 1)), \
+        r"mhc_mult \(x.shape\[-2\]\)=3 is not supported; supported: mhc_mult in \(2, 4, 8\)"
+    yield "hidden", (torch.zeros(2, 4, 12, dtype=BF16), mix), \
+        r"x has shape \(2, 4, 12\); its last dim \(hidden=12\) must be a positive multiple of 8"
     yield "noncontig", (torch.zeros(4, 2, 64, dtype=BF16).transpose(0, 1), mix), r"x must be contiguous"
     yield "mix_dtype", (x, mix.double()), r"mix has dtype float64; supported: float32"
     yield "mix_shape", (x, torch.zeros(2, 4)), r"mix has shape \(2, 4\), want \(2, 4, 1\)"
@@ -97,8 +99,10 @@ def test_apply_mix_bad_arguments(launches, case):
 def _bad_post():
     x, r, p, c = _post_args()
     yield "r_dtype", (x, r.float(), p, c), r"residual has dtype float32; supported: bfloat16"
-    yield "mhc6", (x, torch.zeros(2, 3, 6, 64, dtype=BF16), torch.zeros(2, 3, 6, 1), torch.zeros(2, 3, 6, 6)), r"mhc_mult \(residual.shape\[-2\]\)=6 is not supported"
-    yield "hidden", (torch.zeros(2, 3, 20, dtype=BF16), torch.zeros(2, 3, 4, 20, dtype=BF16), p, c), r"residual has shape .*hidden=20"
+    yield "mhc6", (x, torch.zeros(2, 3, 6, 64, dtype=BF16), torch.zeros(2, 3, 6, 1), torch.zeros(2, 3, 6, 6)), \
+        r"mhc_mult \(residual.shape\[-2\]\)=6 is not supported"
+    yield "hidden", (torch.zeros(2, 3, 20, dtype=BF16), torch.zeros(2, 3, 4, 20, dtype=BF16), p, c), \
+        r"residual has shape .*hidden=20"
     yield "x_shape", (x[:, :2], r, p, c), r"x has shape \(2, 2, 64\), want \(2, 3, 64\)"
     yield "x_dtype", (x.half(), r, p, c), r"x has dtype float16; supported: bfloat16"
     yield "x_noncontig", (torch.zeros(3, 2, 64, dtype=BF16).transpose(0, 1), r, p, c), r"x must be contiguous"
@@ -131,7 +135,8 @@ def test_post_bwd_bad_arguments(launches):
 def _bad_head():
     a, s, b = torch.zeros(2, 3, 4), torch.ones(1), torch.zeros(4)
     yield "dtype", (a.double(), s, b, 1e-6), r"input_mix has dtype float64; supported: float32"
-    yield "mhc9", (torch.zeros(2, 9), s, torch.zeros(9), 1e-6), r"input_mix has shape \(2, 9\); supported: mhc_mult \(its last dim\) from 1 to 8"
+    yield "mhc9", (torch.zeros(2, 9), s, torch.zeros(9), 1e-6), \
+        r"input_mix has shape \(2, 9\); supported: mhc_mult \(its last dim\) from 1 to 8"
     yield "scale_shape", (a, torch.ones(3), b, 1e-6), r"mhc_scale has shape \(3,\), want \(1,\)"
     yield "scale_dtype", (a, s.bfloat16(), b, 1e-6), r"mhc_scale has dtype bfloat16; supported: float32"
     yield "base_shape", (a, s, torch.zeros(5), 1e-6), r"mhc_base has shape \(5,\), want \(4,\)"

@@ -86,5 +86,5 @@ def check_out(op: str, out: Any, shape: tuple, dtype: torch.dtype, device: torch
                     raise fail(op, f"out overlaps {name} in memory; the op is not in place: pass a separate tensor")
 
 
-__all__ = ["BF16", "FP32", "MAX_ELEMENTS", "MHC_VALUES", "STASH", "aligned_input", "check_hidden", "check_mhc", "check_out", "check_shape",
-           "check_contiguous", "check_size", "small_input"]
+__all__ = ["BF16", "FP32", "MAX_ELEMENTS", "MHC_VALUES", "STASH", "aligned_input", "check_contiguous",
+           "check_hidden", "check_mhc", "check_out", "check_shape", "check_size", "small_input"]

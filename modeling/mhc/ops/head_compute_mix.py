@@ -9,8 +9,8 @@ Forward: ``input_mix`` fp32 ``[..., M]``, ``mhc_scale`` fp32 ``[1]``, ``mhc_base
 (the scale and base applied as one fused multiply-add).  Backward, with ``s`` the sigmoid and
 ``d = s * (1 - s) * grad``: ``grad_input = d * scale``, ``grad_scale = [sum d * input_mix]``,
 ``grad_base[m] = sum over tokens of d`` (fp32, deterministic fixed-order sums: the same bits on
-every GPU and run).  ``M`` from 1 to 8, any leading dims, 0 tokens included (the scale and base
-gradients are then zeros).  ``input_mix`` may be a strided view (e.g. the first ``M`` columns of
+every GPU and run).  ``M`` from 1 to 8, any leading dims, 0 tokens included (nothing is launched; the scale
+and base gradients are then zeros).  ``input_mix`` may be a strided view (e.g. the first ``M`` columns of
 the pre-norm mixes): it is copied to contiguous memory (a few bytes per token).  Bad arguments
 raise :class:`tilebin.runtime.ArgumentError` before any GPU work.
 """
@@ -68,8 +68,11 @@ class MHCHeadComputeMix(torch.autograd.Function):
         inp, scale, base = ctx.saved_tensors
         mhc = inp.shape[-1]
         dev = inp.device
-        g = grad.contiguous()
         grad_input = torch.empty(inp.shape, dtype=torch.float32, device=dev)
+        if not inp.numel():  # 0 tokens: nothing to launch, the sums are zeros
+            grad_scale = torch.zeros((1,), dtype=torch.float32, device=dev)
+            return grad_input, grad_scale.view(scale.shape), torch.zeros((mhc,), dtype=torch.float32, device=dev), None
+        g = grad.contiguous()
         partial = torch.empty((PARTS, MAX_MHC + 1), dtype=torch.float32, device=dev)
         grad_scale = torch.empty((1,), dtype=torch.float32, device=dev)
         grad_base = torch.empty((mhc,), dtype=torch.float32, device=dev)
