@@ -82,10 +82,21 @@ def _write_atomic(path: pathlib.Path, data: bytes) -> None:
     os.replace(tmp, path)
 
 
-def _assemble(results: Sequence[JobResult], build: BuildInfo) -> Manifest:
+def declared_facts(modules: Iterable[str]) -> dict[str, dict]:
+    """``{kernel: {"doc": ..., "meta": ...}}`` as the modules declare them (imported already by
+    :func:`enumerate_jobs`); a declaration object without them gives empty ones."""
+    facts = {}
+    for module in modules:
+        for decl in importlib.import_module(module).KERNELS:
+            facts[decl.name] = {"doc": getattr(decl, "doc", "") or "", "meta": dict(getattr(decl, "meta", {}) or {})}
+    return facts
+
+
+def _assemble(results: Sequence[JobResult], build: BuildInfo, facts: dict[str, dict] | None = None) -> Manifest:
     kernels: dict[str, dict] = {}
     for res in results:
-        k = kernels.setdefault(res.job.kernel, {"name": res.job.kernel, "params": res.params, "variants": []})
+        k = kernels.setdefault(res.job.kernel, {"name": res.job.kernel, "params": res.params, "variants": [],
+                                                **(facts or {}).get(res.job.kernel, {})})
         if k["params"] != res.params:
             raise AotError(f"kernel {res.job.kernel}: variants disagree on the parameter list "
                            f"({k['params']} vs {res.params}); every variant must take the same arguments")
@@ -118,7 +129,7 @@ def build(modules: Sequence[str], opts: BuildOptions, log=print) -> Manifest:
 
     info = BuildInfo(arch=ARCH, min_driver_cuda=nvcc.min_driver_cuda, tilelang=facts["tilelang"],
                      nvcc=nvcc.version, lineinfo=opts.lineinfo, tilebin=tilebin.__version__)
-    manifest = _assemble(results, info)
+    manifest = _assemble(results, info, declared_facts(dict.fromkeys(j.module for j in jobs)))
     _write_outputs(opts.out_dir, results, manifest)
     log(f"tilebin.aot: wrote {opts.out_dir}/manifest.json in {time.perf_counter() - t0:.1f}s")
     return manifest

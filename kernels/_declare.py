@@ -40,6 +40,10 @@ class KernelDecl:
     align     bytes every tensor's data pointer must be aligned to (16 covers 128-bit
               vector access and TMA).
     pass_configs  TileLang pass configs applied when lowering every variant.
+    doc       one line saying what the kernel computes (``runtime.spec(name).doc``).
+    meta      constants the callers need (tile widths, limits), written into the manifest:
+              ``runtime.spec(name).meta`` serves them to op layers, which never copy them.
+              Values: bool/int/float/str, or tuples of those.
     """
 
     name: str
@@ -49,6 +53,7 @@ class KernelDecl:
     align: int = 16
     pass_configs: Mapping[str, Any] = field(default_factory=dict)
     doc: str = ""
+    meta: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not _NAME.match(self.name):
@@ -66,6 +71,18 @@ class KernelDecl:
         object.__setattr__(self, "grid", frozen)
         object.__setattr__(self, "outputs", tuple(self.outputs))
         object.__setattr__(self, "pass_configs", MappingProxyType(dict(self.pass_configs)))
+        object.__setattr__(self, "meta", _freeze_meta(self.meta, self.name))
+
+
+def _freeze_meta(meta: Mapping[str, Any], name: str) -> Mapping[str, Any]:
+    frozen = {}
+    for key, value in meta.items():
+        items = value if isinstance(value, (tuple, list)) else (value,)
+        if not isinstance(key, str) or not all(isinstance(v, _SCALAR_TYPES) for v in items):
+            raise TypeError(f"{name}: meta values must be bool/int/float/str or tuples of them, keyed by str "
+                            f"(got {key!r}: {value!r})")
+        frozen[key] = tuple(value) if isinstance(value, (tuple, list)) else value
+    return MappingProxyType(dict(sorted(frozen.items())))
 
 
 def product(**axes: list[Any] | tuple[Any, ...]) -> tuple[dict[str, Any], ...]:

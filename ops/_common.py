@@ -57,6 +57,19 @@ def launcher(name: str, **key: Any) -> runtime.UncheckedLauncher:
     return fn
 
 
+_META: dict[tuple[str, str], Any] = {}
+
+
+def kernel_meta(kernel: str, key: str) -> Any:
+    """The constant ``key`` kernel ``kernel`` declares (``KernelDecl.meta``, from the manifest via
+    :func:`tilebin.runtime.spec`; cached): tile widths and limits the ops size grids and check
+    arguments by, never copied into ``tilebin.ops``."""
+    value = _META.get((kernel, key))
+    if value is None:
+        value = _META[(kernel, key)] = runtime.spec(kernel).meta[key]
+    return value
+
+
 def ptr(t: torch.Tensor) -> int:
     """``t.data_ptr()``, or 0 while tracing with fake tensors (which have no memory): pointer
     and alignment checks apply to real tensors only."""

@@ -113,6 +113,7 @@ class KernelSpec:
     params: tuple[ParamSpec, ...]
     variants: tuple[VariantSpec, ...]
     doc: str = ""
+    meta: Mapping[str, Any] = field(default_factory=dict)  # the declaration's constants (lists as tuples)
 
 
 @dataclass(frozen=True)
@@ -230,7 +231,11 @@ def parse_kernel(name: str, k: Any, source: str) -> KernelSpec:
         raise ArtifactError(f"{where}: expected an object, got {type(k).__name__}; rebuild the artifacts")
     params = tuple(_build(ParamSpec, p, where) for p in k.get("params", []))
     variants = tuple(_parse_variant(v, f"{where} variant {i}") for i, v in enumerate(k.get("variants", [])))
-    return _build(KernelSpec, k, where, params=params, variants=variants)
+    meta = k.get("meta", {})
+    if not isinstance(meta, Mapping):
+        raise ArtifactError(f"{where}: meta must be an object, got {type(meta).__name__}; rebuild the artifacts")
+    meta = MappingProxyType({key: tuple(v) if isinstance(v, list) else v for key, v in meta.items()})
+    return _build(KernelSpec, k, where, params=params, variants=variants, meta=meta)
 
 
 class LazyKernels(Mapping):

@@ -48,6 +48,14 @@ def test_built_wheel_ships_what_the_build_declares(built_wheel):
     packaged = {name: len(k["variants"]) for name, k in manifest["kernels"].items()}
     assert packaged == {name: len(jobs) for name, jobs in declared.items()}, (
         "the wheel is stale or partial: rebuild with ./wheels/build.sh")
+    from tilebin.aot._build import declared_facts
+
+    facts = declared_facts(ALL_MODULES)  # what each declaration says about itself reaches the manifest
+    for name, k in manifest["kernels"].items():
+        assert k.get("doc", "") == facts[name]["doc"], name
+        assert k.get("meta", {}) == {key: list(v) if isinstance(v, tuple) else v
+                                     for key, v in facts[name]["meta"].items()}, name
+    assert manifest["kernels"]["moe.get_fused_mapping"]["meta"]["max_experts"] == 1024
 
 
 # --- synthetic wheels --------------------------------------------------------------------

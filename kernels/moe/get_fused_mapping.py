@@ -238,6 +238,7 @@ KERNELS = (
     KernelDecl(
         name="moe.get_fused_mapping",
         factory=get_fused_mapping,
+        meta={"max_experts": MAX_EXPERTS, "max_blocks": MAX_BLOCKS},  # the op's limit and its grid cap
         grid=({},),
         outputs=("pos_to_expert", "pos_to_token", "pos_to_token_topk", "token_topk_to_pos", "expert_start",
                  "expert_end", "num_tokens_per_expert", "workspace"),

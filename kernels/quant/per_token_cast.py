@@ -304,6 +304,8 @@ KERNELS = (
         outputs=("out", "out_sf"),
         pass_configs=_PASS_CONFIGS,
         doc="x [tokens, hidden] bf16 / fp32 -> e4m3 / packed e2m1 + per-group scales.",
+        # channels one block covers per input dtype: the op sizes its grid (ceil(hidden / chunk)) by these
+        meta={f"chunk_{d}": chunk_elems(d) for d in ("bfloat16", "float32", "float8_e4m3fn", "int8")},
     ),
     KernelDecl(
         name="quant.per_token_cast_quantized",

@@ -26,15 +26,14 @@ from typing import Any, Optional, Union
 import torch
 from torch.compiler import is_compiling
 
-from .._common import (TRACING, aligned_input, check_cuda, check_flag, check_int, check_tensor, fail, launcher,
-                       memo_table, ptr, typed_key)
+from .._common import (TRACING, aligned_input, check_cuda, check_flag, check_int, check_tensor, fail, kernel_meta,
+                       launcher, memo_table, ptr, typed_key)
 from .._torch import TorchOp, traced
 from ..config import get_num_sms
 
 QuantTensor = tuple[torch.Tensor, torch.Tensor]
 
-MAX_EXPERTS = 1024  # = tilebin.kernels.moe.get_fused_mapping.MAX_EXPERTS (a CPU test checks it)
-MAX_BLOCKS = 256  # = tilebin.kernels.moe.get_fused_mapping.MAX_BLOCKS
+_MAPPING = "moe.get_fused_mapping"  # its meta: max_experts (the op's limit), max_blocks (its grid cap)
 ENTRIES_PER_BLOCK = 2048  # fewer entries per block than this: fewer blocks (decode batches)
 _INT32_MAX = 2**31 - 1
 _EXPAND_DTYPES = {torch.bfloat16: "bfloat16", torch.float32: "float32", torch.float8_e4m3fn: "float8_e4m3fn"}
@@ -138,7 +137,7 @@ def get_fused_mapping(
     op = "get_fused_mapping"
     check_tensor(op, "topk_idx", topk_idx, (torch.int64,), 2)
     _contiguous(op, "topk_idx", topk_idx)
-    num_experts = check_int(op, "num_experts", num_experts, 1, MAX_EXPERTS)
+    num_experts = check_int(op, "num_experts", num_experts, 1, kernel_meta(_MAPPING, "max_experts"))
     num_expanded_tokens = check_int(op, "num_expanded_tokens", num_expanded_tokens, 0)
     alignment = check_int(op, "alignment", alignment, 1)
     force_no_sync = check_flag(op, "force_no_sync", force_no_sync)
@@ -164,7 +163,7 @@ def get_fused_mapping(
 def _fused_mapping(fn: Any, topk_idx: torch.Tensor, num_tokens: int, num_topk: int, numel: int, num_experts: int,
                    num_expanded_tokens: int, alignment: int, should_sync: bool, dev: torch.device) -> tuple:
     """Allocate, launch and (``should_sync``) trim: get_fused_mapping past its checks."""
-    blocks = max(1, min(get_num_sms(), MAX_BLOCKS, _cdiv(numel, ENTRIES_PER_BLOCK)))
+    blocks = max(1, min(get_num_sms(), kernel_meta(_MAPPING, "max_blocks"), _cdiv(numel, ENTRIES_PER_BLOCK)))
     slots = torch.empty((3, num_expanded_tokens), dtype=torch.int32, device=dev)
     token_topk_to_pos = torch.empty((num_tokens, num_topk), dtype=torch.int32, device=dev)
     per_expert = torch.empty((3, num_experts), dtype=torch.int32, device=dev)

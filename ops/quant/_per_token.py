@@ -37,7 +37,7 @@ from typing import Any, Optional, Union
 import torch
 from torch.compiler import is_compiling
 
-from .._common import TRACING, aligned_input, check_cuda, check_flag, check_tensor, fail, launcher, ptr
+from .._common import TRACING, aligned_input, check_cuda, check_flag, check_tensor, fail, kernel_meta, launcher, ptr
 from .._torch import TorchOp, traced
 from ._sf import FMT_DTYPES, SfLayout, check_fmt, input_sf, output_layout
 
@@ -47,16 +47,16 @@ _KERNEL = {"cast": "quant.per_token_cast", "quantized": "quant.per_token_cast_qu
            "sf_only": "quant.per_token_cast_sf_only", "precomputed": "quant.per_token_cast_precomputed"}
 _PLAIN = {torch.bfloat16: "bfloat16", torch.float32: "float32"}
 _QUANTIZED = {torch.float8_e4m3fn: "float8_e4m3fn", torch.int8: "int8"}
-# Channels one thread block covers (32 lanes x 4 vectors of 16 bytes; quantized inputs 2 vectors
-# of 16 values).  Must equal
-# ``tilebin.kernels.quant.per_token_cast.chunk_elems`` (a CPU test checks it; tilebin.ops never
-# imports tilebin.kernels).
-_CHUNK = {"bfloat16": 1024, "float32": 512, "float8_e4m3fn": 1024, "int8": 1024}
 _GROUPS = (16, 32, 64, 128)
 _HIDDEN_ALIGN = 16
 _WHOLE_ROW_SHIFT = 31  # group_shift for one scale per row: every channel index >> 31 is 0
 _INT32_MAX = 2**31 - 1
 _FAST_MAX = 256  # memoized per_token_cast configurations (see per_token_cast)
+
+
+def _chunk(in_dtype: str) -> int:
+    """Channels one thread block covers for this input dtype (the kernel's ``meta``)."""
+    return kernel_meta("quant.per_token_cast", f"chunk_{in_dtype}")
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -199,7 +199,7 @@ class _Plain:
         self.sf_cols = layout.shape(1, hidden)[1] if layout.kind == "row" else None
         self.key = dict(in_dtype=key_in, fmt=fmt, sf="ue8m0" if layout.packed_ue8m0 else "f32", mode="cast",
                         in_sf="none")
-        col_blocks = 1 if whole_row else _cdiv(hidden, _CHUNK[key_in])
+        col_blocks = 1 if whole_row else _cdiv(hidden, _chunk(key_in))
         self.args = (group_shift, int(whole_row), int(rnd), int(layout.col_major), col_blocks)
         self.fn = None  # the launcher, looked up at the first launch
 
@@ -237,7 +237,7 @@ def _launch(mode: str, data: torch.Tensor, x_sf: Optional[torch.Tensor], in_layo
             _FAST[memo_key] = plan
         return result
     device = data.device
-    col_blocks = 1 if whole_row and mode != "precomputed" else _cdiv(hidden, _CHUNK[key_in])
+    col_blocks = 1 if whole_row and mode != "precomputed" else _cdiv(hidden, _chunk(key_in))
     out = None
     if mode != "sf_only":
         out = torch.empty((tokens, hidden if fmt == "e4m3" else hidden // 2), dtype=FMT_DTYPES[fmt], device=device)

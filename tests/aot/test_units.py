@@ -85,3 +85,24 @@ def test_source_digest_follows_imports_only(tmp_path, monkeypatch):
     assert a2 != a  # an imported helper does
     (pkg / "_decl.py").write_text("X = 2\n")
     assert _cache.source_digest("tbdigest.fam.a") != a2  # `from .. import _decl` names a module
+
+
+def test_kernel_meta_is_frozen_and_checked():
+    decl = KernelDecl("a.b", lambda: None, grid=({},), meta={"limit": 4, "tiles": [1, 2]})
+    assert dict(decl.meta) == {"limit": 4, "tiles": (1, 2)}
+    with pytest.raises(TypeError):
+        decl.meta["limit"] = 5  # type: ignore[index]
+    with pytest.raises(TypeError, match="meta values"):
+        KernelDecl("a.b", lambda: None, grid=({},), meta={"bad": {"nested": 1}})
+
+
+def test_manifest_carries_doc_and_meta():
+    from tilebin.runtime._manifest import parse_kernel
+
+    spec = parse_kernel("a.b", {"name": "a.b", "params": [], "variants": [], "doc": "adds",
+                                "meta": {"limit": 4, "tiles": [1, 2]}}, "test")
+    assert spec.doc == "adds" and dict(spec.meta) == {"limit": 4, "tiles": (1, 2)}
+    from tilebin.runtime import ArtifactError
+
+    with pytest.raises(ArtifactError, match="meta must be an object"):
+        parse_kernel("a.b", {"name": "a.b", "params": [], "variants": [], "meta": [1]}, "test")

@@ -32,6 +32,8 @@ class StubbedOps:
             for name in ("check_cuda", "_on_cuda"):
                 if hasattr(mod, name):
                     monkeypatch.setattr(mod, name, lambda *a, **k: None)
+            if hasattr(mod, "kernel_meta"):
+                monkeypatch.setattr(mod, "kernel_meta", declared_meta)
             if hasattr(mod, "get_num_sms"):
                 monkeypatch.setattr(mod, "get_num_sms", lambda: 132)
             for name in MEMO_NAMES:
@@ -56,6 +58,22 @@ class StubbedOps:
                 table = getattr(mod, name, None)
                 if isinstance(table, dict):
                     table.clear()
+
+
+def declared_meta(kernel: str, key: str) -> Any:
+    """``kernel``'s ``meta[key]`` as its declaration in ``tilebin.kernels`` states it (what the
+    manifest carries; no built artifacts needed)."""
+    import importlib
+
+    from tilebin.kernels.modules import ALL_MODULES
+
+    family = kernel.split(".")[0]
+    for module in ALL_MODULES:
+        if f".{family}." in module:
+            for decl in importlib.import_module(module).KERNELS:
+                if decl.name == kernel:
+                    return decl.meta[key]
+    raise KeyError(kernel)
 
 
 def describe(value: Any) -> Any:
