@@ -262,7 +262,7 @@ def norm_fn_bwd_mul(mhc_mult: int):
                 for i, j in T.Parallel(TB_BWD, KB):
                     x_s[i, j] = T.if_then_else(
                         t0 + i < num_tokens,
-                        T.Cast("float32", x[T.min(t0 + i, num_tokens - 1), bk * KB + j]),
+                        T.Cast("float32", x[t0 + i, bk * KB + j]),
                         T.float32(0))
                 for i, j in T.Parallel(TB_BWD, npad):
                     g_s[i, j] = T.if_then_else(
@@ -274,7 +274,7 @@ def norm_fn_bwd_mul(mhc_mult: int):
                 for i, j in T.Parallel(TB_BWD, KB):
                     xg[i, j] = T.if_then_else(
                         accumulate != 0 and t0 + i < num_tokens,
-                        T.Cast("float32", x_grad[T.min(t0 + i, num_tokens - 1), bk * KB + j]),
+                        T.Cast("float32", x_grad[t0 + i, bk * KB + j]),
                         T.float32(0))
                 T.gemm(g_s, x_s, fg, transpose_A=True)
                 T.gemm(g_s, f_s, xg)
