@@ -23,15 +23,18 @@ grad_comb_mix)``: ``grad_out`` bf16 like residual; outputs ``grad_x`` bf16 like 
 ``mhc`` is the compile-time key; ``num_tokens`` and ``hidden`` are run-time symbols
 (``hidden % 8 == 0``).  Contiguous, 16-byte aligned tensors.
 
-Design (both directions): one block of ``THREADS`` = 128 threads per token, walking the row in
-*phases* of ``THREADS * U`` 16-byte vectors (a run-time loop); in a phase thread ``tr`` owns
-the vectors ``base + tr + u * THREADS`` (a compile-time step: immediate address offsets) of x
-and of every stream.  All of a phase's loads are issued before any arithmetic (forward ``U *
+Design: blocks of ``THREADS`` = 128 threads cover a token's row in *segments* of ``THREADS * U``
+16-byte vectors: the forward launches a block per (token, segment) (grid ``(num_tokens,
+ceil(hidden / (8 * THREADS * U)))``: a short batch still has every segment in flight at once);
+the backward, which sums over the row, runs one block per token that walks the segments (a
+run-time loop).  In a segment thread ``tr`` owns the vectors ``base + tr + u * THREADS`` (a
+compile-time step: immediate address offsets) of x and of every stream.  All of a segment's
+loads are issued before any arithmetic (forward ``U *
 (mhc + 1)`` vectors, ``U = max(1, 8 // mhc)``; backward ``U * (2 * mhc + 1)``, ``U = max(1, 4 //
 mhc)``: 9-18 vectors per thread), leaving registers for several blocks per SM (whose loads
 cover one block's reduction and tail).  The
 token's mix coefficients are loaded once per thread (broadcast reads).  The backward's
-``mhc * (mhc + 1)`` sums: a thread adds its products in (phase, vector, element) order, each
+``mhc * (mhc + 1)`` sums: a thread adds its products in (segment, vector, element) order, each
 warp combines its lanes by xor-shuffles (16, 8, 4, 2, 1) and the four warps' sums are added
 in warp order: deterministic for a given hidden.
 """
@@ -50,12 +53,12 @@ PASS_CONFIGS = {"tl.disable_safe_memory_legalize": True}  # every access is guar
 
 
 def fwd_vectors(mhc: int) -> int:
-    """Vectors per thread and phase of the forward for ``mhc`` streams."""
+    """Vectors per thread and segment of the forward for ``mhc`` streams."""
     return max(1, 8 // mhc)
 
 
 def bwd_vectors(mhc: int) -> int:
-    """Vectors per thread and phase of the backward for ``mhc`` streams."""
+    """Vectors per thread and segment of the backward for ``mhc`` streams."""
     return max(1, 4 // mhc)
 
 
@@ -76,7 +79,7 @@ def post_fwd(mhc: int):
         comb_mix: T.Tensor((num_tokens, mhc, mhc), "float32"),
         out: T.Tensor((num_tokens, mhc, hidden), "bfloat16"),
     ):
-        with T.Kernel(num_tokens, threads=THREADS) as bx:
+        with T.Kernel(num_tokens, T.ceildiv(nvec, PH), threads=THREADS) as (bx, ph):
             tid = T.get_thread_binding()
             xs = T.alloc_local((U * V,), "bfloat16")
             rs = T.alloc_local((U * mhc * V,), "bfloat16")
@@ -88,29 +91,28 @@ def post_fwd(mhc: int):
                 pw[m] = post_mix[bx, m]
                 for n in T.unroll(mhc):
                     cw[m * mhc + n] = comb_mix[bx, m, n]
-            for ph in T.serial(T.ceildiv(nvec, PH)):
-                for u in T.unroll(U):
-                    if ph * PH + tid + u * THREADS < nvec:
+            for u in T.unroll(U):
+                if ph * PH + tid + u * THREADS < nvec:
+                    for i in T.vectorized(V):
+                        xs[u * V + i] = T.Tensor(x_vec, "bfloat16", x.data)[bx, (ph * PH + tid + u * THREADS) * V + i]
+                    for m in T.unroll(mhc):
                         for i in T.vectorized(V):
-                            xs[u * V + i] = T.Tensor(x_vec, "bfloat16", x.data)[bx, (ph * PH + tid + u * THREADS) * V + i]
+                            rs[(u * mhc + m) * V + i] = T.Tensor(r_vec, "bfloat16", residual.data)[
+                                bx, m, (ph * PH + tid + u * THREADS) * V + i]
+            for u in T.unroll(U):
+                if ph * PH + tid + u * THREADS < nvec:
+                    for n in T.unroll(mhc):
+                        for i in T.unroll(V):
+                            acc[i] = T.ieee_mul(pw[n], T.Cast("float32", xs[u * V + i]))
                         for m in T.unroll(mhc):
-                            for i in T.vectorized(V):
-                                rs[(u * mhc + m) * V + i] = T.Tensor(r_vec, "bfloat16", residual.data)[
-                                    bx, m, (ph * PH + tid + u * THREADS) * V + i]
-                for u in T.unroll(U):
-                    if ph * PH + tid + u * THREADS < nvec:
-                        for n in T.unroll(mhc):
                             for i in T.unroll(V):
-                                acc[i] = T.ieee_mul(pw[n], T.Cast("float32", xs[u * V + i]))
-                            for m in T.unroll(mhc):
-                                for i in T.unroll(V):
-                                    acc[i] = T.ieee_fmaf(cw[m * mhc + n], T.Cast("float32", rs[(u * mhc + m) * V + i]),
-                                                         acc[i])
-                            for i in T.vectorized(V):
-                                ob[n * V + i] = T.Cast("bfloat16", acc[i])
-                        for n in T.unroll(mhc):
-                            T.stg128(T.Tensor(r_vec, "bfloat16", out.data)[bx, n, (ph * PH + tid + u * THREADS) * V],
-                                     T.Tensor((mhc,), "uint32x4", ob.data)[n])
+                                acc[i] = T.ieee_fmaf(cw[m * mhc + n], T.Cast("float32", rs[(u * mhc + m) * V + i]),
+                                                     acc[i])
+                        for i in T.vectorized(V):
+                            ob[n * V + i] = T.Cast("bfloat16", acc[i])
+                    for n in T.unroll(mhc):
+                        T.stg128(T.Tensor(r_vec, "bfloat16", out.data)[bx, n, (ph * PH + tid + u * THREADS) * V],
+                                 T.Tensor((mhc,), "uint32x4", ob.data)[n])
 
     return main
 

@@ -19,15 +19,17 @@ int32 0/1.  With ``g = float(grad_out[t, i])``::
 ``mhc`` is the compile-time key (2, 4 or 8); ``num_tokens`` and ``hidden`` are run-time symbols
 (``hidden % 8 == 0``).  Contiguous, 16-byte aligned tensors.
 
-Design: one block of ``THREADS`` = 128 threads per token, walking the row in *phases* of
-``THREADS * U`` 16-byte vectors (a run-time loop); in a phase thread ``tr`` owns the vectors
-``base + tr + u * THREADS`` (``u < U``, a compile-time step: immediate address offsets), the
-same vector of every stream.  A thread issues all of a phase's loads (``U * mhc`` vectors of x,
+Design: blocks of ``THREADS`` = 128 threads cover a token's row in *segments* of ``THREADS * U``
+16-byte vectors: the forward launches a block per (token, segment) (grid ``(num_tokens,
+ceil(hidden / (8 * THREADS * U)))``, so a short batch still has every segment in flight at
+once); the backward, which sums over the row, runs one block per token that walks the segments
+(a run-time loop).  In a segment thread ``tr`` owns the vectors ``base + tr + u * THREADS``
+(``u < U``, a compile-time step: immediate address offsets), the same vector of every stream.  A thread issues all of a segment's loads (``U * mhc`` vectors of x,
 plus grad_out and, when accumulating, grad_x in the backward) before any arithmetic; ``U``
 keeps that near 8-17 vectors per thread for every ``mhc`` (forward ``U = max(1, 8 // mhc)``,
 backward ``U = max(1, 4 // mhc)``), so registers stay low enough for several blocks per SM and
 one block's reduction or tail overlaps another's loads.  The backward's ``grad_mix``: a thread
-adds its products in (phase, vector, element) order, each warp combines its lanes by
+adds its products in (segment, vector, element) order, each warp combines its lanes by
 xor-shuffles (offsets 16, 8, 4, 2, 1) and the four WARPS' sums are added in warp order;
 deterministic for a given hidden.
 """
@@ -46,12 +48,12 @@ PASS_CONFIGS = {"tl.disable_safe_memory_legalize": True}  # every access is guar
 
 
 def fwd_vectors(mhc: int) -> int:
-    """Vectors per thread and phase of the forward for ``mhc`` streams."""
+    """Vectors per thread and segment of the forward for ``mhc`` streams."""
     return max(1, 8 // mhc)
 
 
 def bwd_vectors(mhc: int) -> int:
-    """Vectors per thread and phase of the backward for ``mhc`` streams."""
+    """Vectors per thread and segment of the backward for ``mhc`` streams."""
     return max(1, 4 // mhc)
 
 
@@ -70,7 +72,7 @@ def pre_apply_mix_fwd(mhc: int):
         mix: T.Tensor((num_tokens, mhc), "float32"),
         out: T.Tensor((num_tokens, hidden), "bfloat16"),
     ):
-        with T.Kernel(num_tokens, threads=THREADS) as bx:
+        with T.Kernel(num_tokens, T.ceildiv(nvec, PH), threads=THREADS) as (bx, ph):
             tid = T.get_thread_binding()
             xs = T.alloc_local((U * mhc * V,), "bfloat16")
             w = T.alloc_local((mhc,), "float32")
@@ -78,24 +80,23 @@ def pre_apply_mix_fwd(mhc: int):
             ob = T.alloc_local((U * V,), "bfloat16")
             for m in T.unroll(mhc):
                 w[m] = mix[bx, m]
-            for ph in T.serial(T.ceildiv(nvec, PH)):
-                for u in T.unroll(U):
-                    if ph * PH + tid + u * THREADS < nvec:
-                        for m in T.unroll(mhc):
-                            for i in T.vectorized(V):
-                                xs[(u * mhc + m) * V + i] = T.Tensor(x_vec, "bfloat16", x.data)[
-                                    bx, m, (ph * PH + tid + u * THREADS) * V + i]
-                for u in T.unroll(U):
-                    if ph * PH + tid + u * THREADS < nvec:
-                        for i in T.unroll(V):
-                            acc[i] = T.ieee_mul(w[0], T.Cast("float32", xs[(u * mhc) * V + i]))
-                        for m in T.unroll(mhc - 1):
-                            for i in T.unroll(V):
-                                acc[i] = T.ieee_fmaf(w[m + 1], T.Cast("float32", xs[(u * mhc + m + 1) * V + i]), acc[i])
+            for u in T.unroll(U):
+                if ph * PH + tid + u * THREADS < nvec:
+                    for m in T.unroll(mhc):
                         for i in T.vectorized(V):
-                            ob[u * V + i] = T.Cast("bfloat16", acc[i])
-                        T.stg128(T.Tensor(o_vec, "bfloat16", out.data)[bx, (ph * PH + tid + u * THREADS) * V],
-                                 T.Tensor((U,), "uint32x4", ob.data)[u])
+                            xs[(u * mhc + m) * V + i] = T.Tensor(x_vec, "bfloat16", x.data)[
+                                bx, m, (ph * PH + tid + u * THREADS) * V + i]
+            for u in T.unroll(U):
+                if ph * PH + tid + u * THREADS < nvec:
+                    for i in T.unroll(V):
+                        acc[i] = T.ieee_mul(w[0], T.Cast("float32", xs[(u * mhc) * V + i]))
+                    for m in T.unroll(mhc - 1):
+                        for i in T.unroll(V):
+                            acc[i] = T.ieee_fmaf(w[m + 1], T.Cast("float32", xs[(u * mhc + m + 1) * V + i]), acc[i])
+                    for i in T.vectorized(V):
+                        ob[u * V + i] = T.Cast("bfloat16", acc[i])
+                    T.stg128(T.Tensor(o_vec, "bfloat16", out.data)[bx, (ph * PH + tid + u * THREADS) * V],
+                             T.Tensor((U,), "uint32x4", ob.data)[u])
 
     return main
 
