@@ -22,6 +22,8 @@
 #                          $REPO/.tk/tk.tar.xz when present: the benches that know the peer
 #                          (engram) time it side by side
 #   GPU_CHECK_QUANT_ARGS   extra arguments of bench_quant.py, e.g. "--quick"
+#   GPU_CHECK_BASELINE_WHEEL  another tilebin wheel (e.g. main before a change): the host_ab bench
+#                          times eager host cost per op call of both, side by side
 #
 # Files written under $OUT (flat, 8 at most, as the device tool returns them):
 #   summary.txt          timestamps, stage exit codes, environment (nvidia-smi, versions, wheel)
@@ -154,7 +156,7 @@ bench_one() {  # bench_one NAME CAP_S ARGS...: run bench/bench_NAME.py if GPU_CH
   fi
   stamp "bench: bench_$name.py (limit ${cap}s)"
   local tbpath="$TB_PYTHONPATH"
-  [[ -n "${PEER_PATH:-}" && $name == engram ]] && tbpath="$TB_PYTHONPATH:$PEER_PATH"
+  [[ -n "${PEER_PATH:-}" && ($name == engram || $name == mhc) ]] && tbpath="$TB_PYTHONPATH:$PEER_PATH"
   (cd /tmp && PYTHONPATH="$tbpath" TILEBIN_EXPECT_INSTALLED=1 timeout -k 10 "$cap" "$PY" "$REPO/bench/bench_$name.py" \
     "$@" --md "$OUT/bench.md") 2>&1 | tee -a "$OUT/bench.log"
   RC[bench_$name]=$?
@@ -172,6 +174,11 @@ run_bench() {
   rm -f "$OUT/bench.md"
   unpack_peer
   bench_one engram 200
+  bench_one mhc 200
+  if [[ -n "${GPU_CHECK_BASELINE_WHEEL:-}" ]]; then
+    rm -rf /tmp/tb-base && "$PY" -m pip install -q --no-deps --target /tmp/tb-base "$GPU_CHECK_BASELINE_WHEEL" \
+      >/dev/null 2>&1 && bench_one host_ab 200 --site "before=/tmp/tb-base" --site "after=$SITE"
+  fi
   bench_one quant 240 --json "$OUT/bench-quant.json" ${GPU_CHECK_QUANT_ARGS:-}
   bench_one moe 150 --json "$OUT/bench-moe.json"
   bench_one op_host 90 --profile

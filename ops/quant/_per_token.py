@@ -214,9 +214,9 @@ class _Plain:
             raw_sf = torch.empty((tokens, self.sf_cols), dtype=torch.float32, device=device)
         else:
             raw_sf = self.layout.alloc(tokens, self.hidden, device)
-        if tokens and self.hidden:
+        if tokens and self.hidden and not TRACING.on:  # fake tensors (tracing): nothing to read or launch
             # contiguous and 16-byte aligned: what _kernel_input passes through as is (hidden % 16 == 0)
-            x_in = x if x.is_contiguous() and not ptr(x) & 15 else _kernel_input(x)
+            x_in = x if x.is_contiguous() and not x.data_ptr() & 15 else _kernel_input(x)
             fn = self.fn
             if fn is None:
                 fn = self.fn = launcher(_KERNEL["cast"], **self.key)

@@ -1,0 +1,111 @@
+#!/usr/bin/env python3
+"""Eager host time per op call for two installed tilebin builds, side by side (A/B in one run).
+
+    python3 bench/bench_host_ab.py --site before=/tmp/tb-old --site after=/tmp/tb-new [--md F]
+
+Each site is a folder a tilebin wheel was installed into (``pip install --no-deps --target``).
+Every site is measured in its own child process (one tilebin per interpreter), alternating
+sites over ``--rounds`` rounds; a row reports each site's median over rounds of
+``_common.host_us`` (median over batches of 50 calls, GPU idle between batches) and the ratio
+to the first site.  The calls are decode-size (4 tokens, hidden 7168, 256 experts): where the
+host path, not the GPU, sets an op's cost.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+from _common import env_facts, env_markdown, markdown_table, write_reports
+
+HERE = Path(__file__).resolve().parent
+
+
+def calls():
+    """(label, fn) of decode-size calls of the common ops (inputs built once)."""
+    import torch
+    from tilebin.ops import moe, quant
+
+    dev = "cuda"
+    x = torch.randn(4, 7168, device=dev, dtype=torch.bfloat16)
+    logits, bias = torch.randn(4, 256, device=dev), torch.randn(256, device=dev)
+    topk_idx, topk_w = moe.top2_sum_gate(logits, bias, 8, 4, 8, False, 0, 2.5, 0, 1, 0, 1, "sigmoid")
+    mapping = moe.get_fused_mapping(topk_idx, 256, 4 * 8 + 256 * 127, 128)
+    expanded = moe.expand_to_fused(x, mapping[3], mapping[0])
+    q = quant.per_token_cast(x, "e4m3", 128)
+    x2 = torch.randn(4, 2 * 2048, device=dev, dtype=torch.bfloat16)
+    return [
+        ("quant.per_token_cast(x, 'e4m3', 128)", lambda: quant.per_token_cast(x, "e4m3", 128)),
+        ("quant.per_token_cast(x, 'e4m3', 128, col-major sf)",
+         lambda: quant.per_token_cast(x, "e4m3", 128, use_tma_aligned_col_major_sf=True)),
+        ("quant.per_block_cast(x, 'e4m3', (128, 128))", lambda: quant.per_block_cast(x, "e4m3", (128, 128))),
+        ("quant.cast_back(q, 'bf16', (1, 128))", lambda: quant.cast_back(q, "bf16", (1, 128))),
+        ("quant.swiglu_forward_and_per_token_cast(x2, 'e4m3', 128)",
+         lambda: quant.swiglu_forward_and_per_token_cast(x2, "e4m3", 128)),
+        ("moe.topk_gate(logits, 8)", lambda: moe.topk_gate(logits, 8)),
+        ("moe.top2_sum_gate(256 experts, 8 groups)",
+         lambda: moe.top2_sum_gate(logits, bias, 8, 4, 8, False, 0, 2.5, 0, 1, 0, 1, "sigmoid")),
+        ("moe.normalize_weight(topk_w)", lambda: moe.normalize_weight(topk_w)),
+        ("moe.get_fused_mapping(topk_idx, 256, n, 128)",
+         lambda: moe.get_fused_mapping(topk_idx, 256, 4 * 8 + 256 * 127, 128)),
+        ("moe.expand_to_fused(x, ...)", lambda: moe.expand_to_fused(x, mapping[3], mapping[0])),
+        ("moe.reduce_fused(expanded, topk_w, ...)", lambda: moe.reduce_fused(expanded, topk_w, mapping[3])),
+    ]
+
+
+def child(rounds_out: str) -> None:
+    """Measure every call once (in this interpreter's tilebin) and write {label: us} as JSON."""
+    sys.path.insert(0, str(HERE))
+    from _common import host_us
+
+    import tilebin
+
+    result = {"_tilebin": str(Path(tilebin.__file__).resolve().parent)}
+    for label, fn in calls():
+        result[label] = host_us(fn)
+    Path(rounds_out).write_text(json.dumps(result))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--site", action="append", required=True, help="label=folder with an installed tilebin")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--child", help=argparse.SUPPRESS)
+    ap.add_argument("--md")
+    ap.add_argument("--json")
+    ns = ap.parse_args()
+    if ns.child:
+        return child(ns.child)
+    sites = dict(s.split("=", 1) for s in ns.site)
+    runs: dict[str, list[dict]] = {label: [] for label in sites}
+    for r in range(ns.rounds):
+        for label, folder in sites.items():
+            out = Path(f"/tmp/bench_host_ab_{label}_{r}.json")
+            env = {**os.environ, "PYTHONPATH": folder}
+            subprocess.run([sys.executable, __file__, "--site", f"{label}={folder}", "--child", str(out)],
+                           env=env, check=True, cwd="/tmp")
+            runs[label].append(json.loads(out.read_text()))
+    labels = list(sites)
+    names = [k for k in runs[labels[0]][0] if not k.startswith("_")]
+    rows = []
+    for name in names:
+        med = {lb: statistics.median(run[name] for run in runs[lb]) for lb in labels}
+        rows.append([name, *(f"{med[lb]:.2f}" for lb in labels),
+                     *(f"{med[lb] / med[labels[0]]:.3f}" for lb in labels[1:])])
+        print(" | ".join(rows[-1]), flush=True)
+    facts = env_facts()
+    md = ("### eager host time per op call, A/B (4 tokens; median of "
+          f"{ns.rounds} alternating rounds, each the median of 30 batches of 50 calls)\n\n")
+    md += env_markdown(facts) + "\n\n" + "\n".join(
+        f"- {lb}: `{runs[lb][0]['_tilebin']}`" for lb in labels) + "\n\n"
+    md += markdown_table(["call", *(f"{lb} us" for lb in labels), *(f"{lb}/{labels[0]}" for lb in labels[1:])], rows)
+    write_reports({"facts": facts, "rows": rows}, md, ns.json, ns.md)
+
+
+if __name__ == "__main__":
+    main()
