@@ -3,7 +3,7 @@
 ``residual_flat`` is bf16 ``[num_tokens, K]`` (``K = mhc_mult * hidden``, the flattened
 streams), ``fn`` fp32 ``[N, K]`` (``N = mhc_mult * (mhc_mult + 2)``: 24 for mhc_mult 4).  Every
 extent (tokens, K, number of splits) is a run-time symbol; the compile-time key is ``mhc_mult``
-(which fixes N).  K must be a multiple of ``KB`` = 128.
+(2, 4 or 8, which fixes N = 8, 24 or 80).  K must be a multiple of ``KB`` = 128.
 
 Numerics (the order the op layer and the tests rely on):
 
@@ -25,19 +25,22 @@ Kernels of this file:
 
 * ``mhc.norm_fn_prep``: ``fn_eff = tf32(fn * w)`` (or ``tf32(fn)`` with ``has_weight == 0``).
 * ``mhc.norm_fn_fwd_mul``: the split-K GEMM + sum of squares.  A block takes ``TB`` = 128
-  tokens x a split's column range, 128 columns a step through a 4-stage pipeline: TileLang
-  warp-specialises it (a producer warpgroup issues the TMA loads of the x tile, bf16 32 KB in a
-  128-byte swizzle, and of the fn tile, fp32 N x 128; rows past the tokens or past N are filled
-  with zeros by TMA) and 8 consumer warps of 16 rows each widen x to fp32 in registers (the
-  swizzle keeps those scalar shared-memory reads conflict-free), add the squares and feed
+  tokens x a split's column range, 128 columns a step through a 4-stage pipeline (3 stages for
+  mhc_mult 8, whose fn tile is 40 KB): TileLang warp-specialises it (a producer warpgroup issues
+  the TMA loads of the x tile, bf16 32 KB in a 128-byte swizzle, and of the fn tile, fp32
+  N x 128; rows past the tokens are filled with zeros by TMA) and 8 consumer warps of 16 rows
+  each widen x to fp32 in registers (the swizzle keeps those scalar shared-memory reads
+  conflict-free), add the squares and feed
   ``mma.sync`` TF32 with N exactly (24: three n8 tiles; WGMMA off).  Grid ``(ceil(T / 128), S)``,
-  one block per SM (176 KB of shared memory).
+  one block per SM (176 KB of shared memory for mhc_mult 4).
 * ``mhc.norm_fn_fwd_norm``: one thread per ``(token, j)``; writes ``out``, and ``out_mul`` /
   ``sqrsum`` (the saved statistics for backward).
 * ``mhc.norm_fn_bwd_norm``: one thread per ``(token, j)``.
-* ``mhc.norm_fn_bwd_mul``: grid ``(K / 128, S_t)``: block ``(c, s)`` takes 128 columns and the
-  token blocks (64 tokens each) ``[s * ntb // S_t, (s + 1) * ntb // S_t)``; it writes ``d x`` of
-  its tiles once and its split's ``g_mul.T @ x`` to ``fn_grad_part[s]`` (no atomics).
+* ``mhc.norm_fn_bwd_mul``: grid ``(K / 128, S_t)``, 128 threads: block ``(c, s)`` takes 128
+  columns (their fn tile in shared memory, N padded to a multiple of 16 with zeros) and the
+  token blocks ``[s * ntb // S_t, (s + 1) * ntb // S_t)`` of 64 tokens (loaded synchronously,
+  x widened to fp32 in shared memory); it writes ``d x`` of its tiles once and its split's
+  ``g_mul.T @ x`` to ``fn_grad_part[s]`` (no atomics).
 * ``mhc.norm_fn_grad_reduce``: one thread per column: ``d fn_eff = sum_s fn_grad_part[s]`` in
   split order; then ``d fn = d fn_eff * w`` and ``d w = sum_n d fn_eff[n] * fn[n]`` (rows in
   order) with a norm weight, else ``d fn = d fn_eff``; added to the targets when
