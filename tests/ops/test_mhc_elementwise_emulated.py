@@ -22,6 +22,7 @@ from mhc_ref import expand as eref
 from mhc_ref import head as href
 from mhc_ref import post as pref
 from mhc_ref.close import assert_bf16_close, assert_bitwise, assert_fp32_close
+from tilebin.modeling.mhc.ops import _rows
 from tilebin.modeling.mhc.ops import expand as ex
 from tilebin.modeling.mhc.ops import head_compute_mix as hm
 from tilebin.modeling.mhc.ops import post as po
@@ -133,11 +134,15 @@ def prim_params():
     return _prim_params()
 
 
-@pytest.fixture
-def launches(monkeypatch, prim_params):
+@pytest.fixture(params=["checked", "fast"])
+def launches(request, monkeypatch, prim_params):
     """Every launch recorded as (kernel, key, args), checked against the PrimFunc (count, ranks,
-    dtypes, int/float scalars) and then emulated."""
+    dtypes, int/float scalars) and then emulated.  Twice: through the checked path, and with CPU
+    tensors counting as on the GPU for the ops' fast-path predicates (``_rows.device_ok``), so the
+    common case takes the fast paths here as it does on a GPU."""
     log = []
+    if request.param == "fast":
+        monkeypatch.setattr(_rows, "device_ok", lambda t: True)
 
     def launcher(name, **key):
         params = prim_params[(name, tuple(sorted(key.items())))]

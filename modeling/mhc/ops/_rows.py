@@ -86,5 +86,41 @@ def check_out(op: str, out: Any, shape: tuple, dtype: torch.dtype, device: torch
                     raise fail(op, f"out overlaps {name} in memory; the op is not in place: pass a separate tensor")
 
 
+_B16, _F32 = torch.bfloat16, torch.float32
+
+
+def device_ok(t: torch.Tensor) -> bool:
+    """The fast paths' device test (a CUDA tensor); the CPU tests replace it to run those paths."""
+    return t.is_cuda
+
+
+def plain(*tensors: torch.Tensor) -> bool:
+    """The fast paths' shared facts: every tensor contiguous, 16-byte aligned, on one CUDA device,
+    at most 2**31 - 1 elements.  (Shapes and dtypes are each op's own test.)  Stricter than the
+    checks is safe: a False only costs the checked path, which raises what it always raised."""
+    dev = None
+    for t in tensors:
+        if not (t.is_contiguous() and device_ok(t) and not t.data_ptr() % 16 and t.numel() <= MAX_ELEMENTS):
+            return False
+        d = t.get_device()
+        if dev is None:
+            dev = d
+        elif d != dev:
+            return False
+    return True
+
+
+def plain_streams(t: Any) -> tuple[int, int] | None:
+    """``(mhc, hidden)`` of a bf16 ``[..., M, H]`` tensor with ``M`` in :data:`MHC_VALUES` and ``H``
+    a positive multiple of 8, else None (the caller then takes the checked path)."""
+    if not isinstance(t, torch.Tensor) or t.dtype is not _B16 or t.dim() < 2:
+        return None
+    m, h = t.shape[-2:]
+    if m not in MHC_VALUES or h <= 0 or h % HIDDEN_ALIGN:
+        return None
+    return m, h
+
+
 __all__ = ["BF16", "FP32", "MAX_ELEMENTS", "MHC_VALUES", "STASH", "aligned_input", "check_contiguous",
-           "check_hidden", "check_mhc", "check_out", "check_shape", "check_size", "small_input"]
+           "check_hidden", "check_mhc", "check_out", "check_shape", "check_size", "device_ok", "plain",
+           "plain_streams", "small_input"]

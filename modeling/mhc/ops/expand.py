@@ -16,6 +16,7 @@ import torch
 
 from tilebin.ops._common import check_cuda, check_int, check_tensor, fail, launcher
 
+from . import _rows
 from ._rows import BF16, MAX_ELEMENTS, aligned_input, check_contiguous, check_hidden, check_out
 
 _OP = "expand_to_mhc"
@@ -38,12 +39,25 @@ def _check(hidden: Any, mhc_mult: Any, out: Any) -> tuple[torch.Tensor, int, tup
     return aligned_input(hidden), mhc, shape
 
 
+def _plain(hidden: Any, mhc_mult: Any) -> bool:
+    """True when :func:`_check` and the device check would accept the arguments (``out`` None)
+    and ``hidden`` needs no copy; else False (the checked path)."""
+    if not (isinstance(hidden, torch.Tensor) and hidden.dtype is torch.bfloat16 and hidden.dim() >= 1
+            and type(mhc_mult) is int and 1 <= mhc_mult <= 1024):
+        return False
+    h = hidden.shape[-1]
+    return (h > 0 and not h % 8 and hidden.numel() * mhc_mult <= MAX_ELEMENTS and _rows.plain(hidden))
+
+
 class ExpandToMHCFn(torch.autograd.Function):
     """``apply(hidden, mhc_mult, out)``: see :func:`expand_to_mhc`."""
 
     @staticmethod
     def forward(ctx: Any, hidden: torch.Tensor, mhc_mult: int, out: torch.Tensor | None) -> torch.Tensor:
-        x, mhc, shape = _check(hidden, mhc_mult, out)
+        if out is None and _plain(hidden, mhc_mult):  # the common case, one cheaper predicate
+            x, mhc, shape = hidden, mhc_mult, (*hidden.shape[:-1], mhc_mult, hidden.shape[-1])
+        else:
+            x, mhc, shape = _check(hidden, mhc_mult, out)
         if out is None:
             out = torch.empty(shape, dtype=torch.bfloat16, device=hidden.device)
         else:

@@ -32,6 +32,7 @@ import torch
 
 from tilebin.ops._common import check_cuda, check_flag, check_tensor, fail, launcher
 
+from . import _rows
 from ._rows import (BF16, FP32, STASH, aligned_input, check_contiguous, check_hidden, check_mhc, check_out,
                     check_shape, check_size, small_input)
 
@@ -56,9 +57,35 @@ def _check(op: str, x: Any, residual: Any, post_layer_mix: Any, comb_res_mix: An
     return mhc, hidden, tuple(lead)
 
 
+def _plain_args(x: Any, residual: Any, post_layer_mix: Any, comb_res_mix: Any) -> tuple[int, int] | None:
+    """``(mhc, hidden)`` when :func:`_check` and the device check would accept the arguments and
+    none needs a copy (all contiguous, aligned, on one GPU); else None."""
+    mh = _rows.plain_streams(residual)
+    if mh is None or not (isinstance(x, torch.Tensor) and isinstance(post_layer_mix, torch.Tensor)
+                          and isinstance(comb_res_mix, torch.Tensor)):
+        return None
+    mhc, hidden = mh
+    lead = residual.shape[:-2]
+    if (x.dtype is not BF16[0] or post_layer_mix.dtype is not FP32[0] or comb_res_mix.dtype is not FP32[0]
+            or x.shape != (*lead, hidden) or post_layer_mix.shape != (*lead, mhc, 1)
+            or comb_res_mix.shape != (*lead, mhc, mhc)):
+        return None
+    return mh if _rows.plain(residual, x, post_layer_mix, comb_res_mix) else None
+
+
 def mhc_post_fwd(x: torch.Tensor, residual: torch.Tensor, post_layer_mix: torch.Tensor, comb_res_mix: torch.Tensor,
                  out: torch.Tensor | None = None) -> torch.Tensor:
     """The merged residual ``[..., M, H]`` (bf16; see the module docstring), into ``out`` when given."""
+    if out is None:
+        mh = _plain_args(x, residual, post_layer_mix, comb_res_mix)
+        if mh is not None:  # the common case, validated by one cheaper predicate
+            mhc, hidden = mh
+            out = torch.empty(residual.shape, dtype=torch.bfloat16, device=residual.device)
+            if out.numel():
+                launcher("mhc.post_fwd", mhc=mhc)(x.view(-1, hidden), residual.view(-1, mhc, hidden),
+                                                  post_layer_mix.view(-1, mhc), comb_res_mix.view(-1, mhc, mhc),
+                                                  out.view(-1, mhc, hidden))
+            return out
     op = "mhc_post_fwd"
     mhc, hidden, lead = _check(op, x, residual, post_layer_mix, comb_res_mix)
     if out is not None:
@@ -86,6 +113,14 @@ def mhc_post_bwd(x: torch.Tensor, residual: torch.Tensor, post_layer_mix: torch.
     check_shape(op, "d_o", d_o, tuple(residual.shape), "the forward's output shape")
     fuse = check_flag(op, "fuse_grad_acc", fuse_grad_acc)
     check_cuda(op, x=x, residual=residual, post_layer_mix=post_layer_mix, comb_res_mix=comb_res_mix, d_o=d_o)
+    return _backward(x, residual, post_layer_mix, comb_res_mix, d_o, fuse)
+
+
+def _backward(x: torch.Tensor, residual: torch.Tensor, post_layer_mix: torch.Tensor, comb_res_mix: torch.Tensor,
+              d_o: torch.Tensor, fuse: bool) -> tuple[torch.Tensor, ...]:
+    """:func:`mhc_post_bwd` on validated arguments (the autograd backward: the forward checked
+    them, and autograd hands ``d_o`` of the output's shape and dtype)."""
+    mhc, hidden = residual.shape[-2:]
     dev = residual.device
     d_x = torch.empty(x.shape, dtype=torch.bfloat16, device=dev)
     d_residual = torch.empty(residual.shape, dtype=torch.bfloat16, device=dev)
@@ -118,7 +153,7 @@ class MHCPost(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, d_o: torch.Tensor) -> tuple:
         x, residual, post_layer_mix, comb_res_mix = ctx.saved_tensors
-        return (*mhc_post_bwd(x, residual, post_layer_mix, comb_res_mix, d_o), None)
+        return (*_backward(x, residual, post_layer_mix, comb_res_mix, d_o, True), None)
 
 
 def mhc_post(x: torch.Tensor, residual: torch.Tensor, post_layer_mix: torch.Tensor, comb_res_mix: torch.Tensor,

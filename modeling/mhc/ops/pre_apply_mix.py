@@ -26,6 +26,7 @@ import torch
 
 from tilebin.ops._common import check_cuda, check_tensor, fail, launcher
 
+from . import _rows
 from ._rows import (BF16, FP32, STASH, aligned_input, check_contiguous, check_hidden, check_mhc, check_out,
                     check_shape, check_size, small_input)
 
@@ -61,14 +62,25 @@ def _stash_of(x: torch.Tensor) -> torch.Tensor | None:
     return None
 
 
+def _plain_mix(x: torch.Tensor, mix: Any, mhc: int, hidden: int) -> bool:
+    """True when :func:`_check` and the device check would accept ``(x, mix)`` (x already known
+    to be bf16 ``[..., mhc, hidden]``) and neither needs a copy; else False (the checked path)."""
+    return (isinstance(mix, torch.Tensor) and mix.dtype is FP32[0] and mix.shape == (*x.shape[:-1], 1)
+            and _rows.plain(x, mix))
+
+
 class MHCPreApplyMix(torch.autograd.Function):
     """``apply(x, mix, out)``: see :func:`mhc_pre_apply_mix`."""
 
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, mix: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
-        mhc, hidden, lead = _check(x, mix, out)
-        xa = aligned_input(x)
-        m2 = small_input(mix)
+        mh = _rows.plain_streams(x) if out is None else None
+        if mh is not None and _plain_mix(x, mix, *mh):  # the common case, one cheaper predicate
+            (mhc, hidden), lead, xa, m2 = mh, x.shape[:-2], x, mix
+        else:
+            mhc, hidden, lead = _check(x, mix, out)
+            xa = aligned_input(x)
+            m2 = small_input(mix)
         if out is None:
             out = torch.empty((*lead, hidden), dtype=torch.bfloat16, device=x.device)
         else:
