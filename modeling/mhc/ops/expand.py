@@ -4,7 +4,7 @@
 Forward: ``hidden`` bf16 ``[..., H]`` -> bf16 ``[..., mhc_mult, H]`` with every stream equal to
 ``hidden`` (a bit copy), into ``out`` when given.  Backward: the stream sum, in fp32 in stream
 order, rounded to bf16 once.  Any leading dims (0 tokens included: nothing is launched), ``H`` a
-positive multiple of 8, any ``mhc_mult >= 1`` (one cubin serves every count and hidden size).
+positive multiple of 8, ``mhc_mult`` from 1 to 1024 (one cubin serves every count and hidden size).
 Bad arguments raise :class:`tilebin.runtime.ArgumentError` before any GPU work.
 """
 
