@@ -21,7 +21,7 @@ import torch
 from .ops.expand import expand_to_mhc
 from .ops.head_compute_mix import mhc_head_compute_mix
 from .ops.norm_fn import mhc_pre_norm_fn
-from .ops.post import mhc_post
+from .ops.post import mhc_post  # noqa: F401  (the post step of the layer API, as tile_kernels exposes it here)
 from .ops.pre_apply_mix import mhc_pre_apply_mix
 from .ops.pre_big_fuse import mhc_pre_big_fuse
 from .ops.pre_split_mixes import mhc_pre_split_mixes
