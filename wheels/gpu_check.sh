@@ -17,7 +17,7 @@
 #   GPU_CHECK_BUDGET_S     wall-clock budget for the whole script, default 540 (the device
 #                          tool stops a command at 600 s); a stage gets what is left, minus a reserve
 #   GPU_CHECK_PYTHON       interpreter, default python3 (the image's torch Python)
-#   GPU_CHECK_BENCHES      benchmarks to run, default "quant moe engram op_host launch transpose host_parts"
+#   GPU_CHECK_BENCHES      benchmarks to run, default "quant moe engram mhc op_host launch transpose host_parts"
 #   GPU_CHECK_PEER_TAR     a .tar.xz of tile_kernels + tilelang unpacked (../shared/NOTES.md), default
 #                          $REPO/.tk/tk.tar.xz when present: the benches that know the peer
 #                          (engram) time it side by side
@@ -147,7 +147,7 @@ run_tests() {
 bench_one() {  # bench_one NAME CAP_S ARGS...: run bench/bench_NAME.py if GPU_CHECK_BENCHES lists it
   local name=$1 want=$2 cap
   shift 2
-  [[ " ${GPU_CHECK_BENCHES:-quant moe engram op_host launch transpose host_parts} " == *" $name "* ]] || return 0
+  [[ " ${GPU_CHECK_BENCHES:-quant moe engram mhc op_host launch transpose host_parts} " == *" $name "* ]] || return 0
   cap=$(limit "$want" 60)
   if ((cap < 30)); then
     stamp "bench: $name skipped, only ${cap}s left in the budget"

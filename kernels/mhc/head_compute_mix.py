@@ -144,6 +144,7 @@ KERNELS = (
     KernelDecl(
         name="mhc.head_compute_mix_bwd",
         factory=head_compute_mix_bwd,
+        meta={"parts": PARTS, "max_mhc": MAX_MHC},  # the op's mhc limit and its scratch's [parts, max_mhc + 1]
         grid=({},),
         outputs=("grad_input", "partial", "grad_scale", "grad_base"),
         align=4,

@@ -9,7 +9,8 @@ import pytest
 
 from ops_stub import declared_meta
 
-_READERS = ("tilebin.ops.quant._per_token", "tilebin.ops.moe._routing")  # op modules that read kernel_meta
+_READERS = ("tilebin.ops.quant._per_token", "tilebin.ops.moe._routing",  # op modules that read kernel_meta
+            "tilebin.modeling.mhc.ops.head_compute_mix")
 
 
 @pytest.fixture(autouse=True)

@@ -85,7 +85,7 @@ def _head_fwd(input_mix, scale, base, output_mix, pre_eps):
 
 
 def _head_bwd(grad_output, input_mix, scale, base, grad_input, partial, grad_scale, grad_base):
-    assert partial.shape == (hm.PARTS, hm.MAX_MHC + 1) and partial.dtype == F32
+    assert partial.shape == (128, 9) and partial.dtype == F32  # the kernel meta: parts 128, max_mhc 8
     s = torch.sigmoid(_fma(input_mix, scale, base))
     d = s * (1 - s) * grad_output
     grad_input.copy_(d * scale)

@@ -21,13 +21,12 @@ from typing import Any
 
 import torch
 
-from tilebin.ops._common import check_cuda, check_float32, check_tensor, fail, launcher
+from tilebin.ops._common import check_cuda, check_float32, check_tensor, fail, kernel_meta, launcher
 
 from ._rows import FP32, check_shape, check_size
 
 _OP = "mhc_head_compute_mix"
-MAX_MHC = 8  # kernels/mhc/head_compute_mix.py: MAX_MHC
-PARTS = 128  # kernels/mhc/head_compute_mix.py: PARTS (rows of the backward's scratch)
+_BWD = "mhc.head_compute_mix_bwd"  # its meta: max_mhc (the op's limit), parts (rows of the backward's scratch)
 
 
 def _check(input_mix: Any, mhc_scale: Any, mhc_base: Any, mhc_pre_eps: Any) -> tuple[int, float]:
@@ -35,9 +34,10 @@ def _check(input_mix: Any, mhc_scale: Any, mhc_base: Any, mhc_pre_eps: Any) -> t
     if input_mix.dim() < 1:
         raise fail(_OP, "input_mix must be [..., mhc_mult], got a 0-D tensor")
     mhc = input_mix.shape[-1]
-    if not 1 <= mhc <= MAX_MHC:
+    max_mhc = kernel_meta(_BWD, "max_mhc")
+    if not 1 <= mhc <= max_mhc:
         raise fail(_OP, f"input_mix has shape {tuple(input_mix.shape)}; supported: mhc_mult (its last dim) "
-                        f"from 1 to {MAX_MHC}")
+                        f"from 1 to {max_mhc}")
     check_size(_OP, "input_mix", input_mix)
     check_tensor(_OP, "mhc_scale", mhc_scale, FP32)
     check_shape(_OP, "mhc_scale", mhc_scale, (1,), "one scale; pass scale.reshape(1)")
@@ -73,7 +73,8 @@ class MHCHeadComputeMix(torch.autograd.Function):
             grad_scale = torch.zeros((1,), dtype=torch.float32, device=dev)
             return grad_input, grad_scale.view(scale.shape), torch.zeros((mhc,), dtype=torch.float32, device=dev), None
         g = grad.contiguous()
-        partial = torch.empty((PARTS, MAX_MHC + 1), dtype=torch.float32, device=dev)
+        partial = torch.empty((kernel_meta(_BWD, "parts"), kernel_meta(_BWD, "max_mhc") + 1), dtype=torch.float32,
+                              device=dev)
         grad_scale = torch.empty((1,), dtype=torch.float32, device=dev)
         grad_base = torch.empty((mhc,), dtype=torch.float32, device=dev)
         launcher("mhc.head_compute_mix_bwd")(g.view(-1, mhc), inp.view(-1, mhc), scale, base,
