@@ -238,6 +238,7 @@ def norm_fn_bwd_mul(mhc_mult: int):
     n = _n_of(mhc_mult)
     npad = _n_pad(n)
     num_tokens, k_cols, t_splits = T.dynamic("num_tokens"), T.dynamic("mhc_hidden"), T.dynamic("t_splits")
+    kv = (num_tokens, (k_cols // KB) * KB)  # rows a multiple of KB long: 8- and 4-byte vector accesses
 
     @T.prim_func
     def main(
@@ -265,7 +266,7 @@ def norm_fn_bwd_mul(mhc_mult: int):
                 for i, j in T.Parallel(TB_BWD, KB):
                     x_s[i, j] = T.if_then_else(
                         t0 + i < num_tokens,
-                        T.Cast("float32", x[t0 + i, bk * KB + j]),
+                        T.Cast("float32", T.Tensor(kv, "bfloat16", x.data)[t0 + i, bk * KB + j]),
                         T.float32(0))
                 for i, j in T.Parallel(TB_BWD, npad):
                     g_s[i, j] = T.if_then_else(
@@ -277,13 +278,14 @@ def norm_fn_bwd_mul(mhc_mult: int):
                 for i, j in T.Parallel(TB_BWD, KB):
                     xg[i, j] = T.if_then_else(
                         accumulate != 0 and t0 + i < num_tokens,
-                        T.Cast("float32", x_grad[t0 + i, bk * KB + j]),
+                        T.Cast("float32", T.Tensor(kv, "bfloat16", x_grad.data)[t0 + i, bk * KB + j]),
                         T.float32(0))
                 T.gemm(g_s, x_s, fg, transpose_A=True)
                 T.gemm(g_s, f_s, xg)
                 for i, j in T.Parallel(TB_BWD, KB):
                     if t0 + i < num_tokens:
-                        x_grad[t0 + i, bk * KB + j] = T.Cast("bfloat16", xg[i, j] + 2 * x_s[i, j] * gs[i])
+                        T.Tensor(kv, "bfloat16", x_grad.data)[t0 + i, bk * KB + j] = T.Cast(
+                            "bfloat16", xg[i, j] + 2 * x_s[i, j] * gs[i])
             for i, j in T.Parallel(npad, KB):
                 if i < n:
                     fn_grad_part[bs, i, bk * KB + j] = fg[i, j]
