@@ -118,7 +118,7 @@ def _positional(call: F.Call) -> tuple:
     return tuple(bound.arguments.values())
 
 
-@pytest.mark.parametrize("seed", range(2))
+@pytest.mark.parametrize("seed", range(1))
 @pytest.mark.parametrize("op", sorted(F.BUILDERS))
 def test_opcheck_every_op(op, seed):
     from tilebin.ops import _torch
