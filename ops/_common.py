@@ -45,7 +45,8 @@ def launcher(name: str, **key: Any) -> runtime.UncheckedLauncher:
     """The launcher of kernel ``name``'s variant whose key is exactly ``key`` (cached).
 
     ``fn(*args)`` launches with the PrimFunc's parameters in order on torch's current stream;
-    see :meth:`tilebin.runtime.Registry.unchecked_launcher` for what it does not check.
+    see :meth:`tilebin.runtime.Registry.unchecked_launcher` for what it does not check.  A
+    variant with TMA descriptors launches through the checked ``runtime.launch`` instead.
     While tracing with fake tensors (:data:`TRACING`) it is a no-op that reads nothing.
     """
     if TRACING.on:
@@ -53,8 +54,22 @@ def launcher(name: str, **key: Any) -> runtime.UncheckedLauncher:
     cache_key = (name, tuple(sorted(key.items())))
     fn = _LAUNCHERS.get(cache_key)
     if fn is None:
-        fn = _LAUNCHERS[cache_key] = runtime.unchecked_launcher(name, **key)
+        fn = _LAUNCHERS[cache_key] = _tma_launch(name, key) or runtime.unchecked_launcher(name, **key)
     return fn
+
+
+def _tma_launch(name: str, key: dict) -> Any:
+    """For a variant with TMA descriptors (which the unchecked path does not encode): a function
+    launching it through :func:`tilebin.runtime.launch` (checked, its descriptors cached per
+    address); else None."""
+    if not any(dict(v.key) == key and v.tma for v in runtime.spec(name).variants):
+        return None
+    launch = runtime.launch
+
+    def checked(*args: Any) -> None:
+        launch(name, *args, **key)
+
+    return checked
 
 
 _META: dict[tuple[str, str], Any] = {}
