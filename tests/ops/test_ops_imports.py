@@ -52,3 +52,16 @@ def test_importing_ops_registers_nothing_with_torch():
     """)
     run = subprocess.run([sys.executable, "-c", code, str(ROOT)], capture_output=True, text=True, timeout=120)
     assert run.returncode == 0 and "tilebin::per_token_cast(Tensor x, Tensor? x_sf" in run.stdout, run.stderr[-2000:]
+
+
+def test_importing_ops_does_not_import_dynamo():
+    """torch._dynamo costs seconds to import (and eager calls nothing): only compiling pulls it in."""
+    code = textwrap.dedent("""
+        import sys
+        sys.path.insert(0, sys.argv[1])
+        import torch
+        import tilebin.ops, tilebin.ops.quant, tilebin.ops.moe, tilebin.ops.engram, tilebin.modeling.mhc
+        print("torch._dynamo" in sys.modules)
+    """)
+    run = subprocess.run([sys.executable, "-c", code, str(ROOT)], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0 and run.stdout.strip() == "False", run.stdout + run.stderr[-2000:]
