@@ -4,10 +4,10 @@
     python3 bench/bench_host_ab.py --site before=/tmp/tb-old --site after=/tmp/tb-new [--md F]
 
 Each site is a folder a tilebin wheel was installed into (``pip install --no-deps --target``).
-Every site is measured in its own child process (one tilebin per interpreter), alternating
-sites over ``--rounds`` rounds; a row reports each site's median over rounds of
-``_common.host_us`` (median over batches of 50 calls, GPU idle between batches) and the ratio
-to the first site.  The calls are decode-size (4 tokens, hidden 7168, 256 experts): where the
+Every site is measured in its own child process (one tilebin per interpreter), all pinned to
+one CPU core, in ABBA order over ``--rounds`` rounds (so neither site always runs first); a row
+reports each site's median over rounds of ``_common.host_us`` (median over batches of 50 calls,
+GPU idle between batches) and the ratio to the first site.  The calls are decode-size (4 tokens, hidden 7168, 256 experts): where the
 host path, not the GPU, sets an op's cost.
 """
 
@@ -24,6 +24,7 @@ from pathlib import Path
 from _common import env_facts, env_markdown, markdown_table, write_reports
 
 HERE = Path(__file__).resolve().parent
+_CORE = 2
 
 
 def calls():
@@ -65,16 +66,18 @@ def child(rounds_out: str) -> None:
 
     import tilebin
 
+    os.sched_setaffinity(0, {_CORE})  # every child on the same core: no core-to-core speed difference
     result = {"_tilebin": str(Path(tilebin.__file__).resolve().parent)}
     for label, fn in calls():
         result[label] = host_us(fn)
+    result["_dynamo_imported"] = "torch._dynamo" in sys.modules
     Path(rounds_out).write_text(json.dumps(result))
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--site", action="append", required=True, help="label=folder with an installed tilebin")
-    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--rounds", type=int, default=6)
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--md")
     ap.add_argument("--json")
@@ -84,7 +87,8 @@ def main() -> None:
     sites = dict(s.split("=", 1) for s in ns.site)
     runs: dict[str, list[dict]] = {label: [] for label in sites}
     for r in range(ns.rounds):
-        for label, folder in sites.items():
+        order = list(sites.items()) if r % 2 == 0 else list(sites.items())[::-1]  # ABBA
+        for label, folder in order:
             out = Path(f"/tmp/bench_host_ab_{label}_{r}.json")
             env = {**os.environ, "PYTHONPATH": folder}
             subprocess.run([sys.executable, __file__, "--site", f"{label}={folder}", "--child", str(out)],
@@ -100,9 +104,10 @@ def main() -> None:
         print(" | ".join(rows[-1]), flush=True)
     facts = env_facts()
     md = ("### eager host time per op call, A/B (4 tokens; median of "
-          f"{ns.rounds} alternating rounds, each the median of 30 batches of 50 calls)\n\n")
+          f"{ns.rounds} ABBA rounds on one pinned core, each the median of 30 batches of 50 calls)\n\n")
     md += env_markdown(facts) + "\n\n" + "\n".join(
-        f"- {lb}: `{runs[lb][0]['_tilebin']}`" for lb in labels) + "\n\n"
+        f"- {lb}: `{runs[lb][0]['_tilebin']}` (torch._dynamo imported: {runs[lb][0]['_dynamo_imported']})"
+        for lb in labels) + "\n\n"
     md += markdown_table(["call", *(f"{lb} us" for lb in labels), *(f"{lb}/{labels[0]}" for lb in labels[1:])], rows)
     write_reports({"facts": facts, "rows": rows}, md, ns.json, ns.md)
 
