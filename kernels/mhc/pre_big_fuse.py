@@ -14,7 +14,8 @@ the unfused ones bit for bit:
    (as ``mhc.pre_split_mixes_fwd``);
 3. Sinkhorn of comb: row softmax (max in index order, ``exp(x - max)``, sums in index order)
    ``+ eps``, then ``2 * repeat - 1`` alternating column / row normalisations
-   ``P / (sum + eps)``, sums in index order (as ``mhc.sinkhorn_fwd``);
+   ``P * (1 / (sum + eps))``, sums in index order; every operation from ``_sinkhorn_math``'s
+   IEEE expression builders in ``mhc.sinkhorn_fwd``'s order, so the bits are its bits;
 4. apply: ``acc = pre[0] * x_0; acc = fma(pre[m], x_m, acc)``, ``layer_input = bf16(acc)``
    (as ``mhc.pre_apply_mix_fwd``).
 
@@ -37,6 +38,7 @@ already done: the serial Sinkhorn overlaps other blocks' streaming).
 import tilelang.language as T
 
 from .._declare import KernelDecl
+from . import _sinkhorn_math as sm
 
 THREADS = 128
 V = 8  # bf16 per 16-byte vector
@@ -80,6 +82,7 @@ def pre_big_fuse(mhc_mult: int):
             ob = T.alloc_local((U * V,), "bfloat16")
             p = T.alloc_local((mm,), "float32")
             s = T.alloc_local((m,), "float32")
+            inv = T.alloc_local((m,), "float32")  # 1 / (sum + eps) of a Sinkhorn step
             s_sq = T.alloc_var("float32")
             s_mul = T.alloc_var("float32")
             if tid < n:
@@ -123,31 +126,35 @@ def pre_big_fuse(mhc_mult: int):
                         s[r] = T.max(s[r], p[r * m + j + 1])
                 for r in T.unroll(m):
                     for j in T.unroll(m):
-                        p[r * m + j] = T.exp(p[r * m + j] - s[r])
+                        p[r * m + j] = sm.shifted_exp(p[r * m + j], s[r])
                 for r in T.unroll(m):
                     s[r] = p[r * m]
                     for j in T.unroll(m - 1):
-                        s[r] = s[r] + p[r * m + j + 1]
+                        s[r] = sm.add(s[r], p[r * m + j + 1])
                 for r in T.unroll(m):
                     for j in T.unroll(m):
-                        p[r * m + j] = p[r * m + j] / s[r] + sinkhorn_eps
+                        p[r * m + j] = sm.softmax_plus_eps(p[r * m + j], s[r], sinkhorn_eps)
                 for k in T.serial(2 * repeat - 1):
                     if k % 2 == 0:  # columns
                         for j in T.unroll(m):
                             s[j] = p[j]
                             for r in T.unroll(m - 1):
-                                s[j] = s[j] + p[(r + 1) * m + j]
+                                s[j] = sm.add(s[j], p[(r + 1) * m + j])
+                        for j in T.unroll(m):
+                            inv[j] = sm.inv_sum(s[j], sinkhorn_eps)
                         for r in T.unroll(m):
                             for j in T.unroll(m):
-                                p[r * m + j] = p[r * m + j] / (s[j] + sinkhorn_eps)
+                                p[r * m + j] = sm.scaled(p[r * m + j], inv[j])
                     else:  # rows
                         for r in T.unroll(m):
                             s[r] = p[r * m]
                             for j in T.unroll(m - 1):
-                                s[r] = s[r] + p[r * m + j + 1]
+                                s[r] = sm.add(s[r], p[r * m + j + 1])
+                        for r in T.unroll(m):
+                            inv[r] = sm.inv_sum(s[r], sinkhorn_eps)
                         for r in T.unroll(m):
                             for j in T.unroll(m):
-                                p[r * m + j] = p[r * m + j] / (s[r] + sinkhorn_eps)
+                                p[r * m + j] = sm.scaled(p[r * m + j], inv[r])
                 for c in T.unroll(mm):
                     comb_mix[bx, c] = p[c]
 

@@ -12,7 +12,9 @@ Semantics (tile_kernels 1.0.0 ``sinkhorn_normalize``), per matrix ``x`` with ``r
 i.e. ``2 * repeat - 1`` normalisation steps after the softmax.  Sums run in index order
 (fp32); a step divides once per row or column (IEEE ``1 / (sum + eps)``, no fast math) and
 multiplies the elements by it (one more rounding than a division per element: well inside fp32
-accuracy, and M times fewer divisions).
+accuracy, and M times fewer divisions).  The forward's operations are ``_sinkhorn_math``'s IEEE
+expression builders (no FMA contraction), shared with ``mhc.pre_big_fuse``, which must match
+``mhc.sinkhorn_fwd`` bit for bit.
 
 Forward ``(x, out, repeat, eps)``: x and out fp32 ``[num_tokens, M, M]`` contiguous.
 
@@ -36,6 +38,7 @@ eps.
 import tilelang.language as T
 
 from .._declare import KernelDecl
+from . import _sinkhorn_math as sm
 
 THREADS = 64
 MULTS = (4, 2, 8)  # mhc_mult variants (4 first: the production size)
@@ -75,35 +78,35 @@ def sinkhorn_fwd(mhc_mult: int):
                         s[r] = T.max(s[r], p[r * m + j + 1])
                 for r in T.unroll(m):
                     for j in T.unroll(m):
-                        p[r * m + j] = T.exp(p[r * m + j] - s[r])
+                        p[r * m + j] = sm.shifted_exp(p[r * m + j], s[r])
                 for r in T.unroll(m):
                     s[r] = p[r * m]
                     for j in T.unroll(m - 1):
-                        s[r] = s[r] + p[r * m + j + 1]
+                        s[r] = sm.add(s[r], p[r * m + j + 1])
                 for r in T.unroll(m):
                     for j in T.unroll(m):
-                        p[r * m + j] = p[r * m + j] / s[r] + eps
+                        p[r * m + j] = sm.softmax_plus_eps(p[r * m + j], s[r], eps)
                 for k in T.serial(2 * repeat - 1):
                     if k % 2 == 0:  # columns
                         for j in T.unroll(m):
                             s[j] = p[j]
                             for r in T.unroll(m - 1):
-                                s[j] = s[j] + p[(r + 1) * m + j]
+                                s[j] = sm.add(s[j], p[(r + 1) * m + j])
                         for j in T.unroll(m):
-                            q[j] = T.float32(1) / (s[j] + eps)
+                            q[j] = sm.inv_sum(s[j], eps)
                         for r in T.unroll(m):
                             for j in T.unroll(m):
-                                p[r * m + j] = p[r * m + j] * q[j]
+                                p[r * m + j] = sm.scaled(p[r * m + j], q[j])
                     else:  # rows
                         for r in T.unroll(m):
                             s[r] = p[r * m]
                             for j in T.unroll(m - 1):
-                                s[r] = s[r] + p[r * m + j + 1]
+                                s[r] = sm.add(s[r], p[r * m + j + 1])
                         for r in T.unroll(m):
-                            q[r] = T.float32(1) / (s[r] + eps)
+                            q[r] = sm.inv_sum(s[r], eps)
                         for r in T.unroll(m):
                             for j in T.unroll(m):
-                                p[r * m + j] = p[r * m + j] * q[r]
+                                p[r * m + j] = sm.scaled(p[r * m + j], q[r])
                 for c in T.unroll(mm // v):
                     for i in T.vectorized(v):
                         T.Tensor((n, mm), "float32", out.data)[bx * THREADS + tid, c * v + i] = p[c * v + i]
@@ -146,35 +149,35 @@ def sinkhorn_bwd(mhc_mult: int):
                         s[r] = T.max(s[r], p[r * m + j + 1])
                 for r in T.unroll(m):
                     for j in T.unroll(m):
-                        p[r * m + j] = T.exp(p[r * m + j] - s[r])
+                        p[r * m + j] = sm.shifted_exp(p[r * m + j], s[r])
                 for r in T.unroll(m):
                     s[r] = p[r * m]
                     for j in T.unroll(m - 1):
-                        s[r] = s[r] + p[r * m + j + 1]
+                        s[r] = sm.add(s[r], p[r * m + j + 1])
                 for r in T.unroll(m):
                     for j in T.unroll(m):
-                        p[r * m + j] = p[r * m + j] / s[r] + eps
+                        p[r * m + j] = sm.softmax_plus_eps(p[r * m + j], s[r], eps)
                 for k in T.serial(steps):
                     if k % 2 == 0:
                         for j in T.unroll(m):
                             s[j] = p[j]
                             for r in T.unroll(m - 1):
-                                s[j] = s[j] + p[(r + 1) * m + j]
+                                s[j] = sm.add(s[j], p[(r + 1) * m + j])
                         for j in T.unroll(m):
-                            q[j] = T.float32(1) / (s[j] + eps)
+                            q[j] = sm.inv_sum(s[j], eps)
                         for r in T.unroll(m):
                             for j in T.unroll(m):
-                                p[r * m + j] = p[r * m + j] * q[j]
+                                p[r * m + j] = sm.scaled(p[r * m + j], q[j])
                     else:
                         for r in T.unroll(m):
                             s[r] = p[r * m]
                             for j in T.unroll(m - 1):
-                                s[r] = s[r] + p[r * m + j + 1]
+                                s[r] = sm.add(s[r], p[r * m + j + 1])
                         for r in T.unroll(m):
-                            q[r] = T.float32(1) / (s[r] + eps)
+                            q[r] = sm.inv_sum(s[r], eps)
                         for r in T.unroll(m):
                             for j in T.unroll(m):
-                                p[r * m + j] = p[r * m + j] * q[r]
+                                p[r * m + j] = sm.scaled(p[r * m + j], q[r])
                     for c in T.unroll(m // vs):
                         for i in T.vectorized(vs):
                             work[k, bx * THREADS + tid, c * vs + i] = s[c * vs + i]
@@ -222,11 +225,11 @@ def sinkhorn_bwd(mhc_mult: int):
                         s[r] = T.max(s[r], p[r * m + j + 1])
                 for r in T.unroll(m):
                     for j in T.unroll(m):
-                        p[r * m + j] = T.exp(p[r * m + j] - s[r])
+                        p[r * m + j] = sm.shifted_exp(p[r * m + j], s[r])
                 for r in T.unroll(m):
                     s[r] = p[r * m]
                     for j in T.unroll(m - 1):
-                        s[r] = s[r] + p[r * m + j + 1]
+                        s[r] = sm.add(s[r], p[r * m + j + 1])
                 for r in T.unroll(m):
                     for j in T.unroll(m):
                         p[r * m + j] = p[r * m + j] / s[r]
