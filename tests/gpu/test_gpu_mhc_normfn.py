@@ -270,7 +270,11 @@ def test_big_fuse_equals_unfused(ops, case):
     assert_bits_equal(li, u_li, f"big fuse layer_input {case}")
     if n1 in (13, 4096):  # and the float64 composition
         wp, wc, wl = bref.pre_big_fuse(res, fn, scale, base, EPS, EPS, EPS, 2.0, 20)
-        assert_within(post, wp, 1e-5 * wp.abs() + 1e-6, f"big fuse post_mix {case} vs float64")
+        # post_mix = 2 sigmoid(mix * scale[1] + base): the TF32 GEMM's error on the mixes (_fwd_bound)
+        # times the sigmoid's slope (<= 1/4) -- past 1e-5 relative at K = 4 * 7168
+        mix_err = _fwd_bound(res, fn, None).amax(-1)[..., None, None]
+        assert_within(post, wp, 2.0 * 0.25 * scale[1].item() * mix_err + 1e-5 * wp.abs() + 1e-6,
+                      f"big fuse post_mix {case} vs float64")
         assert_within(comb, wc, 1e-4 * wc.abs() + 1e-6, f"big fuse comb_mix {case} vs float64")
         li_bound = 2.0 ** -8 * wl.abs() + 1e-4 * (res.double().abs().sum(-2) + 1e-30)
         assert_within(li, wl, li_bound, f"big fuse layer_input {case} vs float64")
