@@ -23,7 +23,8 @@
 #                          (engram) time it side by side
 #   GPU_CHECK_QUANT_ARGS   extra arguments of bench_quant.py, e.g. "--quick"
 #   GPU_CHECK_BASELINE_WHEEL  another tilebin wheel (e.g. main before a change): the host_ab bench
-#                          times eager host cost per op call of both, side by side
+#                          times eager host cost per op call of both, side by side (GPU_CHECK_AB_ROUNDS
+#                          ABBA rounds, default 6)
 #
 # Files written under $OUT (flat, 8 at most, as the device tool returns them):
 #   summary.txt          timestamps, stage exit codes, environment (nvidia-smi, versions, wheel)
@@ -177,7 +178,8 @@ run_bench() {
   bench_one mhc 200
   if [[ -n "${GPU_CHECK_BASELINE_WHEEL:-}" ]]; then
     rm -rf /tmp/tb-base && "$PY" -m pip install -q --no-deps --target /tmp/tb-base "$GPU_CHECK_BASELINE_WHEEL" \
-      >/dev/null 2>&1 && bench_one host_ab 200 --site "before=/tmp/tb-base" --site "after=$SITE"
+      >/dev/null 2>&1 && bench_one host_ab 200 --site "before=/tmp/tb-base" --site "after=$SITE" \
+      --rounds "${GPU_CHECK_AB_ROUNDS:-6}"
   fi
   bench_one quant 240 --json "$OUT/bench-quant.json" ${GPU_CHECK_QUANT_ARGS:-}
   bench_one moe 150 --json "$OUT/bench-moe.json"
