@@ -16,9 +16,9 @@ buffer), the two conversions.  From that declaration come:
   mode that costs one ``torch.compiler.is_compiling()`` call (~0.1 us), never a custom-op dispatch
   (~20-30 us).
 
-Registration happens at the first traced call (marked as ``torch.compiler.assume_constant_result``
-marks a function, so it runs while dynamo traces, with no graph break), or explicitly with
-:func:`register_all` -- which a process must call before ``torch.export.load`` of a program that
+Registration happens at the first traced call (the registering function carries the marker
+``torch.compiler.assume_constant_result`` sets, so dynamo runs it while tracing, with no graph
+break), or explicitly with :func:`register_all` -- which a process must call before ``torch.export.load`` of a program that
 uses tilebin ops.  Importing ``tilebin.ops`` registers nothing (~10 ms) and imports no
 ``torch._dynamo`` (seconds; a test checks it).
 """
