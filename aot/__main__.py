@@ -39,9 +39,16 @@ def main(argv: list[str] | None = None) -> int:
     try:
         build(args.modules or list(ALL_MODULES), opts)
     except AotError as exc:
-        print(f"tilebin.aot: error: {exc}", file=sys.stderr)
+        print(error_line(exc), file=sys.stderr)
         return 1
     return 0
+
+
+def error_line(exc: BaseException) -> str:
+    """One ``tilebin.aot: error:`` line; a multi-line cause (TileLang's) keeps its first and last line."""
+    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()] or [type(exc).__name__]
+    text = " ... ".join(lines) if len(lines) <= 2 else f"{lines[0]} ... {lines[-1]} ({len(lines) - 2} lines omitted)"
+    return f"tilebin.aot: error: {text}"
 
 
 if __name__ == "__main__":

@@ -7,10 +7,12 @@ import importlib
 import multiprocessing
 import os
 import pathlib
+import sys
 import tempfile
 import time
+import traceback
 from collections.abc import Iterable, Sequence
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 
 from tilebin.runtime._manifest import BuildInfo, Manifest, parse_manifest, to_plain
@@ -36,10 +38,7 @@ def enumerate_jobs(modules: Iterable[str]) -> list[Job]:
     """Every (kernel, variant) job the modules declare, in declaration order."""
     jobs, seen = [], {}
     for module in modules:
-        try:
-            mod = importlib.import_module(module)
-        except ImportError as exc:
-            raise AotError(f"cannot import kernel module {module!r}: {exc}; is it on sys.path / PYTHONPATH?") from exc
+        mod = _import_kernel_module(module)
         decls = getattr(mod, "KERNELS", None)
         if not decls:
             raise AotError(f"{module} declares no kernels: export KERNELS = (KernelDecl(...), ...)")
@@ -51,22 +50,64 @@ def enumerate_jobs(modules: Iterable[str]) -> list[Job]:
     return jobs
 
 
+def _import_kernel_module(module: str):
+    """Import a kernel module; any failure (a syntax error too) is one AotError naming its file:line."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        raise AotError(f"cannot import kernel module {module!r}: {exc}; is it on sys.path / PYTHONPATH?") from exc
+    except SyntaxError as exc:
+        raise AotError(f"{exc.filename}:{exc.lineno}: kernel module {module} has a syntax error: {exc.msg}") from exc
+    except Exception as exc:  # noqa: BLE001 -- whatever the module raises while it runs
+        frames = traceback.extract_tb(exc.__traceback__)
+        site = f"{frames[-1].filename}:{frames[-1].lineno}" if frames else module
+        raise AotError(f"{site}: importing kernel module {module} raised {type(exc).__name__}: {exc}") from exc
+
+
 def _execute(todo: list[Job], nvcc: Nvcc, opts: BuildOptions, log) -> list[JobResult]:
     if not todo:
         return []
     workers = min(len(todo), opts.jobs or os.cpu_count() or 1)
+    progress = _Progress(len(todo), log)
     if workers == 1:
-        results = (lower_job(j, nvcc, opts.lineinfo) for j in todo)
-        return [_logged(r, log) for r in results]
+        return [progress.done(lower_job(j, nvcc, opts.lineinfo)) for j in todo]
     ctx = multiprocessing.get_context("spawn")  # TileLang/TVM state is not fork-safe
     with ProcessPoolExecutor(workers, mp_context=ctx) as pool:  # children inherit sys.path
         futures = [pool.submit(lower_job, j, nvcc, opts.lineinfo) for j in todo]
-        return [_logged(f.result(), log) for f in futures]
+        try:
+            return [progress.done(f.result()) for f in as_completed(futures)]
+        except BaseException:
+            pool.shutdown(wait=True, cancel_futures=True)  # a failed job stops the build now
+            raise
 
 
-def _logged(res: JobResult, log) -> JobResult:
-    log(f"  built {res.job.where}: lower {res.seconds_lower:.1f}s, nvcc {res.seconds_nvcc:.1f}s, {len(res.cubin)} B")
-    return res
+class _Progress:
+    """Logs ``[n/N]`` per finished job with the elapsed time and an ETA from the mean so far."""
+
+    def __init__(self, total: int, log, clock=time.perf_counter):
+        self.total, self.log, self.clock = total, log, clock
+        self.count, self.t0 = 0, clock()
+
+    def done(self, res: JobResult) -> JobResult:
+        self.count += 1
+        elapsed = self.clock() - self.t0
+        eta = elapsed / self.count * (self.total - self.count)
+        self.log(f"  [{self.count}/{self.total}] built {res.job.where}: lower {res.seconds_lower:.1f}s, "
+                 f"nvcc {res.seconds_nvcc:.1f}s, {len(res.cubin)} B; elapsed {_clock(elapsed)}, ETA {_clock(eta)}")
+        return res
+
+
+def _clock(seconds: float) -> str:
+    m, s = divmod(int(round(seconds)), 60)
+    return f"{m}m{s:02d}s" if m else f"{s}s"
+
+
+def _require_tilelang() -> None:
+    try:
+        import tilelang  # noqa: F401
+    except ImportError as exc:
+        raise AotError(f"the AOT build needs TileLang, which {sys.executable} cannot import ({exc}); "
+                       f'install it with: pip install "tilebin[aot]"') from None
 
 
 def _tool_facts(nvcc: Nvcc, opts: BuildOptions) -> dict:
@@ -111,6 +152,7 @@ def _assemble(results: Sequence[JobResult], build: BuildInfo, facts: dict[str, d
 def build(modules: Sequence[str], opts: BuildOptions, log=print) -> Manifest:
     """Build every variant the modules declare into ``opts.out_dir``; returns the manifest written."""
     t0 = time.perf_counter()
+    _require_tilelang()
     nvcc = find_nvcc(opts.nvcc, opts.allow_nvcc_mismatch)
     jobs = enumerate_jobs(modules)
     facts = _tool_facts(nvcc, opts)

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import hashlib
 import importlib
+import inspect
+import sys
 from dataclasses import dataclass
 from typing import Any
 
 from ._errors import AotError
-from ._facts import launch_facts
 from ._nvcc import ARCH, Nvcc, compile_cubin, nvcc_flags
 
 
@@ -41,6 +42,14 @@ def find_decl(module: str, kernel: str) -> Any:
     raise AotError(f"{module} does not declare kernel {kernel!r} in KERNELS")
 
 
+def decl_site(decl: Any, module: str) -> str:
+    """``file:line`` of a declaration's factory (where to look when its lowering fails), else the module's file."""
+    code = getattr(inspect.unwrap(getattr(decl, "factory", None)), "__code__", None)
+    if code is not None:
+        return f"{code.co_filename}:{code.co_firstlineno}"
+    return getattr(sys.modules.get(module), "__file__", None) or module
+
+
 def _extra_flags(pass_configs: Any) -> list[str]:
     flags = []
     if pass_configs.get("tl.enable_fast_math"):
@@ -60,6 +69,8 @@ def lower_job(job: Job, nvcc: Nvcc, lineinfo: bool) -> JobResult:
     from tilelang import tvm
     from tvm.target import Target
 
+    from ._facts import launch_facts  # imports TileLang: only where a job runs
+
     decl = find_decl(job.module, job.kernel)
     target = Target({"kind": "cuda", "arch": ARCH})
     t0 = time.perf_counter()
@@ -72,7 +83,7 @@ def lower_job(job: Job, nvcc: Nvcc, lineinfo: bool) -> JobResult:
     except AotError:
         raise
     except Exception as exc:  # TileLang raises many types; name the job and keep the cause
-        raise AotError(f"{job.where}: lowering failed: {type(exc).__name__}: {exc}") from exc
+        raise AotError(f"{decl_site(decl, job.module)}: {job.where}: lowering failed: {type(exc).__name__}: {exc}") from exc
     t1 = time.perf_counter()
     flags = nvcc_flags([tl_env.TILELANG_TEMPLATE_PATH, tl_env.CUTLASS_INCLUDE_DIR], lineinfo, _extra_flags(decl.pass_configs))
     cubin = compile_cubin(nvcc, art.kernel_source, flags, job.where)
