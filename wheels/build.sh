@@ -8,7 +8,9 @@
 # 2. pip wheel . --no-build-isolation: scikit-build-core runs CMake, CMake runs the AOT build
 #    with this venv's Python (it has tilelang) into build/<tag>/artifacts, cached in
 #    build/aot-cache, so a rebuild only lowers what changed;
-# 3. wheels/verify_wheel.py checks the result.
+# 3. wheels/verify_wheel.py checks the result; only a verified wheel replaces the one in
+#    wheels/dist/ (the build goes to a staging folder under build/, so a failed build or a
+#    refused wheel leaves the last good wheel in place).
 #
 # Environment: PYTHON (interpreter that creates the venv, default python3),
 # TILEBIN_VENV (default <repo>/.venv), TILEBIN_PREBUILT_ARTIFACTS=<dir> (package that folder
@@ -55,22 +57,58 @@ ensure_venv() {
   printf '%s\n' "$want" >"$stamp"
 }
 
-main() {
-  local t0=$SECONDS
-  ensure_venv
-  mkdir -p "$DIST"
-  rm -f "$DIST"/tilebin-*.whl
+# pip wheel into DIR (a staging folder; wheels/dist is only touched once the new wheel passes).
+build_wheel() {
+  local out="$1"; shift
   local jobs
   jobs="$(nproc 2>/dev/null || echo 2)"
   log "building the wheel (AOT jobs: $jobs)"
   # PATH: scikit-build-core and the AOT step find the venv's cmake/ninja first.
   PATH="$VENV/bin:$PATH" "$VENV/bin/python" -m pip wheel . \
-    --no-build-isolation --no-deps --wheel-dir "$DIST" --verbose \
+    --no-build-isolation --no-deps --wheel-dir "$out" --verbose \
     -C "cmake.define.TILEBIN_AOT_JOBS=$jobs" "$@"
-  local wheels=("$DIST"/tilebin-*.whl)
-  [[ -f "${wheels[0]}" ]] || { log "no wheel in $DIST"; exit 1; }
-  "$VENV/bin/python" "$ROOT/wheels/verify_wheel.py" --budget-mb "${TILEBIN_WHEEL_BUDGET_MB:-50}" "${wheels[@]}"
-  log "done in $((SECONDS - t0)) s: ${wheels[*]}"
 }
 
-main "$@"
+verify_wheel() {
+  "$VENV/bin/python" "$ROOT/wheels/verify_wheel.py" --budget-mb "${TILEBIN_WHEEL_BUDGET_MB:-50}" "$@"
+}
+
+# Move the one verified wheel in STAGE into $DIST, replacing the previous one; on any failure
+# (no wheel, several, verify_wheel.py refuses it) $DIST keeps the last good wheel.
+publish_verified() {
+  local stage="$1" wheels
+  shopt -s nullglob
+  wheels=("$stage"/tilebin-*.whl)
+  shopt -u nullglob
+  if [[ ${#wheels[@]} -ne 1 ]]; then
+    log "error: the build left ${#wheels[@]} wheel(s) in $stage, want exactly one; $DIST keeps the previous wheel"
+    return 1
+  fi
+  if ! verify_wheel "${wheels[0]}"; then
+    log "error: $(basename "${wheels[0]}") failed verification; $DIST keeps the previous wheel"
+    return 1
+  fi
+  mkdir -p "$DIST"
+  rm -f "$DIST"/tilebin-*.whl
+  mv "${wheels[0]}" "$DIST/" || return 1
+  PUBLISHED="$DIST/$(basename "${wheels[0]}")"
+}
+
+main() {
+  local t0=$SECONDS
+  ensure_venv
+  mkdir -p "$ROOT/build"
+  STAGE="$(mktemp -d "$ROOT/build/dist-staging.XXXXXX")"
+  trap 'rm -rf "$STAGE"' EXIT
+  if ! build_wheel "$STAGE" "$@"; then
+    log "error: the wheel build failed; $DIST keeps the previous wheel"
+    exit 1
+  fi
+  publish_verified "$STAGE" || exit 1
+  log "done in $((SECONDS - t0)) s: $PUBLISHED"
+}
+
+# Sourced (tests/test_build_sh.py stubs build_wheel/verify_wheel): define the functions only.
+if [[ "${BASH_SOURCE[0]}" == "$0" ]]; then
+  main "$@"
+fi
