@@ -17,17 +17,19 @@ from __future__ import annotations
 
 from typing import Any
 
-from ._errors import ArgumentError, ArtifactError, DeviceError, NoVariantError, TilebinError
+from ._errors import ArgumentError, ArtifactError, DeviceError, NoVariantError, TilebinError, UnknownKernelError
 from ._manifest import SCHEMA_VERSION, KernelSpec
 from ._launcher import Launcher, PreparedCall, hot_module
+from ._dispatch import is_internal
 from ._registry import _DEFAULT, Registry, default_registry
 
 UncheckedLauncher = Launcher  # the name the op layer's annotations use
 
 __all__ = [
-    "launch", "prepare", "unchecked_launcher", "kernel_names", "spec", "hot_path", "Registry", "PreparedCall",
-    "Launcher", "UncheckedLauncher", "KernelSpec",
-    "TilebinError", "NoVariantError", "ArgumentError", "ArtifactError", "DeviceError", "SCHEMA_VERSION",
+    "launch", "prepare", "unchecked_launcher", "kernel_names", "is_internal", "spec", "hot_path", "Registry",
+    "PreparedCall", "Launcher", "UncheckedLauncher", "KernelSpec",
+    "TilebinError", "NoVariantError", "UnknownKernelError", "ArgumentError", "ArtifactError", "DeviceError",
+    "SCHEMA_VERSION",
 ]
 
 
@@ -36,9 +38,10 @@ def _launch_python(name: str, *args: Any, stream: Any = None, **kwargs: Any) -> 
 
     ``args`` follow ``spec(name).params``; ``kwargs`` are scalar parameters by name or
     compile-time key values that pin the variant.  Everything is validated before any GPU
-    work; raises :class:`NoVariantError`, :class:`ArgumentError`, :class:`ArtifactError` or
-    :class:`DeviceError`.  Asynchronous on ``stream`` (default: torch's current stream for
-    torch tensors, else stream 0); thread-safe; capturable in CUDA graphs.
+    work; raises :class:`NoVariantError` (:class:`UnknownKernelError` for an unknown name),
+    :class:`ArgumentError`, :class:`ArtifactError` or :class:`DeviceError`.  Asynchronous on
+    ``stream`` (default: torch's current stream for torch tensors, else stream 0); thread-safe;
+    capturable in CUDA graphs.
     """
     reg = _DEFAULT[0] or default_registry()
     (reg._entries.get(name) or reg._entry(name)).launch(args, kwargs, stream)
@@ -85,11 +88,19 @@ def hot_path() -> str:
     return "python" if hot_module() is None else "c"
 
 
-def kernel_names() -> list[str]:
-    """Every kernel name of the default registry, sorted."""
-    return default_registry().kernel_names()
+def kernel_names(*, internal: bool = False) -> list[str]:
+    """The production kernels of the default registry, sorted: what ``launch`` is for.
+
+    Internal kernels -- the ``testing`` family (runtime feature tests) and the demo
+    ``gemm.gemm_nt`` (see :func:`is_internal`) -- are left out unless ``internal=True``;
+    they stay launchable by name.
+    """
+    return default_registry().kernel_names(internal=internal)
 
 
 def spec(name: str) -> KernelSpec:
-    """The :class:`KernelSpec` of ``name`` in the default registry (:class:`NoVariantError` if unknown)."""
+    """The :class:`KernelSpec` of ``name`` in the default registry.
+
+    Raises :class:`UnknownKernelError` (a :class:`NoVariantError`) naming close names if unknown.
+    """
     return default_registry().spec(name)

@@ -11,18 +11,41 @@ import difflib
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from ._errors import ArgumentError, NoVariantError
+from ._errors import ArgumentError, NoVariantError, UnknownKernelError
 from ._manifest import KernelSpec, VariantSpec
 from ._tensors import TensorInfo, key_text, key_value
 
 _MAX_LISTED = 8
 
 
-def unknown_kernel(name: str, known: Iterable[str]) -> NoVariantError:
+INTERNAL_FAMILIES = frozenset({"testing", "gemm"})
+
+
+def is_internal(name: str) -> bool:
+    """Whether kernel ``name`` is internal, not a production kernel: its family (the part before
+    the first dot) is ``testing`` (runtime feature tests: cooperative launch, PDL) or ``gemm`` (a
+    demo GEMM that exercises TMA, clusters and PDL; not a tuned GEMM), or the name (or its family
+    or op) starts with ``_``.  Internal kernels are hidden from ``kernel_names()`` only."""
+    family, _, op = name.partition(".")
+    return family in INTERNAL_FAMILIES or family.startswith("_") or op.startswith("_")
+
+
+def unknown_kernel(name: str, known: Iterable[str]) -> UnknownKernelError:
+    """The error for a kernel name not in the artifacts: the name, the nearest names (internal ones
+    included: they launch by name), else the first public names, and how to list them all."""
     known = sorted(known)
-    close = difflib.get_close_matches(name, known, n=5, cutoff=0.5)
-    hint = f"did you mean {', '.join(map(repr, close))}?" if close else f"known kernels: {', '.join(known) or 'none'}"
-    return NoVariantError(f"unknown kernel {name!r}; {hint} (runtime.kernel_names() lists all {len(known)})")
+    close = tuple(difflib.get_close_matches(str(name), known, n=5, cutoff=0.5))
+    if close:
+        hint = f"did you mean {', '.join(map(repr, close))}?"
+    else:
+        public = [k for k in known if not is_internal(k)]
+        more = f" (+{len(public) - _MAX_LISTED} more)" if len(public) > _MAX_LISTED else ""
+        hint = f"known kernels: {', '.join(public[:_MAX_LISTED]) or 'none'}{more};"
+    return UnknownKernelError(
+        f"unknown kernel {name!r}; {hint} list every kernel with runtime.kernel_names() "
+        "or `python -m tilebin list`",
+        name=str(name), close=close,
+    )
 
 
 def find_variant(spec: KernelSpec, key: dict[str, Any]) -> VariantSpec:

@@ -1,4 +1,8 @@
-"""The one error hierarchy of tilebin.  Every message says what failed, the value, and the fix."""
+"""The one error hierarchy of tilebin.  Every message says what failed, the value, and the fix.
+
+Every class reports ``__module__ == "tilebin.runtime"`` (its public home), so tracebacks and
+reprs show ``tilebin.runtime.ArgumentError``, not this private module.
+"""
 
 from __future__ import annotations
 
@@ -20,9 +24,27 @@ class NoVariantError(ArgumentError, LookupError):
     """
 
 
+class UnknownKernelError(NoVariantError):
+    """No kernel of that name is in the artifacts (a typo, or a kernel this wheel does not ship).
+
+    A subclass of :class:`NoVariantError` (so ``except NoVariantError`` still catches it).
+    ``name`` is the name asked for, ``close`` the nearest known names (may be empty).
+    """
+
+    def __init__(self, message: str, name: str = "", close: tuple[str, ...] = ()) -> None:
+        super().__init__(message)
+        self.name, self.close = name, tuple(close)
+
+
 class ArtifactError(TilebinError):
     """The manifest or a cubin is missing, unreadable, of another schema, or fails its checksum."""
 
 
 class DeviceError(TilebinError, RuntimeError):
     """No usable GPU/driver, the wrong architecture, a driver too old, or a driver call failed."""
+
+
+PUBLIC = (TilebinError, ArgumentError, NoVariantError, UnknownKernelError, ArtifactError, DeviceError)
+for _cls in PUBLIC:
+    _cls.__module__ = "tilebin.runtime"
+del _cls

@@ -55,7 +55,8 @@ def check_devices(kernel: str, infos: Mapping[str, TensorInfo]) -> int:
     for name, info in infos.items():
         if info.device < 0:
             raise ArgumentError(
-                f"{kernel}: parameter {name!r} is in {info.where}, not on a CUDA device; move it with {name}.cuda()"
+                f"{kernel}: parameter {name!r} is a tensor {info.where}, but tilebin kernels run on a CUDA GPU; "
+                f"move it there with {name}.cuda() (or create it with device='cuda')"
             )
         if device is None:
             device, first = info.device, name

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from . import _driver, _settings
-from ._dispatch import bind, check_ranks, find_variant, key_names, select, unknown_kernel
+from ._dispatch import bind, check_ranks, find_variant, is_internal, key_names, select, unknown_kernel
 from ._errors import ArgumentError, ArtifactError
 from ._launcher import Bound, Launcher, PreparedCall, hot_module, make_launcher
 from ._layout import bound_layout, unchecked_layout
@@ -39,6 +39,7 @@ from ._manifest import KernelSpec, LaunchSpec, Manifest, VariantSpec, parse_mani
 from ._plan import Binding, bind_call, check_devices, direct_scalars
 from ._signature import PLAIN_SCALARS, fast_signature
 from ._tensors import TORCH_TENSOR, cai_signature, data_ptr, describe, is_tensor, key_value, torch_tensor_type
+
 
 class _NoTensor:
     """Stands in for torch.Tensor in isinstance checks while torch is not imported."""
@@ -191,16 +192,20 @@ class Registry:
         self._unchecked: dict[tuple, Any] = {}
         self._unchecked_lock = threading.Lock()
 
-    def kernel_names(self) -> list[str]:
-        """Every kernel name in the manifest, sorted."""
-        return sorted(self.manifest.kernels)
+    def kernel_names(self, *, internal: bool = False) -> list[str]:
+        """The public kernel names in the manifest, sorted; with ``internal=True`` every name.
+
+        Internal kernels (:func:`is_internal`: the ``testing`` and ``gemm`` families) are left
+        out by default; they stay launchable by name (``launch``, ``spec``, ``prepare``).
+        """
+        return sorted(n for n in self.manifest.kernels if internal or not is_internal(n))
 
     def spec(self, name: str) -> KernelSpec:
-        """The :class:`KernelSpec` of ``name``; :class:`NoVariantError` naming close names if unknown."""
+        """The :class:`KernelSpec` of ``name``; :class:`~._errors.UnknownKernelError` naming close names if unknown."""
         return self._entry(name).spec
 
     def _entry(self, name: str) -> KernelEntry:
-        """The kernel ``name``; :class:`NoVariantError` naming close names if unknown.
+        """The kernel ``name``; :class:`~._errors.UnknownKernelError` naming close names if unknown.
 
         Launch paths call it only on a miss (``_entries.get(name) or _entry(name)``), so a
         known kernel costs one dict lookup.

@@ -74,7 +74,7 @@ class TensorInfo:
     strides: tuple[int, ...]
     ptr: int
     device: int
-    where: str  # how the device was described, e.g. "cuda:0" or "cpu"
+    where: str  # where the data is, for messages: "on cuda:0", "on the CPU", "in host memory"
     itemsize: int
     is_torch: bool
 
@@ -98,8 +98,9 @@ def describe(obj: Any, what: str) -> TensorInfo:
     if cls is not None and isinstance(obj, cls):
         dev = obj.device
         index = obj.get_device() if dev.type == "cuda" else -1
+        where = f"on {dev}" if index >= 0 else "on the CPU" if dev.type == "cpu" else f"on device {str(dev)!r}"
         return TensorInfo(torch_dtype_name(obj.dtype), tuple(obj.shape), tuple(obj.stride()), obj.data_ptr(),
-                          index, str(dev), obj.element_size(), True)
+                          index, where, obj.element_size(), True)
     cai = getattr(obj, "__cuda_array_interface__", None)
     if not isinstance(cai, dict):
         raise ArgumentError(
@@ -126,7 +127,7 @@ def _describe_cai(obj: Any, cai: dict, what: str) -> TensorInfo:
             raise ArgumentError(f"{what}: byte strides {tuple(raw)} are not multiples of the {size}-byte element")
         strides = tuple(int(s) // size for s in raw)
     device = cai_device(obj, ptr)
-    where = f"cuda:{device}" if device >= 0 else "host memory"
+    where = f"on cuda:{device}" if device >= 0 else "in host memory"
     return TensorInfo(dtype, shape, strides, ptr, device, where, size, False)
 
 

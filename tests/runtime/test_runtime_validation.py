@@ -131,7 +131,7 @@ def test_adjacent_tensors_do_not_overlap(reg, fake_gpu):
 
 def test_wrong_device(reg, fake_gpu, rt):
     refused(reg, fake_gpu, rt.ArgumentError, "toy.scale", bf16(100, 64, dl_kind=1), bf16(100, 64), 1.0,
-            match=("'x' is in host memory", "x.cuda()"))
+            match=("'x' is a tensor in host memory", "x.cuda()"))
     refused(reg, fake_gpu, rt.ArgumentError, "toy.scale", bf16(100, 64), bf16(100, 64, device=1), 1.0,
             match=("'out' is on cuda:1", "'x' is on cuda:0", "same GPU"))
 
@@ -140,7 +140,7 @@ def test_torch_cpu_tensors(reg, fake_gpu, rt):
     torch = pytest.importorskip("torch")
     x = torch.zeros(100, 64, dtype=torch.bfloat16)
     refused(reg, fake_gpu, rt.ArgumentError, "toy.scale", x, bf16(100, 64), 1.0,
-            match=("'x' is in cpu", "x.cuda()"))
+            match=("'x' is a tensor on the CPU", "x.cuda()", "run on a CUDA GPU"))
 
 
 @pytest.mark.parametrize("group, eps, match", [
