@@ -1,7 +1,7 @@
-"""``python -m tilebin`` / ``tilebin``: ``list``, ``info NAME``, ``verify``, ``doctor``, ``bench`` (each with ``--json``).
+"""``python -m tilebin``, ``tilebin``: ``list``, ``info NAME``, ``verify``, ``doctor``, ``bench``, each with ``--json``.
 
-Plain aligned text on stdout; an error is one ``tilebin: error: ...`` line on stderr and a non-zero
-exit.  Imports torch only in ``doctor``'s optional checks and ``bench``; cuda.bindings only in ``doctor``.
+Plain aligned text on stdout; an error is one ``tilebin: error: ...`` line on stderr and a non-zero exit.
+Imports torch only in ``doctor``'s optional checks and ``bench``, cuda.bindings only in ``doctor``.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from . import _driver, _settings
 from ._dispatch import unknown_kernel
 from ._errors import ArgumentError, ArtifactError, DeviceError, TilebinError
 from ._loader import cubin_path, verify_cubin
-from ._manifest import KernelSpec, Manifest
+from ._manifest import KernelSpec
 from ._registry import load_manifest
 from ._tensors import key_text
 
@@ -42,14 +42,8 @@ def _emit(args: argparse.Namespace, data: Any, text: str) -> None:
     print(json.dumps(data, indent=1, sort_keys=True) if args.json else text)
 
 
-def _manifest() -> tuple[Any, Manifest]:
-    root = _settings.artifacts_dir()
-    return root, load_manifest(root)
-
-
-# ------------------------------------------------------------------ list / info
 def cmd_list(args: argparse.Namespace) -> int:
-    _, man = _manifest()
+    man = load_manifest(_settings.artifacts_dir())
     kernels = [(n, man.kernels[n]) for n in sorted(man.kernels)]
     data = [{"name": n, "doc": k.doc, "variants": [dict(v.key) for v in k.variants]} for n, k in kernels]
     rows = [("KERNEL", "VARIANTS", "KEYS")]
@@ -62,10 +56,9 @@ def cmd_list(args: argparse.Namespace) -> int:
 def _launch_facts(spec: KernelSpec) -> dict[str, Any]:
     launches = [ln for v in spec.variants for ln in v.launches]
     dims: dict[tuple[str, int], set] = {}
-    for v in spec.variants:
-        for t in v.tensors:
-            for i, d in enumerate(t.shape):
-                dims.setdefault((t.name, i), set()).add(d if isinstance(d, int) else None)
+    for t in (t for v in spec.variants for t in v.tensors):
+        for i, d in enumerate(t.shape):
+            dims.setdefault((t.name, i), set()).add(d if isinstance(d, int) else None)
     static = [f"{n}[{i}]=" + "|".join(map(str, sorted(vals))) for (n, i), vals in dims.items() if None not in vals]
     return {"launches_per_call": sorted({len(v.launches) for v in spec.variants}),
             "cooperative": any(ln.cooperative for ln in launches), "pdl": any(ln.pdl for ln in launches),
@@ -83,7 +76,7 @@ def _info_data(spec: KernelSpec) -> dict[str, Any]:
 
 
 def cmd_info(args: argparse.Namespace) -> int:
-    _, man = _manifest()
+    man = load_manifest(_settings.artifacts_dir())
     if args.name not in man.kernels:
         raise unknown_kernel(args.name, man.kernels)
     data = _info_data(man.kernels[args.name])
@@ -97,15 +90,12 @@ def cmd_info(args: argparse.Namespace) -> int:
     smem = f"up to {facts['max_smem']} bytes dynamic smem" if facts["max_smem"] else "no dynamic smem"
     lines += ["", f"launch: {'/'.join(map(str, facts['launches_per_call']))} kernel launch(es) per call; "
               f"{', '.join(flags) or 'plain launches'}; {smem}"]
-    if facts["static_dims"]:
-        lines.append("static dims: " + ", ".join(facts["static_dims"]))
-    if data["meta"]:
-        lines += ["", "meta:"] + [f"  {k} = {v}" for k, v in sorted(data["meta"].items())]
+    lines += ["static dims: " + ", ".join(facts["static_dims"])] if facts["static_dims"] else []
+    lines += ["", "meta:", *(f"  {k} = {v}" for k, v in sorted(data["meta"].items()))] if data["meta"] else []
     _emit(args, data, "\n".join(lines))
     return 0
 
 
-# ------------------------------------------------------------------ verify
 @dataclass
 class VerifyReport:
     artifacts: str
@@ -171,7 +161,6 @@ def cmd_verify(args: argparse.Namespace) -> int:
     return 1 if rep.failures else 0
 
 
-# ------------------------------------------------------------------ doctor
 @dataclass
 class Check:
     name: str
@@ -182,11 +171,12 @@ class Check:
 
 
 def _check_artifacts(ctx: dict[str, Any]) -> Check:
-    root, man = _manifest()
-    ctx["manifest"], b = man, man.build
-    need = _driver._ver(b.min_driver_cuda)
-    return Check("artifacts", "OK", f"{len(man.kernels)} kernels for {b.arch}, CUDA >= {need} "
-                 f"(nvcc {b.nvcc or '?'}, TileLang {b.tilelang or '?'}) in {root}")
+    root = _settings.artifacts_dir()
+    man = load_manifest(root)
+    b = man.build
+    ctx.update(manifest=man, arch=b.arch, need=b.min_driver_cuda)
+    return Check("artifacts", "OK", f"{len(man.kernels)} kernels for {b.arch}, CUDA >= "
+                 f"{_driver._ver(b.min_driver_cuda)} (nvcc {b.nvcc or '?'}, TileLang {b.tilelang or '?'}) in {root}")
 
 
 def _check_bindings(ctx: dict[str, Any]) -> Check:
@@ -209,14 +199,13 @@ def _nvidia_module_version() -> str:
 
 
 def _check_driver(ctx: dict[str, Any]) -> Check:
-    need = ctx["manifest"].build.min_driver_cuda
+    need = ctx["need"]
     try:
         ctx["mod"] = mod = _driver.driver(need)
     except DeviceError as exc:
         return Check("driver", "FAIL", str(exc), "install an NVIDIA GPU driver >= 580 (CUDA 13) and check "
                      "that the GPU is visible (nvidia-smi, CUDA_VISIBLE_DEVICES)")
-    version = _driver._STATE["version"]
-    module = _nvidia_module_version()
+    version, module = _driver._STATE["version"], _nvidia_module_version()
     detail = f"CUDA {_driver._ver(version)}" + (f", kernel module {module}" if module else "")
     ok = version >= need
     return Check("driver", "OK" if ok else "FAIL", detail,
@@ -224,12 +213,11 @@ def _check_driver(ctx: dict[str, Any]) -> Check:
 
 
 def _check_gpu(ctx: dict[str, Any]) -> Check:
-    mod, arch = ctx.get("mod"), ctx["manifest"].build.arch
-    if mod is None:
-        return Check("GPU", "FAIL", "no GPU visible (no usable driver)", "run on a machine with an H100/H200/H20/H800")
-    count = _driver.check(mod.cuDeviceGetCount(), "cuDeviceGetCount")
+    mod, arch = ctx.get("mod"), ctx["arch"]
+    count = 0 if mod is None else _driver.check(mod.cuDeviceGetCount(), "cuDeviceGetCount")
     if not count:
-        return Check("GPU", "FAIL", "the driver sees no device", "check CUDA_VISIBLE_DEVICES")
+        why = "no GPU visible (no usable driver)" if mod is None else "the driver sees no device"
+        return Check("GPU", "FAIL", why, "run on a machine with an H100/H200/H20/H800; check CUDA_VISIBLE_DEVICES")
     dev = _driver.check(mod.cuDeviceGet(0), "cuDeviceGet")
     name = _driver.check(mod.cuDeviceGetName(256, dev), "cuDeviceGetName").split(b"\0", 1)[0].decode().strip()
     attr = mod.CUdevice_attribute
@@ -264,19 +252,17 @@ def _check_hot(ctx: dict[str, Any]) -> Check:
         path = hot_path()
     except TilebinError as exc:
         return Check("hot path", "FAIL", str(exc), f"unset {_settings.HOT_PATH.name} or reinstall the wheel")
-    if path == "c":
-        return Check("hot path", "OK", "compiled (tilebin.runtime._hot)")
-    return Check("hot path", "FAIL", "pure-Python launcher (works, slower)", "reinstall the wheel "
-                 f"(tilebin/runtime/_hot.abi3.so did not load), or unset {_settings.HOT_PATH.name}=python",
-                 required=False)
+    ok = path == "c"
+    return Check("hot path", "OK" if ok else "FAIL", "compiled (tilebin.runtime._hot)" if ok else
+                 "pure-Python launcher (works, slower)", "" if ok else "reinstall the wheel (tilebin/runtime/"
+                 f"_hot.abi3.so did not load), or unset {_settings.HOT_PATH.name}=python", required=False)
 
 
 def _check_smoke(ctx: dict[str, Any]) -> Check:
-    torch, man = ctx.get("torch"), ctx["manifest"]
-    if SMOKE_KERNEL not in man.kernels:
-        return Check("smoke launch", "SKIP", f"{SMOKE_KERNEL} is not in these artifacts", required=False)
-    if not ctx.get("gpu_ok") or torch is None:
-        why = "no usable GPU" if not ctx.get("gpu_ok") else "needs torch with CUDA"
+    torch, man = ctx.get("torch"), ctx.get("manifest")
+    why = ("not in these artifacts" if man is None or SMOKE_KERNEL not in man.kernels else
+           "no usable GPU" if not ctx.get("gpu_ok") else "needs torch with CUDA" if torch is None else "")
+    if why:
         return Check("smoke launch", "SKIP", f"{SMOKE_KERNEL}: {why}", required=False)
     from . import launch
     x = torch.randn(2, 64, 96, dtype=torch.bfloat16, device="cuda")
@@ -288,22 +274,21 @@ def _check_smoke(ctx: dict[str, Any]) -> Check:
                  + ("result checked" if ok else "wrong result"), "" if ok else "report a bug with this output")
 
 
-DOCTOR: tuple[Callable[[dict[str, Any]], Check], ...] = (
-    _check_artifacts, _check_bindings, _check_driver, _check_gpu, _check_torch, _check_hot, _check_smoke)
+DOCTOR: dict[str, Callable[[dict[str, Any]], Check]] = {
+    "artifacts": _check_artifacts, "cuda-bindings": _check_bindings, "driver": _check_driver, "GPU": _check_gpu,
+    "torch": _check_torch, "hot path": _check_hot, "smoke launch": _check_smoke}
 
 
 def run_doctor() -> list[Check]:
     """Every check, in order; a check that raises is reported as FAIL with the error's one line."""
-    ctx: dict[str, Any] = {}
+    ctx: dict[str, Any] = {"arch": "sm_90a", "need": 13000}  # what the wheels are built for, until the manifest says
     checks = []
-    for fn in DOCTOR:
+    for name, fn in DOCTOR.items():
         try:
             checks.append(fn(ctx))
-        except Exception as exc:  # a failing check must not hide the others
-            name = fn.__name__.removeprefix("_check_")
-            checks.append(Check(name, "FAIL", f"{type(exc).__name__}: {exc}", "see the message"))
-            if fn is _check_artifacts:
-                break
+        except Exception as exc:  # a failing check must not hide the others; TilebinErrors carry their fix
+            fix = "" if isinstance(exc, TilebinError) else "report a bug with this output"
+            checks.append(Check(name, "FAIL", f"{type(exc).__name__}: {exc}", fix))
     return checks
 
 
@@ -322,7 +307,6 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     return 1 if bad else 0
 
 
-# ------------------------------------------------------------------ bench
 def _bench_cases(torch: Any, names: Any) -> list[tuple[str, str, Callable[[], Any]]]:
     from . import launch
     cases = []
@@ -364,10 +348,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
     except ImportError:
         ok, why = False, 'torch is not installed (pip install "tilebin[torch]")'
     if not ok:
-        raise DeviceError(f"bench needs a CUDA GPU and torch with CUDA, but {why}; `{PROG} doctor` says what is missing")
+        raise DeviceError(f"bench needs a CUDA GPU and torch with CUDA, but {why}; `{PROG} doctor` says what is "
+                          "missing")
     if args.iters < 1:
         raise ArgumentError(f"--iters {args.iters}: give a positive number of timed calls")
-    _, man = _manifest()
+    man = load_manifest(_settings.artifacts_dir())
     rows, data = [("OP", "SHAPE", "HOST us/call", "DEVICE us/call")], []
     for op, shape, fn in _bench_cases(torch, man.kernels):
         host, dev = _time(torch, fn, args.iters)
@@ -379,7 +364,6 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
-# ------------------------------------------------------------------ entry point
 def parser() -> argparse.ArgumentParser:
     p = _Parser(prog=PROG, description="Inspect, verify and check the prebuilt tilebin kernels of this install "
                 f"(artifacts: ${_settings.ARTIFACTS_DIR.name}, default: the wheel's).")
