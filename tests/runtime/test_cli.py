@@ -268,3 +268,49 @@ def test_cli_imports_nothing_heavy(fake):
     env = {**os.environ, "PYTHONPATH": str(ROOT), "TILEBIN_ARTIFACTS_DIR": str(fake)}
     run = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert run.stdout.strip() == "[0, 0, 0] []", run.stdout + run.stderr
+
+
+# ------------------------------------------------------------------ doctor on a fake GPU (in-process)
+class _FakeCuda:
+    """The few cuda.bindings.driver calls doctor makes, for one GPU of compute capability ``cc``."""
+
+    class CUdevice_attribute:
+        CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR = "major"
+        CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR = "minor"
+
+    def __init__(self, cc):
+        self.cc = cc
+
+    def cuDeviceGetCount(self):
+        return (0, 1)
+
+    def cuDeviceGet(self, ordinal):
+        return (0, ordinal)
+
+    def cuDeviceGetName(self, size, dev):
+        return (0, b"NVIDIA H200 (fake)\0\0\0")
+
+    def cuDeviceGetAttribute(self, attr, dev):
+        return (0, self.cc[0] if attr == "major" else self.cc[1])
+
+
+@pytest.mark.parametrize("cc, version, failed", [((9, 0), 13000, []), ((8, 0), 13000, ["GPU"]),
+                                                 ((9, 0), 12080, ["driver"])])
+def test_doctor_on_a_fake_gpu(fake, monkeypatch, capsys, cc, version, failed):
+    from tilebin.runtime import _cli, _driver
+
+    monkeypatch.setenv("TILEBIN_ARTIFACTS_DIR", str(fake))
+    monkeypatch.setattr(_driver, "_STATE", {"version": version})
+    monkeypatch.setattr(_driver, "driver", lambda need=13000: _FakeCuda(cc))
+    monkeypatch.setitem(_cli.DOCTOR, "torch", lambda ctx: _cli.Check("torch", "SKIP", "faked", required=False))
+    code = _cli.main(["doctor", "--json"])
+    checks = {c["name"]: c for c in json.loads(capsys.readouterr().out)["checks"]}
+    assert code == (1 if failed else 0)
+    assert [n for n, c in checks.items() if c["status"] == "FAIL" and c["required"]] == failed, checks
+    assert "cuda:0 NVIDIA H200 (fake), compute capability" in checks["GPU"]["detail"]
+    assert checks["driver"]["detail"].startswith(f"CUDA {version // 1000}.")
+    if failed == ["GPU"]:
+        assert "sm_90a" in checks["GPU"]["fix"] and "8.0" in checks["GPU"]["detail"]
+    if failed == ["driver"]:
+        assert ">= 580" in checks["driver"]["fix"]
+    assert checks["smoke launch"]["status"] == "SKIP"  # no torch with CUDA
