@@ -32,7 +32,7 @@ def is_internal(name: str) -> bool:
 
 def unknown_kernel(name: str, known: Iterable[str]) -> UnknownKernelError:
     """The error for a kernel name not in the artifacts: the name, the nearest names (internal ones
-    included: they launch by name), else the first public names, and how to list them all."""
+    included: they launch by name), else the first public names, and how to list the kernels."""
     known = sorted(known)
     close = tuple(difflib.get_close_matches(str(name), known, n=5, cutoff=0.5))
     if close:
@@ -42,8 +42,8 @@ def unknown_kernel(name: str, known: Iterable[str]) -> UnknownKernelError:
         more = f" (+{len(public) - _MAX_LISTED} more)" if len(public) > _MAX_LISTED else ""
         hint = f"known kernels: {', '.join(public[:_MAX_LISTED]) or 'none'}{more};"
     return UnknownKernelError(
-        f"unknown kernel {name!r}; {hint} list every kernel with runtime.kernel_names() "
-        "or `python -m tilebin list`",
+        f"unknown kernel {name!r}; {hint} runtime.kernel_names() (or `python -m tilebin list`) lists the "
+        "kernels this wheel ships",
         name=str(name), close=close,
     )
 
