@@ -1,12 +1,11 @@
 """``python -m tilebin``, ``tilebin``: ``list``, ``info NAME``, ``verify``, ``doctor``, ``bench``, each with ``--json``.
 
-Plain aligned text on stdout; an error is one ``tilebin: error: ...`` line on stderr and a non-zero exit.
-Imports torch only in ``doctor``'s optional checks and ``bench``, cuda.bindings only in ``doctor``.
-"""
+Aligned plain text on stdout (JSON with ``--json``); an error is one ``tilebin: error: ...`` line on stderr."""
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import sys
 import time
@@ -29,6 +28,12 @@ SMOKE_KERNEL = "transpose.batched_transpose"
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:  # one line, not argparse's usage block
         self.exit(2, f"{PROG}: error: {message} (see {PROG} --help)\n")
+
+
+def _outside(module: str) -> Any:
+    """Import ``module`` now: torch (doctor's optional checks, bench) and tilebin.ops (bench) only.  The
+    runtime never imports them; list, info and verify never get here (tests/runtime/test_cli.py checks)."""
+    return importlib.import_module(module)
 
 
 def _table(rows: Sequence[Sequence[Any]]) -> str:
@@ -130,8 +135,7 @@ def _verify_cubins(root: Any, name: str, spec: KernelSpec, seen: dict[str, str],
 def verify_artifacts(root: Any) -> VerifyReport:
     """Check every kernel entry against the manifest schema and every cubin's sha256 and size.
 
-    Raises :class:`ArtifactError` only when manifest.json itself is unreadable or of another
-    schema; every other problem is collected in ``failures``.
+    :class:`ArtifactError` only when manifest.json is unreadable or of another schema; all else goes in ``failures``.
     """
     man = load_manifest(root)
     rep = VerifyReport(str(root))
@@ -190,14 +194,6 @@ def _check_bindings(ctx: dict[str, Any]) -> Check:
                  "" if ok else f'cuda-bindings {version} is not 13.x: pip install "cuda-bindings>=13,<14"')
 
 
-def _nvidia_module_version() -> str:
-    try:  # "NVRM version: NVIDIA UNIX x86_64 Kernel Module  580.65.06  ..."
-        with open("/proc/driver/nvidia/version") as f:
-            return next((w for w in f.readline().split() if w[:1].isdigit() and "." in w), "")
-    except OSError:
-        return ""
-
-
 def _check_driver(ctx: dict[str, Any]) -> Check:
     need = ctx["need"]
     try:
@@ -205,7 +201,12 @@ def _check_driver(ctx: dict[str, Any]) -> Check:
     except DeviceError as exc:
         return Check("driver", "FAIL", str(exc), "install an NVIDIA GPU driver >= 580 (CUDA 13) and check "
                      "that the GPU is visible (nvidia-smi, CUDA_VISIBLE_DEVICES)")
-    version, module = _driver._STATE["version"], _nvidia_module_version()
+    try:  # the kernel module's version: "NVRM version: NVIDIA UNIX x86_64 Kernel Module  580.65.06  ..."
+        with open("/proc/driver/nvidia/version") as f:
+            module = next((w for w in f.readline().split() if w[:1].isdigit() and "." in w), "")
+    except OSError:
+        module = ""
+    version = _driver._STATE["version"]
     detail = f"CUDA {_driver._ver(version)}" + (f", kernel module {module}" if module else "")
     ok = version >= need
     return Check("driver", "OK" if ok else "FAIL", detail,
@@ -233,7 +234,7 @@ def _check_gpu(ctx: dict[str, Any]) -> Check:
 
 def _check_torch(ctx: dict[str, Any]) -> Check:
     try:
-        import torch
+        torch = _outside("torch")
     except ImportError:
         return Check("torch", "SKIP", "not installed (optional: the runtime takes any __cuda_array_interface__ "
                      "object)", 'pip install "tilebin[torch]" for the op layer', required=False)
@@ -311,11 +312,11 @@ def _bench_cases(torch: Any, names: Any) -> list[tuple[str, str, Callable[[], An
     from . import launch
     cases = []
     if "quant.per_token_cast" in names:
-        from tilebin.ops import quant
+        quant = _outside("tilebin.ops.quant")
         x = torch.randn(4096, 7168, dtype=torch.bfloat16, device="cuda")
         cases.append(("per_token_cast", "[4096, 7168] bf16 -> e4m3", lambda: quant.per_token_cast(x, "e4m3", 128)))
     if "moe.topk_gate" in names:
-        from tilebin.ops import moe
+        moe = _outside("tilebin.ops.moe")
         s = torch.randn(4096, 256, dtype=torch.float32, device="cuda")
         cases.append(("topk_gate", "[4096, 256] f32, top 8", lambda: moe.topk_gate(s, 8)))
     if SMOKE_KERNEL in names:
@@ -343,7 +344,7 @@ def _time(torch: Any, fn: Callable[[], Any], iters: int) -> tuple[float, float]:
 
 def cmd_bench(args: argparse.Namespace) -> int:
     try:
-        import torch
+        torch = _outside("torch")
         ok, why = torch.cuda.is_available(), f"torch {torch.__version__} sees no GPU"
     except ImportError:
         ok, why = False, 'torch is not installed (pip install "tilebin[torch]")'
@@ -377,10 +378,8 @@ def parser() -> argparse.ArgumentParser:
         s = sub.add_parser(name, help=help_text, description=help_text)
         s.add_argument("--json", action="store_true", help="machine-readable output")
         s.set_defaults(func=fn)
-        if name == "info":
-            s.add_argument("name", help="kernel name, as `list` shows it")
-        if name == "bench":
-            s.add_argument("--iters", type=int, default=100, help="timed calls per op (default 100)")
+    sub.choices["info"].add_argument("name", help="kernel name, as `list` shows it")
+    sub.choices["bench"].add_argument("--iters", type=int, default=100, help="timed calls per op (default 100)")
     return p
 
 
