@@ -35,14 +35,24 @@ import torch
 
 from ._common import TRACING, check_flag, fail
 
-# op modules that declare TORCH_OPS (imported by register_all, in this order)
+# modules that declare TORCH_OPS (imported by register_all, in this order): one per family
+# (quant and moe keep theirs beside the ops, in _torch_ops.py), or the op module itself
 OP_MODULES = (
-    "tilebin.ops.quant._per_token", "tilebin.ops.quant._per_block", "tilebin.ops.quant._per_channel",
-    "tilebin.ops.quant._swiglu", "tilebin.ops.quant._cast_back", "tilebin.ops.quant._e5m6",
-    "tilebin.ops.moe._gating", "tilebin.ops.moe._routing", "tilebin.ops.moe._stats",
+    "tilebin.ops.quant._torch_ops", "tilebin.ops.moe._torch_ops",
     "tilebin.ops.engram._gate", "tilebin.ops.engram._hash",
 )
 NAMESPACE = "tilebin"
+
+
+def pair_to_schema(x: Any, *rest: Any) -> tuple:
+    """A ``(data, sf)`` input as the schema's ``x, x_sf`` (a plain tensor: ``x, None``)."""
+    data, x_sf = (x[0], x[1]) if isinstance(x, tuple) and len(x) == 2 else (x, None)
+    return (data, x_sf, *rest)
+
+
+def pair_to_public(x: torch.Tensor, x_sf: Optional[torch.Tensor], *rest: Any) -> tuple:
+    """The schema's ``x, x_sf`` as the public input: ``(x, x_sf)``, or ``x`` when x_sf is None."""
+    return ((x, x_sf) if x_sf is not None else x, *rest)
 
 
 def _same(*args: Any) -> tuple:
@@ -218,4 +228,4 @@ def _as_int(op: str, name: str, value: Any) -> int:
         raise fail(op, f"{name} must be an int, got {type(value).__name__} {value!r}") from None
 
 
-__all__ = ["TorchOp", "register_all", "traced", "OP_MODULES"]
+__all__ = ["TorchOp", "register_all", "traced", "OP_MODULES", "pair_to_schema", "pair_to_public"]

@@ -22,7 +22,7 @@ import torch
 from torch.compiler import is_compiling
 
 from .._common import TRACING, check_cuda, check_int, check_tensor, fail, launcher, memo_table, typed_key
-from .._torch import TorchOp, traced
+from .._torch import traced
 from ..config import get_num_sms
 
 MAX_ENTRIES = 1 << 30  # flat index arithmetic in the kernels is int32, with room for a grid sweep
@@ -174,17 +174,6 @@ def inplace_unique_group_indices(group_indices: torch.Tensor, num_groups: int) -
     check_cuda(op, group_indices=group_indices)
     if group_indices.numel():
         launcher("moe.inplace_unique_group_indices")(group_indices)
-
-
-TORCH_OPS = (
-    TorchOp("aux_fi", "(Tensor topk_idx, int num_experts, int num_aux_topk) -> Tensor", aux_fi),
-    TorchOp("group_count", "(Tensor group_idx, int num_groups) -> Tensor", group_count),
-    TorchOp("normalize_weight", "(Tensor topk_weights) -> (Tensor, Tensor)", normalize_weight),
-    TorchOp("mask_indices_by_tp", "(Tensor indices, int n, int num_ep_ranks, int tp_rank, int num_tp_ranks) -> Tensor",
-            mask_indices_by_tp),
-    TorchOp("inplace_unique_group_indices", "(Tensor(a!) group_indices, int num_groups) -> ()",
-            inplace_unique_group_indices),
-)
 
 
 __all__ = ["aux_fi", "group_count", "inplace_unique_group_indices", "mask_indices_by_tp", "normalize_weight"]

@@ -38,7 +38,7 @@ import torch
 from torch.compiler import is_compiling
 
 from .._common import TRACING, aligned_input, check_cuda, check_flag, check_tensor, fail, kernel_meta, launcher, ptr
-from .._torch import TorchOp, traced
+from .._torch import traced
 from ._sf import FMT_DTYPES, SfLayout, check_fmt, input_sf, output_layout
 
 QuantTensor = tuple[torch.Tensor, torch.Tensor]
@@ -342,36 +342,5 @@ def per_token_cast_with_precomputed_sf(
     return _run("per_token_cast_with_precomputed_sf", "precomputed", x, fmt, num_per_channels, x_block_size,
                 use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0, sf=sf)
 
-
-def pair_to_schema(x: Any, *rest: Any) -> tuple:
-    """A ``(data, sf)`` input as the schema's ``x, x_sf`` (a plain tensor: ``x, None``)."""
-    data, x_sf = (x[0], x[1]) if isinstance(x, tuple) and len(x) == 2 else (x, None)
-    return (data, x_sf, *rest)
-
-
-def pair_to_public(x: torch.Tensor, x_sf: Optional[torch.Tensor], *rest: Any) -> tuple:
-    """The schema's ``x, x_sf`` as the public input: ``(x, x_sf)``, or ``x`` when x_sf is None."""
-    return ((x, x_sf) if x_sf is not None else x, *rest)
-
-
-def _cast_checked(x: Any, fmt: Any, num_per_channels: Any, x_block_size: Any, col: Any, rnd: Any, packed: Any) -> Any:
-    """per_token_cast without its memo (the fake implementation)."""
-    if fmt == "e5m6":
-        return per_token_cast(x, fmt, num_per_channels, x_block_size, col, rnd, packed)
-    return _run("per_token_cast", "cast", x, fmt, num_per_channels, x_block_size, col, rnd, packed)
-
-
-_FLAGS = "bool use_tma_aligned_col_major_sf=False, bool round_sf=False, bool use_packed_ue8m0=False"
-TORCH_OPS = (
-    TorchOp("per_token_cast", f"(Tensor x, Tensor? x_sf, str fmt, int num_per_channels, int[]? x_block_size=None, "
-                              f"{_FLAGS}) -> (Tensor, Tensor)",
-            per_token_cast, _cast_checked, pair_to_schema, pair_to_public),
-    TorchOp("per_token_cast_with_sf_only", f"(Tensor x, str fmt, int num_per_channels, int[]? x_block_size=None, "
-                                           f"{_FLAGS}) -> Tensor",
-            per_token_cast_with_sf_only),
-    TorchOp("per_token_cast_with_precomputed_sf", f"(Tensor x, str fmt, int num_per_channels, Tensor sf, "
-                                                  f"int[]? x_block_size=None, {_FLAGS}) -> Tensor",
-            per_token_cast_with_precomputed_sf),
-)
 
 __all__ = ["per_token_cast", "per_token_cast_with_precomputed_sf", "per_token_cast_with_sf_only"]
