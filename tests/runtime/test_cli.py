@@ -314,3 +314,40 @@ def test_doctor_on_a_fake_gpu(fake, monkeypatch, capsys, cc, version, failed):
     if failed == ["driver"]:
         assert ">= 580" in checks["driver"]["fix"]
     assert checks["smoke launch"]["status"] == "SKIP"  # no torch with CUDA
+
+
+def test_bench_table_and_json_on_a_fake_gpu(fake, monkeypatch, capsys):
+    """The timing loop and the table, with a stand-in for torch.cuda (the real numbers come from a GPU run)."""
+    import types
+
+    from tilebin.runtime import _cli
+
+    class Event:
+        def __init__(self, enable_timing):
+            self.t = 0.0
+
+        def record(self):
+            self.t = len(calls) * 0.002  # 2 µs of "device time" per call, in ms
+
+        def synchronize(self):
+            pass
+
+        def elapsed_time(self, end):
+            return end.t - self.t
+
+    calls: list[int] = []
+    cuda = types.SimpleNamespace(is_available=lambda: True, synchronize=lambda: None, Event=Event,
+                                 get_device_name=lambda: "NVIDIA H200 (fake)")
+    monkeypatch.setattr(_cli, "_outside", lambda name: types.SimpleNamespace(cuda=cuda, __version__="0"))
+    monkeypatch.setattr(_cli, "_bench_cases", lambda torch, names: [("noop", "[1]", lambda: calls.append(1))])
+    monkeypatch.setenv("TILEBIN_ARTIFACTS_DIR", str(fake))
+    assert _cli.main(["bench", "--iters", "10"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "NVIDIA H200 (fake), 10 calls each" and out[1].split() == ["OP", "SHAPE", "HOST", "us/call",
+                                                                              "DEVICE", "us/call"]
+    assert out[2].split()[:2] == ["noop", "[1]"] and out[2].split()[3] == "2.0" and len(calls) == 13
+    assert _cli.main(["bench", "--iters", "4", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["iters"] == 4 and data["ops"][0]["op"] == "noop" and abs(data["ops"][0]["device_us"] - 2.0) < 1e-9
+    assert _cli.main(["bench", "--iters", "0"]) == 1
+    assert capsys.readouterr().err.startswith("tilebin: error: --iters 0")
