@@ -53,7 +53,7 @@ def wheel_artifacts(built_wheel, tmp_path_factory):
 
 def cli(*args: str, artifacts: Path | None = None) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if not k.startswith("TILEBIN_")}
-    env.update(CUDA_VISIBLE_DEVICES="", PYTHONPATH=str(ROOT))
+    env.update(CUDA_VISIBLE_DEVICES="", PYTHONPATH=os.pathsep.join([str(ROOT), *filter(None, [env.get("PYTHONPATH")])]))
     if artifacts is not None:
         env["TILEBIN_ARTIFACTS_DIR"] = str(artifacts)
     return subprocess.run([sys.executable, "-m", "tilebin", *args], cwd=ROOT, env=env, capture_output=True,
@@ -265,7 +265,8 @@ def test_cli_imports_nothing_heavy(fake):
             "    codes = [main(['list']), main(['info', 'toy.gemm']), main(['verify'])]\n"
             f"heavy = sorted(m for m in sys.modules if any(m == b or m.startswith(b + '.') for b in {HEAVY!r}))\n"
             "print(codes, heavy)\n")
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "TILEBIN_ARTIFACTS_DIR": str(fake)}
+    env = {**os.environ, "TILEBIN_ARTIFACTS_DIR": str(fake)}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])
     run = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert run.stdout.strip() == "[0, 0, 0] []", run.stdout + run.stderr
 
