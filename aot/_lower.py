@@ -61,7 +61,16 @@ def _extra_flags(pass_configs: Any) -> list[str]:
 
 
 def lower_job(job: Job, nvcc: Nvcc, lineinfo: bool) -> JobResult:
-    """Trace, lower and compile one variant; every failure is an AotError naming the job."""
+    """Trace, lower and compile one variant; every failure is an AotError naming the declaration's
+    file:line and the job."""
+    decl = find_decl(job.module, job.kernel)
+    try:
+        return _lower_job(job, decl, nvcc, lineinfo)
+    except AotError as exc:
+        raise AotError(f"{decl_site(decl, job.module)}: {exc}") from exc
+
+
+def _lower_job(job: Job, decl: Any, nvcc: Nvcc, lineinfo: bool) -> JobResult:
     import time
 
     import tilelang
@@ -71,7 +80,6 @@ def lower_job(job: Job, nvcc: Nvcc, lineinfo: bool) -> JobResult:
 
     from ._facts import launch_facts  # imports TileLang: only where a job runs
 
-    decl = find_decl(job.module, job.kernel)
     target = Target({"kind": "cuda", "arch": ARCH})
     t0 = time.perf_counter()
     try:
@@ -83,7 +91,7 @@ def lower_job(job: Job, nvcc: Nvcc, lineinfo: bool) -> JobResult:
     except AotError:
         raise
     except Exception as exc:  # TileLang raises many types; name the job and keep the cause
-        raise AotError(f"{decl_site(decl, job.module)}: {job.where}: lowering failed: {type(exc).__name__}: {exc}") from exc
+        raise AotError(f"{job.where}: lowering failed: {type(exc).__name__}: {exc}") from exc
     t1 = time.perf_counter()
     flags = nvcc_flags([tl_env.TILELANG_TEMPLATE_PATH, tl_env.CUTLASS_INCLUDE_DIR], lineinfo, _extra_flags(decl.pass_configs))
     cubin = compile_cubin(nvcc, art.kernel_source, flags, job.where)

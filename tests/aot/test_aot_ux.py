@@ -118,3 +118,22 @@ def test_progress_clock_shows_minutes():
     now[0] = 65.0
     progress.done(JobResult(Job("m", "k", 0, ()), {}, [], b"", 0.0, 0.0))
     assert "elapsed 1m05s, ETA 1m05s" in lines[0]
+
+
+def test_a_failing_kernel_names_its_declaration_file_and_line(tmp_path, monkeypatch):
+    pytest.importorskip("tilelang")
+    from tilebin.aot._lower import lower_job
+
+    path = _module(tmp_path, monkeypatch, "failing_factory_kernels", """
+        from types import SimpleNamespace
+
+        def broken(n):
+            raise ValueError("tile size must divide n")
+
+        KERNELS = (SimpleNamespace(name="toy.broken", factory=broken, pass_configs={}),)
+    """)
+    with pytest.raises(AotError) as info:
+        lower_job(Job("failing_factory_kernels", "toy.broken", 0, (("n", 3),)), None, False)
+    line = error_line(info.value)
+    assert line.startswith(f"tilebin.aot: error: {path}:4: kernel toy.broken variant {{'n': 3}}: lowering failed")
+    assert line.endswith("ValueError: tile size must divide n")
