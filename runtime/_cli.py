@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, NoReturn
 
 from . import _driver, _settings
-from ._dispatch import unknown_kernel
+from ._dispatch import is_internal, unknown_kernel
 from ._errors import ArgumentError, ArtifactError, DeviceError, TilebinError
 from ._loader import cubin_path, verify_cubin
 from ._manifest import KernelSpec
@@ -49,7 +49,7 @@ def _emit(args: argparse.Namespace, data: Any, text: str) -> None:
 
 def cmd_list(args: argparse.Namespace) -> int:
     man = load_manifest(_settings.artifacts_dir())
-    kernels = [(n, man.kernels[n]) for n in sorted(man.kernels)]
+    kernels = [(n, man.kernels[n]) for n in sorted(man.kernels) if args.all or not is_internal(n)]
     data = [{"name": n, "doc": k.doc, "variants": [dict(v.key) for v in k.variants]} for n, k in kernels]
     rows = [("KERNEL", "VARIANTS", "KEYS")]
     rows += [(n, len(k.variants), "; ".join(key_text(v.key) for v in k.variants)) for n, k in kernels]
@@ -379,6 +379,7 @@ def parser() -> argparse.ArgumentParser:
         s.add_argument("--json", action="store_true", help="machine-readable output")
         s.set_defaults(func=fn)
     sub.choices["info"].add_argument("name", help="kernel name, as `list` shows it")
+    sub.choices["list"].add_argument("--all", action="store_true", help="include the internal (test, demo) kernels")
     sub.choices["bench"].add_argument("--iters", type=int, default=100, help="timed calls per op (default 100)")
     return p
 

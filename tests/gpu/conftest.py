@@ -107,7 +107,7 @@ def artifacts_dir(rt) -> Path:
 
 @pytest.fixture(scope="session")
 def kernel_names(rt) -> list[str]:
-    return list(rt.kernel_names())
+    return list(rt.kernel_names(internal=True))  # the test kernels too (hidden from the public list)
 
 
 @pytest.fixture(scope="session")
