@@ -45,10 +45,13 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def error_line(exc: BaseException) -> str:
-    """One ``tilebin.aot: error:`` line; a multi-line cause (TileLang's) keeps its first and last line."""
+    """One ``tilebin.aot: error:`` line; a multi-line cause (TileLang's) keeps its first and last line,
+    and an error whose details went to a log file (``log_path``) names that file."""
     lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()] or [type(exc).__name__]
     text = " ... ".join(lines) if len(lines) <= 2 else f"{lines[0]} ... {lines[-1]} ({len(lines) - 2} lines omitted)"
-    return f"tilebin.aot: error: {text}"
+    log_path = getattr(exc, "log_path", None)
+    details = f" [TileLang output and traceback: {log_path}]" if log_path else ""
+    return f"tilebin.aot: error: {text}{details}"
 
 
 if __name__ == "__main__":

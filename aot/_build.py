@@ -33,6 +33,14 @@ class BuildOptions:
     nvcc: str | None = None
     allow_nvcc_mismatch: bool = False
 
+    @property
+    def error_log(self) -> pathlib.Path:
+        """Where a failed job's TileLang/TVM output and traceback go (removed when a build starts)."""
+        return self.out_dir / ERROR_LOG
+
+
+ERROR_LOG = "aot-errors.log"
+
 
 def enumerate_jobs(modules: Iterable[str]) -> list[Job]:
     """Every (kernel, variant) job the modules declare, in declaration order."""
@@ -69,11 +77,12 @@ def _execute(todo: list[Job], nvcc: Nvcc, opts: BuildOptions, log) -> list[JobRe
         return []
     workers = min(len(todo), opts.jobs or os.cpu_count() or 1)
     progress = _Progress(len(todo), log)
+    args = (nvcc, opts.lineinfo, str(opts.error_log))
     if workers == 1:
-        return [progress.done(lower_job(j, nvcc, opts.lineinfo)) for j in todo]
+        return [progress.done(lower_job(j, *args)) for j in todo]
     ctx = multiprocessing.get_context("spawn")  # TileLang/TVM state is not fork-safe
     with ProcessPoolExecutor(workers, mp_context=ctx) as pool:  # children inherit sys.path
-        futures = [pool.submit(lower_job, j, nvcc, opts.lineinfo) for j in todo]
+        futures = [pool.submit(lower_job, j, *args) for j in todo]
         try:
             return [progress.done(f.result()) for f in as_completed(futures)]
         except BaseException:
@@ -153,6 +162,7 @@ def build(modules: Sequence[str], opts: BuildOptions, log=print) -> Manifest:
     """Build every variant the modules declare into ``opts.out_dir``; returns the manifest written."""
     t0 = time.perf_counter()
     _require_tilelang()
+    opts.error_log.unlink(missing_ok=True)  # a log left there describes an older build
     nvcc = find_nvcc(opts.nvcc, opts.allow_nvcc_mismatch)
     jobs = enumerate_jobs(modules)
     facts = _tool_facts(nvcc, opts)

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib
 import inspect
+import os
 import sys
+import tempfile
+import traceback
 from dataclasses import dataclass
 from typing import Any
 
@@ -60,14 +64,56 @@ def _extra_flags(pass_configs: Any) -> list[str]:
     return flags
 
 
-def lower_job(job: Job, nvcc: Nvcc, lineinfo: bool) -> JobResult:
+def lower_job(job: Job, nvcc: Nvcc, lineinfo: bool, error_log: str | None = None) -> JobResult:
     """Trace, lower and compile one variant; every failure is an AotError naming the declaration's
-    file:line and the job."""
+    file:line and the job.  What TileLang/TVM print meanwhile (Python logging and C++ alike, via fds
+    1 and 2) is captured; on failure it goes, with the traceback, to ``error_log`` (the error's
+    ``log_path``), so the console keeps one line per error."""
     decl = find_decl(job.module, job.kernel)
+    with tempfile.TemporaryFile() as sink:
+        try:
+            with _redirected_output(sink if error_log else None):
+                return _lower_job(job, decl, nvcc, lineinfo)
+        except AotError as exc:
+            err = AotError(f"{decl_site(decl, job.module)}: {exc}")
+            if error_log:
+                _append_error_log(error_log, str(err).splitlines()[0], sink, exc)
+                err.log_path = error_log  # pickled with the error back to the parent
+            raise err from exc
+
+
+@contextlib.contextmanager
+def _redirected_output(sink):
+    """Point fds 1 and 2 at ``sink`` (None: leave them) for the block, flushing Python's streams."""
+    if sink is None:
+        yield
+        return
+    saved = []
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
     try:
-        return _lower_job(job, decl, nvcc, lineinfo)
-    except AotError as exc:
-        raise AotError(f"{decl_site(decl, job.module)}: {exc}") from exc
+        for fd in (1, 2):
+            saved.append((fd, os.dup(fd)))
+            os.dup2(sink.fileno(), fd)
+        yield
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        for fd, copy in saved:
+            os.dup2(copy, fd)
+            os.close(copy)
+
+
+def _append_error_log(path: str, headline: str, sink, exc: BaseException) -> None:
+    """Append one failed job's record (headline, captured output, traceback) in one write."""
+    sink.seek(0)
+    captured = sink.read().decode(errors="replace")
+    trace = "".join(traceback.format_exception(exc))
+    text = f"===== {headline}\n--- TileLang/TVM output ---\n{captured}\n--- traceback ---\n{trace}\n"
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(text)
 
 
 def _lower_job(job: Job, decl: Any, nvcc: Nvcc, lineinfo: bool) -> JobResult:
