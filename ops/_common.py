@@ -31,7 +31,8 @@ class _Tracing(threading.local):
     a launcher cached from fake tensors must never serve a real call).
     """
 
-    on = False
+    def __init__(self) -> None:  # runs once per thread: an instance attribute reads ~2x faster than a class one
+        self.on = False
 
 
 TRACING = _Tracing()

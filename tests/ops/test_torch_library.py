@@ -193,3 +193,21 @@ def test_every_public_op_is_registered():
     ops = register_all()
     public = {n for m in (quant, moe, engram) for n in m.__all__}
     assert public <= set(ops), sorted(public - set(ops))
+
+
+def test_tracing_flag_is_per_thread():
+    """A fake run on one thread (TRACING on) must not turn another thread's real launches into no-ops."""
+    import threading
+
+    from tilebin.ops._common import TRACING, _no_launch, launcher
+
+    seen = []
+    TRACING.on = True
+    try:
+        assert launcher("moe.topk_gate", slots=2) is _no_launch
+        worker = threading.Thread(target=lambda: seen.append(TRACING.on))
+        worker.start()
+        worker.join()
+    finally:
+        TRACING.on = False
+    assert seen == [False]
