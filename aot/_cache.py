@@ -20,11 +20,28 @@ _AOT_DIR = pathlib.Path(__file__).resolve().parent
 _MANIFEST_PY = _AOT_DIR.parent / "runtime" / "_manifest.py"
 
 
+def code_bytes(path: pathlib.Path) -> bytes:
+    """What of a Python file can change a cubin: its AST with docstrings removed (comments, blank
+    lines, formatting and line numbers are not in it).  A file that does not parse: its raw bytes."""
+    raw = path.read_bytes()
+    try:
+        tree = ast.parse(raw, filename=str(path))
+    except (SyntaxError, ValueError):
+        return raw
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if (isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and body
+                and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant)
+                and isinstance(body[0].value.value, str)):
+            node.body = body[1:] or [ast.Pass()]
+    return ast.dump(tree).encode()
+
+
 def _tree_digest(root: pathlib.Path) -> str:
     h = hashlib.sha256()
     for path in sorted(root.rglob("*.py")):
         if "__pycache__" not in path.parts:
-            h.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes() + b"\0")
+            h.update(str(path.relative_to(root)).encode() + b"\0" + code_bytes(path) + b"\0")
     return h.hexdigest()
 
 
@@ -35,7 +52,8 @@ def source_digest(module: str) -> str:
     ones into the same top-level package, including ``tilebin.kernels`` as the checkout maps it),
     transitively, plus the ``__init__.py`` of every package on the way (they run on import).
     Editing one kernel file so rebuilds that kernel and the kernels importing it, not every
-    kernel of the package.  A module imported dynamically (importlib) is not seen: import it
+    kernel of the package; an edit of comments or docstrings only rebuilds nothing (see
+    :func:`code_bytes`).  A module imported dynamically (importlib) is not seen: import it
     statically.
     """
     spec = importlib.util.find_spec(module)
@@ -48,7 +66,7 @@ def source_digest(module: str) -> str:
     files = sorted(_import_closure(origin, root))
     h = hashlib.sha256()
     for path in files:
-        h.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes() + b"\0")
+        h.update(str(path.relative_to(root)).encode() + b"\0" + code_bytes(path) + b"\0")
     return h.hexdigest()
 
 
@@ -125,7 +143,7 @@ def _module_files(target: pathlib.Path) -> list[pathlib.Path]:
 @lru_cache(maxsize=None)
 def _builder_digest() -> str:
     """This build tool's own code and the manifest schema it writes (read once per process)."""
-    schema = _MANIFEST_PY.read_bytes() if _MANIFEST_PY.exists() else b""
+    schema = code_bytes(_MANIFEST_PY) if _MANIFEST_PY.exists() else b""
     return hashlib.sha256(_tree_digest(_AOT_DIR).encode() + schema).hexdigest()
 
 
