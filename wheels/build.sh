@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Build the tilebin wheel into wheels/dist/ and verify it.  Idempotent; works from a fresh clone.
 #
-#   ./wheels/build.sh [extra pip-wheel args, e.g. -C cmake.define.TILEBIN_AOT_LINEINFO=ON]
+#   ./wheels/build.sh [--nvcc PATH] [extra pip-wheel args, e.g. -C cmake.define.TILEBIN_AOT_LINEINFO=ON]
 #
-# 1. (re)uses the build venv .venv (creates it, and installs the build + test tools, when
-#    missing or when the list below changed);
+# 1. (re)uses the build venv .venv (creates it, and installs the build + test tools and NVIDIA's
+#    pinned pip CUDA 13.0 toolchain, when missing or when the list below changed); the AOT build
+#    compiles with that toolchain's nvcc, so no preinstalled CUDA toolkit is needed;
 # 2. pip wheel . --no-build-isolation: scikit-build-core runs CMake, CMake runs the AOT build
 #    with this venv's Python (it has tilelang) into build/<tag>/artifacts, cached in
 #    build/aot-cache, so a rebuild only lowers what changed;
@@ -13,7 +14,8 @@
 #    refused wheel leaves the last good wheel in place).
 #
 # Environment: PYTHON (interpreter that creates the venv, default python3),
-# TILEBIN_VENV (default <repo>/.venv), TILEBIN_PREBUILT_ARTIFACTS=<dir> (package that folder
+# TILEBIN_VENV (default <repo>/.venv), TILEBIN_NVCC=<path> (or --nvcc PATH: compile with that nvcc,
+# e.g. a system /usr/local/cuda/bin/nvcc 13.0, instead of the pip toolchain), TILEBIN_PREBUILT_ARTIFACTS=<dir> (package that folder
 # instead of running the AOT build), TILEBIN_WHEEL_BUDGET_MB (default 50).
 set -euo pipefail
 
@@ -30,6 +32,12 @@ REQUIREMENTS=(
   "cmake>=3.21"
   "ninja"
   "cuda-bindings~=13.0"
+  # the CUDA 13.0 compiler from PyPI, every part pinned (aot/_nvcc.py PIP_TOOLCHAIN, which checks them):
+  "nvidia-cuda-nvcc==13.0.88"
+  "nvidia-nvvm==13.0.88"
+  "nvidia-cuda-crt==13.0.88"
+  "nvidia-cuda-runtime==13.0.96"
+  "nvidia-cuda-cccl==13.0.85"
   "numpy"
   "pytest"
   "hypothesis"
@@ -50,11 +58,32 @@ ensure_venv() {
   want="$(printf '%s\n' "${REQUIREMENTS[@]}")"
   if [[ -f "$stamp" && "$(cat "$stamp")" == "$want" ]]; then
     log "build venv up to date ($VENV)"
-    return
+  else
+    log "installing the build requirements into $VENV"
+    "$VENV/bin/python" -m pip install "${REQUIREMENTS[@]}"
+    printf '%s\n' "$want" >"$stamp"
   fi
-  log "installing the build requirements into $VENV"
-  "$VENV/bin/python" -m pip install "${REQUIREMENTS[@]}"
-  printf '%s\n' "$want" >"$stamp"
+  report_nvcc
+}
+
+# Which nvcc the AOT build will use (the same lookup, aot/_nvcc.py find_nvcc); fails now, not mid-build.
+report_nvcc() {
+  local nvcc
+  nvcc="$(PYTHONPATH="$ROOT" "$VENV/bin/python" -c 'from tilebin.aot._nvcc import find_nvcc; n = find_nvcc()
+print(f"nvcc {n.version} ({n.source}): {n.path}")')" || { log "error: no usable nvcc (see above)"; return 1; }
+  log "$nvcc"
+}
+
+# --nvcc PATH (anywhere among the arguments) is TILEBIN_NVCC=PATH; the AOT step reads it (aot/_nvcc.py).
+parse_args() {
+  ARGS=()
+  while [[ $# -gt 0 ]]; do
+    case "$1" in
+      --nvcc) [[ $# -ge 2 ]] || { log "error: --nvcc needs a path"; return 1; }; export TILEBIN_NVCC="$2"; shift 2 ;;
+      --nvcc=*) export TILEBIN_NVCC="${1#--nvcc=}"; shift ;;
+      *) ARGS+=("$1"); shift ;;
+    esac
+  done
 }
 
 # pip wheel into DIR (a staging folder; wheels/dist is only touched once the new wheel passes).
@@ -96,6 +125,8 @@ publish_verified() {
 
 main() {
   local t0=$SECONDS
+  parse_args "$@" || exit 2
+  set -- ${ARGS[@]+"${ARGS[@]}"}
   ensure_venv
   mkdir -p "$ROOT/build"
   STAGE="$(mktemp -d "$ROOT/build/dist-staging.XXXXXX")"
