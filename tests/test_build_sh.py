@@ -17,7 +17,7 @@ WHEEL = "tilebin-0.1.0-cp310-abi3-manylinux_2_28_x86_64.whl"
 # `python -m pip wheel ... --wheel-dir DIR` writes $FAKE_WHEELS wheels (content "new") into DIR,
 # then exits $FAKE_BUILD_RC; `python .../verify_wheel.py WHEEL` exits $FAKE_VERIFY_RC.
 FAKE_PYTHON = """#!/usr/bin/env bash
-echo "$*" >>"$FAKE_LOG"
+echo "$* [TILEBIN_NVCC=${TILEBIN_NVCC-unset}]" >>"$FAKE_LOG"
 if [[ "$1 $2 $3" == "-m pip wheel" ]]; then
   while [[ $# -gt 0 && "$1" != --wheel-dir ]]; do shift; done
   for i in $(seq 1 "$FAKE_WHEELS"); do echo new >"$2/tilebin-0.1.$i-cp310-abi3-manylinux_2_28_x86_64.whl"; done
@@ -37,12 +37,12 @@ def run_build(tmp_path):
     (venv / "python").chmod(0o755)
     dist = tmp_path / "dist"
 
-    def run(build_rc=0, verify_rc=0, wheels=1, previous=True):
+    def run(build_rc=0, verify_rc=0, wheels=1, previous=True, args=""):
         if previous:
             dist.mkdir(exist_ok=True)
             (dist / WHEEL).write_text("old")
         script = (f'source {ROOT}/wheels/build.sh; ROOT={tmp_path}; DIST={dist}; VENV={tmp_path}/venv; '
-                  'ensure_venv() { :; }; main')
+                  f'ensure_venv() {{ :; }}; unset TILEBIN_NVCC; main {args}')
         env = {**os.environ, "FAKE_LOG": str(tmp_path / "log"), "FAKE_BUILD_RC": str(build_rc),
                "FAKE_VERIFY_RC": str(verify_rc), "FAKE_WHEELS": str(wheels)}
         res = subprocess.run(["bash", "-c", script], capture_output=True, text=True, env=env, timeout=60)
@@ -91,3 +91,16 @@ def test_first_build_creates_dist(run_build):
     res, wheels, _ = run_build(previous=False)
     assert res.returncode == 0, res.stdout + res.stderr
     assert wheels == [WHEEL]
+
+
+def test_nvcc_option_sets_tilebin_nvcc_for_the_aot_step(run_build):
+    """--nvcc PATH (the system-nvcc option) reaches the build as $TILEBIN_NVCC, not as a pip argument;
+    other arguments pass through to pip wheel."""
+    res, _, log = run_build(args="-C cmake.define.X=1 --nvcc /opt/cuda/bin/nvcc")
+    assert res.returncode == 0, res.stdout + res.stderr
+    build_line = log.splitlines()[0]
+    assert "-C cmake.define.X=1" in build_line and "--nvcc" not in build_line.split(" [")[0]
+    assert build_line.endswith("[TILEBIN_NVCC=/opt/cuda/bin/nvcc]")
+    _, _, log = run_build()
+    last_build = [ln for ln in log.splitlines() if "pip wheel" in ln][-1]  # the log accumulates
+    assert last_build.endswith("[TILEBIN_NVCC=unset]")  # default: the pip toolchain

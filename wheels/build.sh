@@ -69,8 +69,12 @@ ensure_venv() {
 # Which nvcc the AOT build will use (the same lookup, aot/_nvcc.py find_nvcc); fails now, not mid-build.
 report_nvcc() {
   local nvcc
-  nvcc="$(PYTHONPATH="$ROOT" "$VENV/bin/python" -c 'from tilebin.aot._nvcc import find_nvcc; n = find_nvcc()
-print(f"nvcc {n.version} ({n.source}): {n.path}")')" || { log "error: no usable nvcc (see above)"; return 1; }
+  nvcc="$(PYTHONPATH="$ROOT" "$VENV/bin/python" -c 'import sys; from tilebin.aot._nvcc import AotError, find_nvcc
+try:
+    n = find_nvcc()
+except AotError as exc:
+    sys.exit(f"[build.sh] error: {exc}")
+print(f"nvcc {n.version} ({n.source}): {n.path}")')" || return 1
   log "$nvcc"
 }
 
