@@ -5,6 +5,7 @@ the venv's bin/); without it the lint tests skip and say so, the consistency tes
 
 from __future__ import annotations
 
+import ast
 import os
 import pathlib
 import re
@@ -81,14 +82,17 @@ def test_pins_match_build_sh_and_aot():
     build_sh = (ROOT / "wheels" / "build.sh").read_text()
     for var in ("TORCH_PIN", "TILELANG_PIN"):
         assert f'"{_env(var)}"' in build_sh, f"{var}={_env(var)} is not one of wheels/build.sh's REQUIREMENTS"
-    pinned_nvcc = re.search(r'^PINNED_NVCC = "([0-9.]+)"', (ROOT / "aot" / "_nvcc.py").read_text(), re.M)
-    assert pinned_nvcc, "aot/_nvcc.py no longer sets PINNED_NVCC"
-    PINNED_NVCC = pinned_nvcc.group(1)
+    nvcc_py = (ROOT / "aot" / "_nvcc.py").read_text()
+    pinned_nvcc = re.search(r'^PINNED_NVCC = "([0-9.]+)"', nvcc_py, re.M)
+    toolchain = re.search(r"^PIP_TOOLCHAIN = (\{.*?\n\})", nvcc_py, re.M | re.S)
+    assert pinned_nvcc and toolchain, "aot/_nvcc.py no longer sets PINNED_NVCC and PIP_TOOLCHAIN"
+    pins = ast.literal_eval(toolchain.group(1))
+    want = [f"{dist}=={version}" for dist, version in pins.items()]
+    assert _env("CUDA_TOOLCHAIN_PINS").split() == want, f"CUDA_TOOLCHAIN_PINS != aot/_nvcc.py PIP_TOOLCHAIN {want}"
+    assert all(f'"{pin}"' in build_sh for pin in want), f"wheels/build.sh does not pin all of {want}"
     version = _env("NVCC_VERSION")
-    assert version.startswith(PINNED_NVCC + "."), f"NVCC_VERSION {version} is not a CUDA {PINNED_NVCC} nvcc"
-    assert _env("NVCC_PIN") == f"nvidia-cuda-nvcc=={version}"
-    pinned = re.findall(r"nvidia-cuda-nvcc==([0-9.]+)", build_sh)
-    assert all(p == version for p in pinned), f"wheels/build.sh pins nvcc {pinned}, the workflow {version}"
+    assert version == pins["nvidia-cuda-nvcc"] and version.startswith(pinned_nvcc.group(1) + ".")
+    assert re.search(r"^\s*TILEBIN_NVCC: pip$", _text(), re.M), "the AOT build must use the pip toolchain only"
 
 
 def test_cibuildwheel_settings_match_pyproject():
@@ -109,7 +113,9 @@ def test_wheel_matrix_matches_ci_run():
     matrix = re.search(r"^\s*python: \[(.*)\]\s*$", _text(), re.M)
     assert matrix, f"{WORKFLOW.name} has no `python: [...]` test matrix"
     assert [v.strip(' "') for v in matrix.group(1).split(",")] == default.group(1).split()
-    assert "wheel_tests " in _text() and "source .ci/run" in _text()
+    assert "source .ci/run" in _text() and 'wheel_tests "$(command -v python)" "$wheel" "$work"' in _text()
+    assert re.search(r'^wheel_tests\(\) \{\n  local py="\$1" wheel="\$2" work="\$3"', ci_run, re.M), \
+        ".ci/run's wheel_tests no longer takes (python, wheel, work dir), as the workflow's test job calls it"
 
 
 def test_publish_only_on_tags_with_trusted_publishing():
