@@ -24,7 +24,9 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--cache", type=pathlib.Path, default=None, help="incremental build cache folder")
     b.add_argument("--jobs", type=int, default=0, help="parallel workers (default: one per core)")
     b.add_argument("--lineinfo", action="store_true", help="keep -lineinfo in cubins (for profiling; ~2.5x bigger)")
-    b.add_argument("--nvcc", default=None, help="path of nvcc (default: $CUDA_HOME, /usr/local/cuda, PATH)")
+    b.add_argument("--nvcc", default=None,
+                   help="path of nvcc, or 'pip' (default: $TILEBIN_NVCC, else the pip CUDA toolchain in this venv, "
+                        "else $CUDA_HOME, /usr/local/cuda, PATH)")
     b.add_argument("--allow-nvcc-mismatch", action="store_true", help="build with an nvcc other than the pinned release")
     return p
 
