@@ -8,6 +8,8 @@ and headers.  A system CUDA toolkit is used only when asked for (``--nvcc PATH``
 
 from __future__ import annotations
 
+import fcntl
+import hashlib
 import importlib.metadata
 import importlib.util
 import os
@@ -137,13 +139,30 @@ def nvcc_flags(include_dirs: list[str], lineinfo: bool, extra: list[str]) -> lis
 
 
 def compile_cubin(nvcc: Nvcc, source: str, flags: list[str], where: str) -> bytes:
-    """nvcc the source in a private temp dir with a fixed file name (reproducible bytes)."""
-    with tempfile.TemporaryDirectory(prefix="tilebin-nvcc-") as tmp:
-        src, out = os.path.join(tmp, "kernel.cu"), os.path.join(tmp, "kernel.cubin")
+    """nvcc the source as ``/tmp/tilebin-nvcc/<sha256 of source>/kernel.cu`` (reproducible bytes).
+
+    nvcc names internal-linkage symbols (anonymous namespaces, e.g. in the CuTe headers that
+    ``T.gemm`` kernels include) after the source file's absolute path: a random temp dir made
+    those cubins differ from build to build.  The path depends on the source only; a lock file
+    serializes two jobs with the same source, and each writes its own output file.
+    """
+    folder = os.path.join(_STABLE_TMP, hashlib.sha256(source.encode()).hexdigest()[:32])
+    os.makedirs(folder, exist_ok=True)
+    with open(os.path.join(folder, ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        src = os.path.join(folder, "kernel.cu")
         with open(src, "w") as f:
             f.write(source)
-        proc = subprocess.run([nvcc.path, *flags, "-o", out, src], capture_output=True, text=True, cwd=tmp)
-        if proc.returncode != 0:
-            raise AotError(f"{where}: nvcc failed ({proc.returncode}):\n{proc.stdout}{proc.stderr}")
-        with open(out, "rb") as f:
-            return f.read()
+        fd, out = tempfile.mkstemp(suffix=".cubin", dir=folder)
+        os.close(fd)
+        try:
+            proc = subprocess.run([nvcc.path, *flags, "-o", out, src], capture_output=True, text=True, cwd=folder)
+            if proc.returncode != 0:
+                raise AotError(f"{where}: nvcc failed ({proc.returncode}):\n{proc.stdout}{proc.stderr}")
+            with open(out, "rb") as f:
+                return f.read()
+        finally:
+            os.unlink(out)
+
+
+_STABLE_TMP = "/tmp/tilebin-nvcc"  # the same absolute path on every build machine (see compile_cubin)
