@@ -26,14 +26,13 @@ uses tilebin ops.  Importing ``tilebin.ops`` registers nothing (~10 ms) and impo
 from __future__ import annotations
 
 import importlib
-import operator
 import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 import torch
 
-from ._common import TRACING, check_flag, fail
+from ._common import TRACING, check_flag, check_int, fail
 
 # modules that declare TORCH_OPS (imported by register_all, in this order): one per family
 # (quant and moe keep theirs beside the ops, in _torch_ops.py), or the op module itself
@@ -114,10 +113,9 @@ class TorchOp:
 def _complete(name: str, args: tuple, kwargs: dict) -> tuple:
     """Every schema argument in order: the dispatcher drops trailing ones equal to their defaults
     and may pass some by name.  Lists (``int[]``) become the tuples the public ops take."""
-    schema = getattr(getattr(torch.ops, NAMESPACE), name).default._schema
     full = [tuple(a) if type(a) is list else a for a in args]  # int[] arguments: the ops take tuples
-    for arg in schema.arguments[len(args):]:
-        full.append(kwargs[arg.name] if arg.name in kwargs else arg.default_value)
+    for arg, _, default in _ARGS[name][len(args):]:
+        full.append(kwargs.get(arg, default))
     return tuple(full)
 
 
@@ -141,7 +139,9 @@ def register_all() -> dict[str, TorchOp]:
     return _OPS
 
 
-_KINDS: dict[str, tuple[tuple[str, str], ...]] = {}  # op -> ((argument name, schema type), ...)
+# op -> ((argument name, schema type, default), ...), read once at registration: the real and fake
+# implementations and the tracing-time coercion use it without looking the schema up again
+_ARGS: dict[str, tuple[tuple[str, str, Any], ...]] = {}
 
 
 def _register(lib: Any, op: TorchOp) -> None:
@@ -151,7 +151,7 @@ def _register(lib: Any, op: TorchOp) -> None:
     torch.library.register_fake(f"{NAMESPACE}::{op.name}", op.run_fake, lib=lib)
     # read the schema only now: looking the op up before register_fake hides the fake implementation
     schema = getattr(getattr(torch.ops, NAMESPACE), op.name).default._schema
-    _KINDS[op.name] = tuple((a.name, _kind(a.type)) for a in schema.arguments)
+    _ARGS[op.name] = tuple((a.name, _kind(a.type), a.default_value) for a in schema.arguments)
 
 
 def _kind(t: Any) -> str:
@@ -190,7 +190,7 @@ def _coerce(op: TorchOp, args: tuple) -> tuple:
     """``args`` as the schema's types, or the ArgumentError the op raises for a wrong type
     (bools: bool or 0/1 as the ops take them; ints: no bools; floats: ints too)."""
     out = []
-    for (name, kind), value in zip(_KINDS[op.name], args):
+    for (name, kind, _), value in zip(_ARGS[op.name], args):
         if value is None and not kind.endswith("?"):
             raise fail(op.name, f"{name} is required, got None")
         kind = kind.rstrip("?")
@@ -203,7 +203,7 @@ def _coerce(op: TorchOp, args: tuple) -> tuple:
         elif kind == "bool":
             out.append(check_flag(op.name, name, value))
         elif kind == "int":  # also ScalarType (a torch.dtype)
-            out.append(value if isinstance(value, torch.dtype) else _as_int(op.name, name, value))
+            out.append(value if isinstance(value, torch.dtype) else check_int(op.name, name, value, -2**63, 2**63 - 1))
         elif kind == "float":
             if isinstance(value, bool) or not isinstance(value, (int, float)):
                 raise fail(op.name, f"{name} must be a float, got {type(value).__name__} {value!r}")
@@ -211,21 +211,12 @@ def _coerce(op: TorchOp, args: tuple) -> tuple:
         elif kind == "int[]":
             if not isinstance(value, (tuple, list)):
                 raise fail(op.name, f"{name} must be a tuple of ints, got {type(value).__name__} {value!r}")
-            out.append([_as_int(op.name, name, v) for v in value])
+            out.append([check_int(op.name, name, v, -2**63, 2**63 - 1) for v in value])
         elif kind == "str" and not isinstance(value, str):
             raise fail(op.name, f"{name} must be a str, got {type(value).__name__} {value!r}")
         else:  # the op's own checks judge the value
             out.append(value)
     return tuple(out)
-
-
-def _as_int(op: str, name: str, value: Any) -> int:
-    if isinstance(value, (bool, torch.Tensor)):
-        raise fail(op, f"{name} must be an int, got {type(value).__name__} {value!r}")
-    try:
-        return operator.index(value)
-    except TypeError:
-        raise fail(op, f"{name} must be an int, got {type(value).__name__} {value!r}") from None
 
 
 __all__ = ["TorchOp", "register_all", "traced", "OP_MODULES", "pair_to_schema", "pair_to_public"]
