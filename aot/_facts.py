@@ -15,9 +15,10 @@ from typing import Any
 from tilelang import tvm
 from tvm import tirx
 
-from tilebin.runtime._manifest import ArgSpec, LaunchSpec, ParamSpec, ScalarSpec, TensorSpec, TmaSpec
+from tilebin.runtime._manifest import ArgSpec, ConditionSpec, LaunchSpec, ParamSpec, ScalarSpec, TensorSpec, TmaSpec
 
 from ._errors import AotError
+from ._conditions import assumed_conditions, declared_condition
 from ._tir_expr import host_lets, to_tree
 
 _INT32_MAX = 2**31 - 1
@@ -33,6 +34,7 @@ class LaunchFacts:
     scalars: tuple[ScalarSpec, ...]
     tma: tuple[TmaSpec, ...]
     launches: tuple[LaunchSpec, ...]
+    conditions: tuple[ConditionSpec, ...] = ()
 
 
 def dtype_name(dtype: Any) -> str:
@@ -143,9 +145,15 @@ def _launch(fn: tirx.PrimFunc, name: str, call_args: list[Any], env: dict, where
 
 
 def launch_facts(func: tirx.PrimFunc, host_mod: Any, device_mod: Any, where: str,
-                 outputs: tuple[str, ...] = (), align: int = 16) -> LaunchFacts:
-    """All launch facts of one lowered variant; raises AotError for what the manifest can't express."""
+                 outputs: tuple[str, ...] = (), align: int = 16, *, optional: tuple[str, ...] = (),
+                 conditions: tuple[str, ...] = (), key: Any = None) -> LaunchFacts:
+    """All launch facts of one lowered variant; raises AotError for what the manifest can't express.
+
+    ``optional``: tensor parameters a call may pass as None; ``conditions``: the declaration's
+    condition texts (aot/_conditions.py), ``key`` the variant's compile-time values they may name.
+    """
     params, tensors, scalars, data_names = signature(func, where, outputs, align)
+    params = _mark_optional(params, optional, where)
     host_funcs = list(host_mod.functions.values())
     if len(host_funcs) != 1:
         raise AotError(f"{where}: expected one host function after lowering, got {len(host_funcs)}")
@@ -172,4 +180,18 @@ def launch_facts(func: tirx.PrimFunc, host_mod: Any, device_mod: Any, where: str
     missing = set(device) - {ln.entry for ln in launches}
     if missing:
         raise AotError(f"{where}: device kernels {sorted(missing)} are never launched by the host code")
-    return LaunchFacts(params, tensors, scalars, tuple(tma), tuple(launches))
+    conds = [ConditionSpec(t, "assume") for t in assumed_conditions(func, symbols, to_tree, where)]
+    for text in conditions:
+        tree = declared_condition(text, dict(key or {}), symbols, where)
+        if all(tree != c.expr for c in conds):
+            conds.append(ConditionSpec(tree, "declared"))
+    return LaunchFacts(params, tensors, scalars, tuple(tma), tuple(launches), tuple(conds))
+
+
+def _mark_optional(params: tuple[ParamSpec, ...], optional: tuple[str, ...], where: str) -> tuple[ParamSpec, ...]:
+    tensors = {p.name for p in params if p.kind == "tensor"}
+    unknown = [n for n in optional if n not in tensors]
+    if unknown:
+        raise AotError(f"{where}: optional={list(optional)} names {unknown}, which are not tensor parameters of the "
+                       f"kernel ({', '.join(sorted(tensors)) or 'none'})")
+    return tuple(ParamSpec(p.name, p.kind, p.rank, p.name in optional) for p in params)

@@ -20,6 +20,15 @@ _BINARY = {
     tirx.Mod: "truncmod",
     tirx.Min: "min",
     tirx.Max: "max",
+    # comparisons and logic: variant conditions (T.assume), see aot/_conditions.py
+    tirx.EQ: "eq",
+    tirx.NE: "ne",
+    tirx.LT: "lt",
+    tirx.LE: "le",
+    tirx.GT: "gt",
+    tirx.GE: "ge",
+    tirx.And: "and",
+    tirx.Or: "or",
 }
 
 
@@ -46,6 +55,8 @@ def to_tree(expr: Any, where: str, lets: Mapping[str, Any] | None = None,
         if not str(expr.dtype).startswith(("int", "uint")):
             raise AotError(f"{where}: cast to {expr.dtype} in a launch expression: {expr}")
         return to_tree(expr.value, where, lets, rename)
+    if isinstance(expr, tirx.Not):
+        return ["not", to_tree(expr.a, where, lets, rename)]
     for node_type, op in _BINARY.items():
         if isinstance(expr, node_type):
             return [op, to_tree(expr.a, where, lets, rename), to_tree(expr.b, where, lets, rename)]

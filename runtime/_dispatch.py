@@ -172,12 +172,23 @@ def _same(a: Any, b: Any) -> bool:
 
 def select(spec: KernelSpec, infos: Mapping[str, TensorInfo], key_items: tuple) -> tuple[int, VariantSpec]:
     """The first variant (index, spec) serving the call; :class:`NoVariantError` listing the nearest."""
-    scored = []
+    return matching_variants(spec, infos, key_items)[0]
+
+
+def matching_variants(spec: KernelSpec, infos: Mapping[str, TensorInfo],
+                      key_items: tuple) -> list[tuple[int, VariantSpec]]:
+    """Every variant (index, spec) whose dtypes, ranks, static dims and keys serve the call, in
+    manifest order (their conditions are checked once sizes are bound: :func:`unmet_error`);
+    :class:`NoVariantError` listing the nearest when there is none."""
+    scored, found = [], []
     for i, variant in enumerate(spec.variants):
         why = _mismatches(variant, infos, key_items)
         if not why:
-            return i, variant
-        scored.append((len(why), i, variant, why))
+            found.append((i, variant))
+        elif not found:
+            scored.append((len(why), i, variant, why))
+    if found:
+        return found
     scored.sort(key=lambda s: (s[0], s[1]))
     asked = ", ".join(f"{n}: {t.dtype}{list(t.shape)}" for n, t in infos.items())
     kw = ", ".join(f"{k}={v!r}" for k, v in key_items)
@@ -190,4 +201,16 @@ def select(spec: KernelSpec, infos: Mapping[str, TensorInfo], key_items: tuple) 
         + f".\nDtypes served: {_served_dtypes(spec, infos)}."
         + "\nAvailable variants, nearest first:\n" + "\n".join(lines)
         + "\nPass arguments matching one of them, or add the variant to the kernel's grid and rebuild."
+    )
+
+
+def unmet_error(spec: KernelSpec, unmet: list) -> NoVariantError:
+    """The error for a call whose matching variants all fail a condition (``unmet``: the
+    :class:`~._plan.UnmetConditions` of each, in order)."""
+    lines = [f"  {key_text(u.variant.key)} -- needs {'; '.join(u.unmet)}" for u in unmet[:_MAX_LISTED]]
+    return NoVariantError(
+        f"{spec.name}: no prebuilt variant serves these sizes; each variant that matches the dtypes fails a "
+        "condition:\n" + "\n".join(lines)
+        + "\nPass sizes that meet a variant's conditions (pad or split the input), or declare a variant "
+        "without the condition and rebuild."
     )

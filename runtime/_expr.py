@@ -33,7 +33,22 @@ OPS: dict[str, tuple[int, Callable[..., Any]]] = {
     "min": (2, min),
     "max": (2, max),
     "neg": (1, lambda a: -a),
+    # variant conditions (VariantSpec.conditions): comparisons and logic, 1 for true, 0 for false
+    "eq": (2, lambda a, b: int(a == b)),
+    "ne": (2, lambda a, b: int(a != b)),
+    "lt": (2, lambda a, b: int(a < b)),
+    "le": (2, lambda a, b: int(a <= b)),
+    "gt": (2, lambda a, b: int(a > b)),
+    "ge": (2, lambda a, b: int(a >= b)),
+    "and": (2, lambda a, b: int(bool(a) and bool(b))),
+    "or": (2, lambda a, b: int(bool(a) or bool(b))),
+    "not": (1, lambda a: int(not a)),
 }
+
+# how to_text spells each operator, and its precedence (higher binds tighter), Python's
+_TEXT = {"add": ("+", 5), "sub": ("-", 5), "mul": ("*", 6), "floordiv": ("//", 6), "floormod": ("%", 6),
+         "eq": ("==", 3), "ne": ("!=", 3), "lt": ("<", 3), "le": ("<=", 3), "gt": (">", 3), "ge": (">=", 3),
+         "and": ("and", 1), "or": ("or", 0)}
 
 
 def symbols_of(tree: Expr) -> set[str]:
@@ -66,3 +81,27 @@ def evaluate(tree: Expr, env: Env) -> Any:
     if isinstance(tree, list):
         return OPS[tree[0]][1](*(evaluate(a, env) for a in tree[1:]))
     return env[tree] if isinstance(tree, str) else tree
+
+
+def to_text(tree: Expr) -> str:
+    """A checked tree as Python-like text, for messages: ``["eq", ["floormod", "n", 16], 0]`` ->
+    ``n % 16 == 0``."""
+    return _text(tree, -1)
+
+
+def _text(tree: Expr, outer: int) -> str:
+    if not isinstance(tree, list):
+        return str(tree)
+    op, args = tree[0], tree[1:]
+    if op in _TEXT:
+        sym, prec = _TEXT[op]
+        compare = prec == 3  # comparisons do not chain: parenthesise both sides
+        left = prec + 1 if compare else prec
+        right = prec if op in ("and", "or", "add", "mul") else prec + 1  # associative ones need none
+        text = f"{_text(args[0], left)} {sym} {_text(args[1], right)}"
+        return f"({text})" if prec < outer else text
+    if op == "not":
+        return f"not {_text(args[0], 2)}" if outer <= 2 else f"(not {_text(args[0], 2)})"
+    if op == "neg":
+        return f"-{_text(args[0], 7)}"
+    return f"{op}({', '.join(_text(a, -1) for a in args)})"

@@ -150,8 +150,10 @@ def _grid(fns: list[Callable[[list], int]]) -> Callable[[list], tuple]:
     return lambda s: (x(s), y(s), z(s))
 
 
-def _base(spec: KernelSpec, variant: VariantSpec, sources: list, launches: list) -> Layout:
-    tensors = tuple(i for i, p in enumerate(spec.params) if p.kind == "tensor")
+def _base(spec: KernelSpec, variant: VariantSpec, sources: list, launches: list,
+          tensors: tuple[int, ...] | None = None) -> Layout:
+    if tensors is None:
+        tensors = tuple(i for i, p in enumerate(spec.params) if p.kind == "tensor")
     where = f"kernel {spec.name!r} variant {key_text(variant.key)}"
     if not tensors:
         raise NoVariantError(f"{where}: has no tensor parameter to take the device from")
@@ -215,4 +217,4 @@ def bound_layout(spec: KernelSpec, binding: Any) -> Layout:
         grid = tuple(bl.grid)
         launches.append(LaunchLayout(bl.spec, lwhere, lambda s, g=grid: g, tuple((0, g) for g in grid),
                                      tuple(bl.block), bl.spec.smem, tuple(args)))
-    return _base(spec, binding.variant, [], launches)
+    return _base(spec, binding.variant, [], launches, tuple(positions))  # optional tensors passed as None: not read

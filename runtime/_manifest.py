@@ -31,6 +31,7 @@ class ParamSpec:
     name: str
     kind: str  # "tensor" | "scalar"
     rank: int = 0
+    optional: bool = False  # a tensor the call may pass as None (its pointer is then null)
 
 
 @dataclass(frozen=True)
@@ -97,6 +98,20 @@ class LaunchSpec:
 
 
 @dataclass(frozen=True)
+class ConditionSpec:
+    """What a call must meet for a variant to serve it: ``expr`` over the variant's runtime symbols
+    evaluates nonzero (``hidden % 128 == 0``).  ``source``: ``"assume"`` (the kernel's own
+    ``T.assume``) or ``"declared"`` (``KernelDecl.conditions``).  The runtime checks them when it
+    picks a variant; a call none serves raises ``NoVariantError`` naming the failed condition."""
+
+    expr: Expr
+    source: str = "declared"
+
+
+CONDITION_SOURCES = ("assume", "declared")
+
+
+@dataclass(frozen=True)
 class VariantSpec:
     key: Mapping[str, Any]
     cubin: str  # path relative to the manifest's folder
@@ -105,6 +120,7 @@ class VariantSpec:
     scalars: tuple[ScalarSpec, ...]
     launches: tuple[LaunchSpec, ...]
     tma: tuple[TmaSpec, ...] = ()
+    conditions: tuple[ConditionSpec, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -184,10 +200,17 @@ def _parse_variant(data: Mapping[str, Any], where: str) -> VariantSpec:
         args = tuple(_build(ArgSpec, a, where) for a in ln.get("args", []))
         launches.append(_build(LaunchSpec, ln, where, args=args, grid=_exprs(ln.get("grid"), where),
                                block=_exprs(ln.get("block"), where), cluster=tuple(ln.get("cluster", (1, 1, 1)))))
+    conditions = tuple(_build(ConditionSpec, c, where) for c in _list(data.get("conditions", []), where))
     variant = _build(VariantSpec, data, where, key=MappingProxyType(dict(data.get("key", {}))),
-                     tensors=tensors, scalars=scalars, tma=tma, launches=tuple(launches))
+                     tensors=tensors, scalars=scalars, tma=tma, launches=tuple(launches), conditions=conditions)
     _check_variant(variant, where)
     return variant
+
+
+def _list(value: Any, where: str) -> list:
+    if not isinstance(value, list):
+        raise ArtifactError(f"{where}: expected a list, got {value!r}; rebuild the artifacts")
+    return value
 
 
 def _check_variant(v: VariantSpec, where: str) -> None:
@@ -219,9 +242,39 @@ def _check_variant(v: VariantSpec, where: str) -> None:
             if a.kind == "scalar":
                 check_expr(a.value, where)
                 used |= symbols_of(a.value)
+    for c in v.conditions:
+        check_expr(c.expr, f"{where} condition")
+        if c.source not in CONDITION_SOURCES:
+            raise ArtifactError(f"{where}: condition source {c.source!r} is not one of {CONDITION_SOURCES}")
+        used |= symbols_of(c.expr)
     missing = used - bound
     if missing:
         raise ArtifactError(f"{where}: expressions read unbound symbols {sorted(missing)}")
+
+
+def _check_optional(params: tuple[ParamSpec, ...], variants: tuple[VariantSpec, ...], where: str) -> None:
+    """An optional tensor (passed as None: no shape) may bind no symbol that another parameter does
+    not bind too, and may not be read through TMA (a descriptor needs a real address)."""
+    optional = {p.name for p in params if p.optional}
+    for p in params:
+        if p.optional and p.kind != "tensor":
+            raise ArtifactError(f"{where}: parameter {p.name!r} is marked optional but is not a tensor")
+    for i, v in enumerate(variants):
+        others = {s.name for s in v.scalars}
+        for t in v.tensors:
+            if t.name not in optional:
+                others |= {e for e in (*t.shape, *t.strides) if isinstance(e, str)}
+        for t in v.tensors:
+            if t.name in optional:
+                alone = {e for e in (*t.shape, *t.strides) if isinstance(e, str)} - others
+                if alone:
+                    raise ArtifactError(
+                        f"{where} variant {i}: optional tensor {t.name!r} alone binds the sizes {sorted(alone)}; "
+                        "give it shapes that other parameters also bind, or make it required")
+        for m in v.tma:
+            if m.param in optional:
+                raise ArtifactError(f"{where} variant {i}: optional tensor {m.param!r} is read through TMA, "
+                                    "which needs a real address; make it required")
 
 
 def parse_kernel(name: str, k: Any, source: str) -> KernelSpec:
@@ -235,6 +288,7 @@ def parse_kernel(name: str, k: Any, source: str) -> KernelSpec:
     if not isinstance(meta, Mapping):
         raise ArtifactError(f"{where}: meta must be an object, got {type(meta).__name__}; rebuild the artifacts")
     meta = MappingProxyType({key: tuple(v) if isinstance(v, list) else v for key, v in meta.items()})
+    _check_optional(params, variants, where)
     return _build(KernelSpec, k, where, params=params, variants=variants, meta=meta)
 
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ._errors import ArgumentError
-from ._expr import Expr, evaluate, symbols_of
+from ._expr import Expr, evaluate, symbols_of, to_text
 from ._launcher import GRID_MAX
 from ._manifest import KernelSpec, LaunchSpec, TensorSpec, VariantSpec
 from ._scalars import SCALAR_DTYPES, convert_scalar
@@ -41,6 +41,8 @@ def direct_scalars(spec: KernelSpec) -> frozenset[str]:
             names -= set().union(set(), *(symbols_of(e) for e in (*t.shape, *t.strides)))
         for m in v.tma:
             names -= set().union(set(), *(symbols_of(e) for e in (*m.dims, *m.strides)))
+        for c in v.conditions:  # checked when the plan is built: keyed by value, never passed through
+            names -= symbols_of(c.expr)
         for ln in v.launches:
             names -= set().union(set(), *(symbols_of(e) for e in (*ln.grid, *ln.block)))
             for a in ln.args:
@@ -149,9 +151,13 @@ def bind_call(spec: KernelSpec, index: int, variant: VariantSpec, values: list, 
     names = list(infos)
     tensor_index = {n: i for i, n in enumerate(names)}
     env, origin = _bind_symbols(kernel, variant.tensors, infos)
-    _check_tensors(kernel, variant.tensors, infos, env, origin)
     for s in variant.scalars:
         env[s.name] = convert_scalar(values[positions[s.name]], s.dtype, f"{kernel}: scalar {s.name!r}")
+        origin.setdefault(s.name, f"scalar {s.name}")
+    unmet = unmet_conditions(variant, env, origin)
+    if unmet:
+        raise UnmetConditions(index, variant, unmet)
+    _check_tensors(kernel, variant.tensors, infos, env, origin)
     launches = tuple(
         b for b in (_bind_launch(kernel, ln, env, origin, tensor_index, positions, direct) for ln in variant.launches)
         if 0 not in b.grid  # an empty problem: nothing to launch
@@ -163,6 +169,30 @@ def bind_call(spec: KernelSpec, index: int, variant: VariantSpec, values: list, 
     guard.check(tuple(infos[n].ptr for n in names))
     return Binding(kernel, index, variant, check_devices(kernel, infos), tuple(positions[n] for n in names),
                    launches, tma, guard, env)
+
+
+class UnmetConditions(Exception):
+    """Internal: ``variant`` (index ``index``) does not serve the call; ``unmet`` says why, one
+    text per failed condition.  The registry then tries the next matching variant."""
+
+    def __init__(self, index: int, variant: VariantSpec, unmet: list[str]) -> None:
+        super().__init__("; ".join(unmet))
+        self.index, self.variant, self.unmet = index, variant, unmet
+
+
+def unmet_conditions(variant: VariantSpec, env: Mapping, origin: Mapping) -> list[str]:
+    """The variant's conditions the call fails, each as ``text (symbol = value from where, ...)``."""
+    unmet = []
+    for c in variant.conditions:
+        try:
+            ok = evaluate(c.expr, env)
+        except ZeroDivisionError:
+            ok = False
+        if not ok:
+            values = ", ".join(f"{s} = {env[s]} from {origin.get(s, s)}" for s in sorted(symbols_of(c.expr)))
+            what = "the kernel's T.assume" if c.source == "assume" else "declared"
+            unmet.append(f"{to_text(c.expr)} ({values}; {what})")
+    return unmet
 
 
 def _bind_symbols(kernel: str, tensors: tuple[TensorSpec, ...],
@@ -264,7 +294,9 @@ def _bind_launch(kernel: str, ln: LaunchSpec, env: Mapping, origin: Mapping, ten
     block = _dims(kernel, ln.entry, "block", ln.block, env)
     args: list[tuple] = []
     for j, a in enumerate(ln.args):
-        if a.kind == "ptr":
+        if a.kind == "ptr" and a.param not in tensor_index:  # an optional tensor passed as None
+            args.append(("scalar", "uint64", 0, None))
+        elif a.kind == "ptr":
             args.append(("ptr", tensor_index[a.param]))
         elif a.kind == "tma":
             args.append(("tma", a.tma))

@@ -30,13 +30,14 @@ from pathlib import Path
 from typing import Any
 
 from . import _driver, _settings
-from ._dispatch import bind, check_ranks, find_variant, is_internal, key_names, select, unknown_kernel
+from ._dispatch import (bind, check_ranks, find_variant, is_internal, key_names, matching_variants, unknown_kernel,
+                        unmet_error)
 from ._errors import ArgumentError, ArtifactError
 from ._launcher import Bound, Launcher, PreparedCall, hot_module, make_launcher
 from ._layout import bound_layout, unchecked_layout
 from ._loader import Loader
 from ._manifest import KernelSpec, LaunchSpec, Manifest, VariantSpec, parse_manifest
-from ._plan import Binding, bind_call, check_devices, direct_scalars
+from ._plan import Binding, UnmetConditions, bind_call, check_devices, direct_scalars
 from ._signature import PLAIN_SCALARS, fast_signature
 from ._tensors import TORCH_TENSOR, cai_signature, data_ptr, describe, is_tensor, key_value, torch_tensor_type
 
@@ -71,6 +72,7 @@ class KernelEntry:
         self.keys = key_names(spec)
         self.direct = direct_scalars(spec)
         self.tensor_pos = tuple(i for i, p in enumerate(params) if p.kind == "tensor")
+        self.optional_pos = frozenset(i for i in self.tensor_pos if params[i].optional)
         scalars = [i for i, p in enumerate(params) if p.kind != "tensor"]
         self.keyed_pos = tuple(i for i in scalars if params[i].name not in self.direct)
         self.direct_pos = tuple(i for i in scalars if params[i].name in self.direct)
@@ -122,6 +124,8 @@ class KernelEntry:
             a = values[i]
             if isinstance(a, tensor):
                 key.append((a.dtype, a.size(), a.stride(), a.device))
+            elif a is None and i in self.optional_pos:
+                key.append(None)
             else:
                 a = cai_signature(a)
                 ok = ok and a is not None
@@ -141,7 +145,7 @@ class KernelEntry:
     def _build(self, values: Any, key_items: tuple, key: tuple | None) -> Any:
         spec, params = self.spec, self.spec.params
         infos = {params[i].name: describe(values[i], f"{spec.name}: parameter {params[i].name!r}")
-                 for i in self.tensor_pos}
+                 for i in self.tensor_pos if not (values[i] is None and params[i].optional)}
         for i in self.keyed_pos + self.direct_pos:
             if is_tensor(values[i]):
                 raise ArgumentError(
@@ -150,8 +154,15 @@ class KernelEntry:
                 )
         check_devices(spec.name, infos)
         check_ranks(spec, infos)
-        index, variant = select(spec, infos, key_items)
-        binding = bind_call(spec, index, variant, values, infos, self.direct)
+        unmet = []
+        for index, variant in matching_variants(spec, infos, key_items):
+            try:
+                binding = bind_call(spec, index, variant, values, infos, self.direct)
+                break
+            except UnmetConditions as exc:
+                unmet.append(exc)
+        else:
+            raise unmet_error(spec, unmet)
         torch_positions = frozenset(self.tensor_pos[k] for k, info in enumerate(infos.values()) if info.is_torch)
         plan = self.registry._make_plan(binding, torch_positions)
         if key is not None:
