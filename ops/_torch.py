@@ -38,7 +38,7 @@ from ._common import TRACING, check_flag, check_int, fail
 # (quant and moe keep theirs beside the ops, in _torch_ops.py), or the op module itself
 OP_MODULES = (
     "tilebin.ops.quant._torch_ops", "tilebin.ops.moe._torch_ops",
-    "tilebin.ops.engram._gate", "tilebin.ops.engram._hash",
+    "tilebin.ops.engram._gate", "tilebin.ops.engram._hash", "tilebin.ops.transpose._torch_ops",
 )
 NAMESPACE = "tilebin"
 

@@ -48,10 +48,10 @@ def _short(v: Any) -> str:
 
 
 def op_function(op: str) -> Callable:
-    from tilebin.ops import engram, moe, quant
+    from tilebin.ops import engram, moe, quant, transpose
 
     family, name = op.split(".")
-    return getattr({"quant": quant, "moe": moe, "engram": engram}[family], name)
+    return getattr({"quant": quant, "moe": moe, "engram": engram, "transpose": transpose}[family], name)
 
 
 def run(call: Call) -> tuple[Any, BaseException | None]:
@@ -319,6 +319,13 @@ def _engram(rng, dev, big, op):
     return Call(op, [bf(t, hc, h), x, k, v, wf, *stats, 1e-6])
 
 
+# ------------------------------------------------------------------ transpose builders
+def _transpose(rng, dev, big, op):
+    rows, cols = (rng.choice((0, 1, 3, 64, 129, 256) + ((1000, 4001) if big else ())) for _ in range(2))
+    shape = (rows, cols) if op == "transpose.transpose" else (rng.choice((0, 1, 2, 5)), rows, cols)
+    return Call(op, [rand(shape, rng.choice((BF16, FP32, E4M3, torch.float16, I8)), dev, rng)])
+
+
 BUILDERS: dict[str, Callable[..., Call]] = {
     **{f"quant.{n}": _per_token for n in ("per_token_cast", "per_token_cast_with_sf_only",
                                          "per_token_cast_with_precomputed_sf")},
@@ -339,6 +346,7 @@ BUILDERS: dict[str, Callable[..., Call]] = {
                                            "reduce_fused")},
     **{f"engram.{n}": _engram for n in ("engram_hash", "fused_weight", "engram_gate_fwd", "engram_gate_bwd",
                                        "grad_w_reduce")},
+    "transpose.transpose": _transpose, "transpose.batched_transpose": _transpose,
 }
 
 

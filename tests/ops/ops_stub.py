@@ -14,7 +14,7 @@ OP_MODULES = (
     "tilebin.ops.quant._per_token", "tilebin.ops.quant._per_block", "tilebin.ops.quant._per_channel",
     "tilebin.ops.quant._swiglu", "tilebin.ops.quant._cast_back", "tilebin.ops.quant._e5m6",
     "tilebin.ops.moe._gating", "tilebin.ops.moe._routing", "tilebin.ops.moe._stats",
-    "tilebin.ops.engram._gate", "tilebin.ops.engram._hash",
+    "tilebin.ops.engram._gate", "tilebin.ops.engram._hash", "tilebin.ops.transpose._transpose",
 )
 # module-level dicts that memoize validated configurations or launchers
 MEMO_NAMES = ("_FAST", "_DUMMIES", "_LAUNCHERS", "_PLACEHOLDERS")

@@ -103,9 +103,9 @@ def test_bad_calls_are_typed_and_never_change_good_ones(harness, op, rng):
 
 
 def test_every_public_op_is_fuzzed():
-    from tilebin.ops import engram, moe, quant
+    from tilebin.ops import engram, moe, quant, transpose
 
-    public = {f"{m.__name__.rsplit('.', 1)[1]}.{n}" for m in (quant, moe, engram) for n in m.__all__}
+    public = {f"{m.__name__.rsplit('.', 1)[1]}.{n}" for m in (quant, moe, engram, transpose) for n in m.__all__}
     assert public == set(OPS), f"ops without a fuzz builder: {sorted(public - set(OPS))}"
 
 

@@ -1,0 +1,94 @@
+"""``transpose`` and ``batched_transpose``: ``out[b] = x[b].T`` on ``transpose.batched_transpose``.
+
+Same names, signatures and outputs as ``tile_kernels.transpose`` 1.0.0: the result is a new
+contiguous tensor ``[n, m]`` (``[b, n, m]``) of x's dtype on x's device.  Beyond tile_kernels:
+
+* any ``m`` and ``n`` (tile_kernels needs multiples of 64): the kernel serves every size with a
+  fast path for full aligned tiles and bounds-checked paths at the edges;
+* any strides: a non-contiguous x, or one whose data pointer is not 16-byte aligned (the
+  kernel's vector loads need it), costs one contiguous copy first;
+* an empty x (any extent 0) returns its empty output and launches nothing;
+* ``b > 65535`` (the grid's z limit) launches in chunks of batches.
+
+Dtypes: the kernel moves 1-, 2- and 4-byte elements as bits (its variants are float8_e4m3fn,
+bfloat16 and float32); every dtype in :data:`DTYPES` rides on the variant of its element size
+through a same-size view, so the result is bit-exact (NaN payloads, -0, subnormals kept).
+
+Every argument is checked before any GPU work (:class:`tilebin.runtime.ArgumentError` naming
+the op, the value and what is supported; the device last).  A row longer than the kernel's grid
+covers (more than ~4 million fp32 columns) is refused with the same error, before any launch.
+Kernels run on torch's current stream.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.compiler import is_compiling
+
+from tilebin.runtime import ArgumentError
+
+from .._common import TRACING, check_cuda, check_tensor, fail, launcher, ptr
+from .._torch import traced
+
+_KERNEL = "transpose.batched_transpose"
+# element size in bytes -> (the kernel variant's dtype key, the torch dtype x is viewed as)
+_VARIANT_BY_SIZE = {1: ("float8_e4m3fn", torch.float8_e4m3fn), 2: ("bfloat16", torch.bfloat16),
+                    4: ("float32", torch.float32)}
+DTYPES = (torch.bfloat16, torch.float16, torch.float32, torch.float8_e4m3fn, torch.float8_e5m2,
+          torch.int8, torch.uint8, torch.int16, torch.int32)
+_ALIGN = 16  # bytes: the kernel's 16-byte vector loads and bulk stores
+_BATCH_CHUNK = 65520  # <= 65535 (grid z) and a multiple of 16: every chunk starts 16-byte aligned
+
+
+def transpose(x: torch.Tensor) -> torch.Tensor:
+    """``x.T`` as a new contiguous tensor: x ``[m, n]`` of a dtype in :data:`DTYPES` -> ``[n, m]``."""
+    if is_compiling() and not TRACING.on:  # torch.compile / export: record tilebin::transpose
+        return traced("transpose", x)
+    return _transposed("transpose", x, 2)
+
+
+def batched_transpose(x: torch.Tensor) -> torch.Tensor:
+    """``x[i].T`` for every i as a new contiguous tensor: x ``[b, m, n]`` -> ``[b, n, m]``."""
+    if is_compiling() and not TRACING.on:
+        return traced("batched_transpose", x)
+    return _transposed("batched_transpose", x, 3)
+
+
+def _transposed(op: str, x: torch.Tensor, ndim: int) -> torch.Tensor:
+    """The checked op: validate, allocate the output, launch (nothing for an empty x)."""
+    check_tensor(op, "x", x, DTYPES, ndim)
+    check_cuda(op, x=x)
+    shape = x.shape
+    out = torch.empty((*shape[:-2], shape[-1], shape[-2]), dtype=x.dtype, device=x.device)
+    if out.numel():
+        x3, out3 = (x, out) if ndim == 3 else (x.unsqueeze(0), out.unsqueeze(0))
+        _launch(op, _kernel_input(x3), out3)
+    return out
+
+
+def _kernel_input(x: torch.Tensor) -> torch.Tensor:
+    """``x`` when contiguous and 16-byte aligned, else a contiguous copy (fresh, hence aligned)."""
+    if x.is_contiguous() and not ptr(x) % _ALIGN:
+        return x
+    return x.clone(memory_format=torch.contiguous_format)
+
+
+def _launch(op: str, x: torch.Tensor, out: torch.Tensor) -> None:
+    """Launch the variant of x's element size on same-size views, in chunks of batches."""
+    key, view_dtype = _VARIANT_BY_SIZE[x.element_size()]
+    if x.dtype != view_dtype:
+        x, out = x.view(view_dtype), out.view(view_dtype)
+    fn = launcher(_KERNEL, dtype=key)
+    batch = x.shape[0]
+    try:
+        if batch <= _BATCH_CHUNK:
+            fn(x, out)
+            return
+        for start in range(0, batch, _BATCH_CHUNK):
+            fn(x[start:start + _BATCH_CHUNK], out[start:start + _BATCH_CHUNK])
+    except ArgumentError as exc:  # the grid or a size does not fit the kernel: raised before any launch
+        raise fail(op, f"x of shape {tuple(x.shape)} is outside what {_KERNEL} serves ({exc}); split x along "
+                       "its last dim") from exc
+
+
+__all__ = ["DTYPES", "batched_transpose", "transpose"]
