@@ -10,7 +10,9 @@
 Importing this package does no work: it imports neither torch, numpy nor cuda.bindings
 (the driver is loaded at the first launch).  The module-level functions use a default
 :class:`Registry` created lazily (thread-safe) from ``$TILEBIN_ARTIFACTS_DIR`` or, when
-unset, the artifacts inside the installed wheel.
+unset, the artifacts inside the installed wheel; names it lacks are searched in
+``$TILEBIN_KERNEL_PATH``'s folders and the registries given to :func:`add_artifacts`
+(``_search.py``).  Your own kernels: ``Registry.for_package("mypkg")``.
 """
 
 from __future__ import annotations
@@ -21,12 +23,13 @@ from ._errors import ArgumentError, ArtifactError, DeviceError, NoVariantError, 
 from ._manifest import SCHEMA_VERSION, KernelSpec
 from ._launcher import Launcher, PreparedCall, hot_module
 from ._dispatch import is_internal
+from . import _search
 from ._registry import _DEFAULT, Registry, default_registry
 
 UncheckedLauncher = Launcher  # the name the op layer's annotations use
 
 __all__ = [
-    "launch", "prepare", "unchecked_launcher", "kernel_names", "is_internal", "spec", "hot_path", "Registry",
+    "launch", "prepare", "unchecked_launcher", "kernel_names", "add_artifacts", "is_internal", "spec", "hot_path", "Registry",
     "PreparedCall", "Launcher", "UncheckedLauncher", "KernelSpec",
     "TilebinError", "NoVariantError", "UnknownKernelError", "ArgumentError", "ArtifactError", "DeviceError",
     "SCHEMA_VERSION",
@@ -80,6 +83,15 @@ def unchecked_launcher(name: str, **key: Any) -> Launcher:
     :meth:`Registry.unchecked_launcher`.
     """
     return default_registry().unchecked_launcher(name, **key)
+
+
+def add_artifacts(artifacts: Any) -> Registry:
+    """Put a :class:`Registry` (or an artifacts folder) on the search path of :func:`launch`,
+    :func:`prepare`, :func:`spec` and :func:`kernel_names`, after tilebin's own artifacts and
+    ``$TILEBIN_KERNEL_PATH``'s folders; returns the registry.  A package that ships its own
+    kernels calls ``runtime.add_artifacts(Registry.for_package("mypkg"))`` once.  A kernel name
+    already on the path raises :class:`ArtifactError`; ``tilebin.ops`` never launches from it."""
+    return _search.add(default_registry(), artifacts)
 
 
 def hot_path() -> str:

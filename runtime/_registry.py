@@ -26,10 +26,11 @@ try:  # Python 3.11+
     from importlib.resources.abc import Traversable
 except ImportError:  # Python 3.10: the same protocol, under its older name
     from importlib.abc import Traversable
+from importlib.resources import files
 from pathlib import Path
 from typing import Any
 
-from . import _driver, _settings
+from . import _driver, _search, _settings
 from ._dispatch import (bind, check_ranks, find_variant, is_internal, key_names, matching_variants, unknown_kernel,
                         unmet_error)
 from ._errors import ArgumentError, ArtifactError
@@ -190,9 +191,11 @@ class Registry:
     device at first use.  Thread-safe.
     """
 
-    def __init__(self, artifacts_dir: str | os.PathLike | Traversable, *, plan_cache_size: int | None = None) -> None:
+    def __init__(self, artifacts_dir: str | os.PathLike | Traversable, *, plan_cache_size: int | None = None,
+                 search_path: bool = False) -> None:
         root = Path(artifacts_dir) if isinstance(artifacts_dir, (str, os.PathLike)) else artifacts_dir
         self.artifacts_dir = root
+        self.search_path = search_path  # names it lacks are looked up on the kernel search path (_search.py)
         self.manifest: Manifest = load_manifest(root)
         self.plan_cache_size = plan_cache_size if plan_cache_size is not None else _settings.plan_cache_size()
         if self.plan_cache_size < 1:
@@ -203,13 +206,34 @@ class Registry:
         self._unchecked: dict[tuple, Any] = {}
         self._unchecked_lock = threading.Lock()
 
+    @classmethod
+    def for_package(cls, package: str, folder: str = "_artifacts") -> "Registry":
+        """The registry of the artifacts a package ships (``<package>/<folder>/manifest.json``, as
+        ``python -m tilebin.aot build --out <package>/<folder>`` writes them), created once per
+        process.  A library that ships its own kernels launches from it (``reg.launch(...)``), or
+        puts it on ``runtime.launch``'s search path with ``runtime.add_artifacts(reg)``."""
+        key = (package, folder)
+        reg = _PACKAGES.get(key)
+        if reg is None:
+            try:
+                root = files(package) / folder
+            except (ModuleNotFoundError, TypeError) as exc:
+                raise ArtifactError(f"Registry.for_package({package!r}): cannot import package {package!r} ({exc}); "
+                                    "install it, or pass the artifacts folder to Registry(...)") from None
+            with _DEFAULT_LOCK:
+                reg = _PACKAGES.get(key)
+                if reg is None:
+                    reg = _PACKAGES[key] = cls(root)
+        return reg
+
     def kernel_names(self, *, internal: bool = False) -> list[str]:
         """The public kernel names in the manifest, sorted; with ``internal=True`` every name.
 
         Internal kernels (:func:`is_internal`: the ``testing`` and ``gemm`` families) are left
         out by default; they stay launchable by name (``launch``, ``spec``, ``prepare``).
         """
-        return sorted(n for n in self.manifest.kernels if internal or not is_internal(n))
+        names = list(self.manifest.kernels) + (_search.names(self) if self.search_path else [])
+        return sorted(n for n in names if internal or not is_internal(n))
 
     def spec(self, name: str) -> KernelSpec:
         """The :class:`KernelSpec` of ``name``; :class:`~._errors.UnknownKernelError` naming close names if unknown."""
@@ -224,7 +248,13 @@ class Registry:
         entry = self._entries.get(name)
         if entry is None:
             if name not in self.manifest.kernels:
-                raise unknown_kernel(name, self.manifest.kernels)
+                other = _search.find(self, name) if self.search_path else None
+                if other is None:
+                    known = list(self.manifest.kernels) + (_search.names(self) if self.search_path else [])
+                    raise unknown_kernel(name, known)
+                entry = other._entry(name)  # launched, prepared and loaded by its own registry
+                with self._entries_lock:
+                    return self._entries.setdefault(name, entry)
             spec = self.manifest.kernels[name]  # checked now (ArtifactError naming the kernel if malformed)
             with self._entries_lock:
                 entry = self._entries.get(name)
@@ -266,6 +296,9 @@ class Registry:
         cache_key = (name, tuple(sorted(key.items())))
         launcher = self._unchecked.get(cache_key)
         if launcher is None:
+            owner = self._entry(name).registry
+            if owner is not self:  # a kernel of the search path: its registry loads its cubins
+                return owner.unchecked_launcher(name, **key)
             spec = self._entry(name).spec
             variant = find_variant(spec, {k: key_value(v) for k, v in key.items()})
             layout = unchecked_layout(spec, variant)
@@ -323,6 +356,7 @@ def load_manifest(root: Traversable) -> Manifest:
 
 _DEFAULT: list[Registry | None] = [None]
 _DEFAULT_LOCK = threading.Lock()
+_PACKAGES: dict[tuple[str, str], Registry] = {}
 
 
 def default_registry() -> Registry:
@@ -331,6 +365,6 @@ def default_registry() -> Registry:
     if reg is None:
         with _DEFAULT_LOCK:
             if _DEFAULT[0] is None:
-                _DEFAULT[0] = Registry(_settings.artifacts_dir())
+                _DEFAULT[0] = Registry(_settings.artifacts_dir(), search_path=True)
             reg = _DEFAULT[0]
     return reg

@@ -34,7 +34,13 @@ class EnvVar:
 
 ARTIFACTS_DIR = EnvVar(
     "TILEBIN_ARTIFACTS_DIR",
-    "folder holding manifest.json and the cubins; default: the artifacts inside the installed wheel",
+    "folder holding tilebin's own manifest.json and cubins (a build from a checkout); default: the artifacts "
+    "inside the installed wheel; for your own kernels use TILEBIN_KERNEL_PATH or Registry.for_package",
+)
+KERNEL_PATH = EnvVar(
+    "TILEBIN_KERNEL_PATH",
+    "more artifacts folders (os.pathsep-separated) that runtime.launch searches, in order, for kernel names "
+    "tilebin's own artifacts do not have (your own kernels built with tilebin.aot); tilebin.ops never uses them",
 )
 PLAN_CACHE_SIZE = EnvVar(
     "TILEBIN_PLAN_CACHE_SIZE",
@@ -49,7 +55,7 @@ HOT_PATH = EnvVar(
     "auto",
 )
 
-ALL = (ARTIFACTS_DIR, PLAN_CACHE_SIZE, HOT_PATH)
+ALL = (ARTIFACTS_DIR, KERNEL_PATH, PLAN_CACHE_SIZE, HOT_PATH)
 
 
 def artifacts_dir() -> Traversable:
