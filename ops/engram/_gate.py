@@ -14,6 +14,7 @@ place); launches go on torch's current stream, asynchronously.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import torch
@@ -24,6 +25,12 @@ from .._torch import TorchOp, traced
 from ..config import get_num_sms
 from ._checks import (BF16, FP32, MAX_ELEMENTS, check_bool, check_contiguous, check_disjoint, check_float,
                       check_hidden, check_strided_rows)
+
+
+# Speed-trial switch, read once at import (removed when the lead swaps the winner in):
+# TILEBIN_CANDIDATE_ENGRAM_GATE_BWD=1 makes engram_gate_bwd launch the internal candidate kernel.
+_BWD_CANDIDATE = "engram._engram_gate_bwd_candidate"
+_BWD_KERNEL = _BWD_CANDIDATE if os.environ.get("TILEBIN_CANDIDATE_ENGRAM_GATE_BWD") == "1" else "engram.engram_gate_bwd"
 
 
 def _check_gate_inputs(op: str, hidden_states, k, v, weight_fused) -> tuple[int, int, int]:
@@ -89,6 +96,13 @@ def engram_gate_bwd(grad_out: torch.Tensor, hidden_states: torch.Tensor, k: torc
     if is_compiling() and not TRACING.on:
         return traced("engram_gate_bwd", grad_out, hidden_states, k, v, weight_fused, dot, gate_score, rstd_x,
                       rstd_k, clamp_value)
+    return _gate_bwd(_BWD_KERNEL, grad_out, hidden_states, k, v, weight_fused, dot, gate_score, rstd_x, rstd_k,
+                     clamp_value)
+
+
+def _gate_bwd(kernel: str, grad_out, hidden_states, k, v, weight_fused, dot, gate_score, rstd_x, rstd_k, clamp_value):
+    """:func:`engram_gate_bwd`'s checks and launch of ``kernel`` (the current one or the candidate:
+    same parameters, same outputs); tests and the bench call it to reach the candidate directly."""
     op = "engram_gate_bwd"
     num_tokens, hc, hidden = _check_gate_inputs(op, hidden_states, k, v, weight_fused)
     check_contiguous(op, "grad_out", grad_out, BF16, shape=(num_tokens, hc, hidden))
@@ -105,8 +119,8 @@ def engram_gate_bwd(grad_out: torch.Tensor, hidden_states: torch.Tensor, k: torc
     grad_k = torch.empty((num_tokens, hc, hidden), dtype=torch.bfloat16, device=device)
     grad_v = torch.empty((num_tokens, hidden), dtype=torch.bfloat16, device=device)
     grad_w_partial = torch.empty((get_num_sms(), hc, hidden), dtype=torch.float32, device=device)
-    launcher("engram.engram_gate_bwd")(grad_out, hidden_states, k, v, weight_fused, dot, gate_score, rstd_x, rstd_k,
-                                        grad_x, grad_k, grad_v, grad_w_partial, clamp_value, hidden ** -0.5)
+    launcher(kernel)(grad_out, hidden_states, k, v, weight_fused, dot, gate_score, rstd_x, rstd_k,
+                     grad_x, grad_k, grad_v, grad_w_partial, clamp_value, hidden ** -0.5)
     return grad_x, grad_k, grad_v, grad_w_partial
 
 
