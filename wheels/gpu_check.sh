@@ -17,7 +17,10 @@
 #   GPU_CHECK_BUDGET_S     wall-clock budget for the whole script, default 540 (the device
 #                          tool stops a command at 600 s); a stage gets what is left, minus a reserve
 #   GPU_CHECK_PYTHON       interpreter, default python3 (the image's torch Python)
-#   GPU_CHECK_BENCHES      benchmarks to run, default "quant moe engram mhc op_host launch transpose host_parts"
+#   GPU_CHECK_BENCHES      benchmarks to run, default "quant moe engram mhc op_host launch transpose host_parts";
+#                          also "compare_peer" (bench/compare_peer.py: tilebin vs tile_kernels side by side,
+#                          per family in its own process; writes bench-compare-peer.json); its extra
+#                          arguments: GPU_CHECK_COMPARE_ARGS, e.g. "--quick --families moe"
 #   GPU_CHECK_PEER_TAR     a .tar.xz of tile_kernels + tilelang unpacked (../shared/NOTES.md), default
 #                          $REPO/.tk/tk.tar.xz when present: the benches that know the peer
 #                          (engram) time it side by side
@@ -145,6 +148,29 @@ run_tests() {
   stamp "tests: rc=${RC[tests]}  $(grep -E '(passed|failed|error|skipped)' "$OUT/gpu-tests.log" | tail -1)"
 }
 
+# The example project (examples/my_kernels): its own wheel, with its own cubins, installed beside
+# tilebin's and tested from /tmp with TileLang and TVM blocked (its tests/conftest.py). Runs in the
+# tests stage when examples/my_kernels/dist/*.whl was carried (build it with examples/my_kernels/build.sh).
+run_example_tests() {
+  shopt -s nullglob
+  local wheels=("$REPO"/examples/my_kernels/dist/my_kernels-*.whl)
+  shopt -u nullglob
+  if ((${#wheels[@]} == 0)); then
+    stamp "example: no examples/my_kernels/dist/*.whl carried; skipped"
+    return 0
+  fi
+  local site=/tmp/tb-example-site work=/tmp/tb-example
+  rm -rf "$site" "$work" && mkdir -p "$work"
+  "$PY" -m pip install --no-deps --no-index -q --target "$site" "$WHEEL" "${wheels[0]}" >>"$SUMMARY" 2>&1 \
+    || { stamp "example: pip install failed"; RC[example]=1; return; }
+  cp -r "$REPO/examples/my_kernels/tests" "$work/tests"
+  (cd "$work" && PYTHONPATH="$site" timeout -k 10 120 "$PY" -m pytest tests -q -rfEs -p no:cacheprovider \
+     >"$OUT/example-tests.log" 2>&1)
+  RC[example]=$?
+  tail -n 30 "$OUT/example-tests.log"
+  stamp "example: rc=${RC[example]}  $(grep -E '(passed|failed|error)' "$OUT/example-tests.log" | tail -1)"
+}
+
 bench_one() {  # bench_one NAME CAP_S ARGS...: run bench/bench_NAME.py if GPU_CHECK_BENCHES lists it
   local name=$1 want=$2 cap
   shift 2
@@ -156,9 +182,10 @@ bench_one() {  # bench_one NAME CAP_S ARGS...: run bench/bench_NAME.py if GPU_CH
     return
   fi
   stamp "bench: bench_$name.py (limit ${cap}s)"
-  local tbpath="$TB_PYTHONPATH"
-  [[ -n "${PEER_PATH:-}" && ($name == engram || $name == mhc) ]] && tbpath="$TB_PYTHONPATH:$PEER_PATH"
-  (cd /tmp && PYTHONPATH="$tbpath" TILEBIN_EXPECT_INSTALLED=1 timeout -k 10 "$cap" "$PY" "$REPO/bench/bench_$name.py" \
+  local tbpath="$TB_PYTHONPATH" script="$REPO/bench/bench_$name.py"
+  [[ -f "$script" ]] || script="$REPO/bench/$name.py"  # compare_peer.py
+  [[ -n "${PEER_PATH:-}" && ($name == engram || $name == mhc || $name == compare_peer) ]] && tbpath="$TB_PYTHONPATH:$PEER_PATH"
+  (cd /tmp && PYTHONPATH="$tbpath" TILEBIN_EXPECT_INSTALLED=1 timeout -k 10 "$cap" "$PY" "$script" \
     "$@" --md "$OUT/bench.md") 2>&1 | tee -a "$OUT/bench.log"
   RC[bench_$name]=$?
 }
@@ -174,6 +201,7 @@ unpack_peer() {  # tile_kernels + tilelang for side-by-side rows, when a tarball
 run_bench() {
   rm -f "$OUT/bench.md"
   unpack_peer
+  bench_one compare_peer 420 --json "$OUT/bench-compare-peer.json" ${GPU_CHECK_COMPARE_ARGS:-}
   bench_one engram 200
   bench_one mhc 200
   if [[ -n "${GPU_CHECK_BASELINE_WHEEL:-}" ]]; then
@@ -299,6 +327,7 @@ main() {
     return 2
   fi
   wants tests && run_tests
+  wants tests && run_example_tests
   wants fuzz && run_fuzz
   wants bench && run_bench
   wants sanitizer && run_sanitizer
