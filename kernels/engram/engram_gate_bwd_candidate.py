@@ -14,8 +14,11 @@ kernels/README.md "engram_gate_bwd: where the instructions went"):
   recomputed a 64-bit ``tn * hidden * hc + h * hidden + ...`` product chain per slot and stream);
 - bf16 -> fp32: the staged data are read as 32-bit words and widened with one shift or one AND
   per element (exact, like the cast; nvcc's cast of the upper half cost PRMT + SHL + MOV);
-- the four statistics and the four heads' gates of a token are copied once per half (8 threads,
-  one fp32 each, into a three-stage ring read after the token's barrier), not once per thread;
+- the four statistics and the four heads' gates of a token are copied once per half (thread 0
+  of the half, into a three-stage ring), not once per thread; that thread computes the row's
+  factors that do not need ``sum go*v`` (s, cx, ck, sqrt|s|, rx*rk*scalar: the same expressions)
+  while the others sum, and publishes them with the token's barrier, so each thread is left with
+  one division (the clamp select and ``/ sqrt|s|``) instead of three divisions and a sqrt;
 - grad_out words read for ``sum go*v`` stay in registers for grad_x (one shared load less per
   vector); the grad_v slot mask and ``float(hidden)`` are computed once, outside the token loop.
 """
@@ -98,6 +101,7 @@ def engram_gate_bwd_candidate():
             gvs = T.alloc_shared((2, HEADS_IN_FLIGHT, THREADS * W), "uint32")
             scl = T.alloc_shared((SR, 2, NS), "float32")
             red = T.alloc_shared((2, WARPS), "float32")
+            der = T.alloc_shared((2, 2, 8), "float32")  # per half: gate, s, cx, ck, sqrt|s|, rx*rk*scalar
             ws = T.alloc_local((U * V,), "float32")
             gw = T.alloc_local((U * V,), "float32")
             gq = T.alloc_local((W,), "uint32")
@@ -209,18 +213,16 @@ def engram_gate_bwd_candidate():
                     for q in T.unroll(HEADS_IN_FLIGHT):
                         _cp(gvs[sn, q, tid * W], T.Tensor(x_w, "uint32", grad_out.data)[(rq + q * nvec) * W], W,
                             h < U and h < nu and q < hc)
-                    # the row's statistics and the first heads' gates: 8 threads of the half, one each
-                    if tr < NS:
+                    # the row's statistics and the first heads' gates: one thread per half copies them
+                    if tr == 0:
                         si = tn * hc + h
-                        if tr == 0:
-                            _cp(scl[ss, tid // HALF, 0], T.Tensor((num_tokens * hc,), "float32", dot.data)[si], 1)
-                        elif tr == 2:
-                            _cp(scl[ss, tid // HALF, 2], T.Tensor((num_tokens * hc,), "float32", rstd_x.data)[si], 1)
-                        elif tr == 3:
-                            _cp(scl[ss, tid // HALF, 3], T.Tensor((num_tokens * hc,), "float32", rstd_k.data)[si], 1)
-                        elif tr == 1 or tr - 4 < hc:  # gate[tn, h], gate[tn, q = tr - 4]
-                            _cp(scl[ss, tid // HALF, tr], T.Tensor((num_tokens * hc,), "float32", gate_score.data)[
-                                T.if_then_else(tr == 1, si, si - h + tr - 4)], 1)
+                        _cp(scl[ss, tid // HALF, 0], T.Tensor((num_tokens * hc,), "float32", dot.data)[si], 1)
+                        _cp(scl[ss, tid // HALF, 1], T.Tensor((num_tokens * hc,), "float32", gate_score.data)[si], 1)
+                        _cp(scl[ss, tid // HALF, 2], T.Tensor((num_tokens * hc,), "float32", rstd_x.data)[si], 1)
+                        _cp(scl[ss, tid // HALF, 3], T.Tensor((num_tokens * hc,), "float32", rstd_k.data)[si], 1)
+                        for q in T.unroll(HEADS_IN_FLIGHT):
+                            _cp(scl[ss, tid // HALF, 4 + q], T.Tensor((num_tokens * hc,), "float32", gate_score.data)[
+                                si - h + q], 1, q < hc)
                 T.ptx_commit_group()  # one group per iteration, possibly empty
                 if it > 0:
                     t = tn - 1
@@ -229,6 +231,17 @@ def engram_gate_bwd_candidate():
                     rc = rs - hc * nvec  # [t, h, :]
                     T.ptx_wait_group(1)  # token t's copies (this thread's) have landed
                     T.sync_warp()  # the wait asm has no memory clobber: keep the reads below it
+                    if tr == 0 and ok != 0:  # the row's factors that do not need sum go*v, once per half
+                        d = scl[sr, tid // HALF, 0]
+                        gg = scl[sr, tid // HALF, 1]
+                        rx = scl[sr, tid // HALF, 2]
+                        rk = scl[sr, tid // HALF, 3]
+                        der[sc, tid // HALF, 0] = gg
+                        der[sc, tid // HALF, 1] = T.ieee_mul(T.ieee_mul(T.ieee_mul(d, rx), rk), scalar)  # s
+                        der[sc, tid // HALF, 2] = d * rx * rx / fh  # cx
+                        der[sc, tid // HALF, 3] = d * rk * rk / fh  # ck
+                        der[sc, tid // HALF, 4] = T.sqrt(T.abs(T.ieee_mul(T.ieee_mul(T.ieee_mul(d, rx), rk), scalar)))
+                        der[sc, tid // HALF, 5] = rx * rk * scalar
                     acc = T.float32(0)
                     for u in T.unroll(U):
                         if u < nu:
@@ -245,7 +258,7 @@ def engram_gate_bwd_candidate():
                         acc += T.shfl_xor(acc, 16 >> r)
                     if tid % 32 == 0:
                         red[sc, tid // 32] = acc
-                    T.sync_threads()  # also publishes the scalars staged by 8 threads of each half
+                    T.sync_threads()  # also publishes der and the gates staged by thread 0 of each half
                     if ok != 0:
                         tot = red[sc, j * 4]
                         for q in T.unroll(3):  # the row's warps, in order
@@ -253,16 +266,13 @@ def engram_gate_bwd_candidate():
                         if wide != 0:
                             for q in T.unroll(4):
                                 tot += red[sc, 4 + q]
-                        d = scl[sr, tid // HALF, 0]
-                        gg = scl[sr, tid // HALF, 1]
-                        rx = scl[sr, tid // HALF, 2]
-                        rk = scl[sr, tid // HALF, 3]
-                        sg = T.ieee_mul(T.ieee_mul(T.ieee_mul(d, rx), rk), scalar)
+                        gg = der[sc, tid // HALF, 0]
+                        sg = der[sc, tid // HALF, 1]
+                        cx = der[sc, tid // HALF, 2]
+                        ck = der[sc, tid // HALF, 3]
                         big = T.if_then_else(T.abs(sg) < clamp_value, T.float32(0),
-                                             tot * gg * (T.float32(1) - gg) * T.float32(0.5) / T.sqrt(T.abs(sg))
-                                             * (rx * rk * scalar))
-                        cx = d * rx * rx / fh
-                        ck = d * rk * rk / fh
+                                             tot * gg * (T.float32(1) - gg) * T.float32(0.5) / der[sc, tid // HALF, 4]
+                                             * der[sc, tid // HALF, 5])
                         for u in T.unroll(U):
                             if u < nu:
                                 for i in T.vectorized(W):
