@@ -42,7 +42,7 @@ import time
 
 from _common import env_facts, env_markdown, markdown_table, summary, write_reports
 
-TRANSPOSE, GEMM, PDL_CHAIN = "transpose.batched_transpose", "gemm.gemm_nt", "testing.pdl_chain"
+TRANSPOSE, GEMM, PDL_CHAIN = "transpose.batched_transpose", "testing.gemm_nt", "testing.pdl_chain"
 _FLOOR_C = r"""
 typedef int (*launch_fn)(void *, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, void *,
                          void **, void **);

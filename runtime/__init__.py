@@ -104,7 +104,7 @@ def kernel_names(*, internal: bool = False) -> list[str]:
     """The production kernels of the default registry, sorted: what ``launch`` is for.
 
     Internal kernels -- the ``testing`` family (runtime feature tests) and the demo
-    ``gemm.gemm_nt`` (see :func:`is_internal`) -- are left out unless ``internal=True``;
+    ``testing.gemm_nt`` (see :func:`is_internal`) -- are left out unless ``internal=True``;
     they stay launchable by name.
     """
     return default_registry().kernel_names(internal=internal)

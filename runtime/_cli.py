@@ -16,6 +16,7 @@ from typing import Any, NoReturn
 from . import _driver, _settings
 from ._dispatch import is_internal, unknown_kernel
 from ._errors import ArgumentError, ArtifactError, DeviceError, TilebinError
+from ._expr import to_text
 from ._loader import cubin_path, verify_cubin
 from ._manifest import KernelSpec
 from ._registry import load_manifest
@@ -75,9 +76,12 @@ def _info_data(spec: KernelSpec) -> dict[str, Any]:
     params = []
     for p in spec.params:
         dtypes = sorted({t.dtype for v in spec.variants for t in (*v.tensors, *v.scalars) if t.name == p.name})
-        params.append({"name": p.name, "kind": p.kind, "rank": p.rank, "dtype": "|".join(dtypes) or "-"})
+        params.append({"name": p.name, "kind": p.kind, "rank": p.rank, "dtype": "|".join(dtypes) or "-",
+                       "optional": p.optional})
+    conditions = [[f"{to_text(c.expr)} ({c.source})" for c in v.conditions] for v in spec.variants]
     return {"name": spec.name, "doc": spec.doc, "meta": dict(spec.meta), "params": params,
-            "variants": [dict(v.key) for v in spec.variants], "launch": _launch_facts(spec)}
+            "variants": [dict(v.key) for v in spec.variants], "conditions": conditions,
+            "launch": _launch_facts(spec)}
 
 
 def cmd_info(args: argparse.Namespace) -> int:
@@ -87,9 +91,12 @@ def cmd_info(args: argparse.Namespace) -> int:
     data = _info_data(man.kernels[args.name])
     lines = [data["name"], "", data["doc"] or "(no doc)", "", "parameters:"]
     rows = [("NAME", "KIND", "DTYPE", "RANK")]
-    rows += [(p["name"], p["kind"], p["dtype"], p["rank"] if p["kind"] == "tensor" else "-") for p in data["params"]]
+    rows += [(p["name"], p["kind"] + (" (optional: None allowed)" if p["optional"] else ""), p["dtype"],
+              p["rank"] if p["kind"] == "tensor" else "-") for p in data["params"]]
     lines += ["  " + r for r in _table(rows).splitlines()]
-    lines += ["", f"variants ({len(data['variants'])}):"] + ["  " + key_text(v) for v in data["variants"]]
+    lines += ["", f"variants ({len(data['variants'])}), in the order the runtime tries them:"]
+    for key, conds in zip(data["variants"], data["conditions"]):
+        lines.append("  " + key_text(key) + (f"  if {' and '.join(conds)}" if conds else ""))
     facts = data["launch"]
     flags = [k for k in ("cooperative", "pdl", "tma", "cluster") if facts[k]]
     smem = f"up to {facts['max_smem']} bytes dynamic smem" if facts["max_smem"] else "no dynamic smem"

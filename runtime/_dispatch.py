@@ -18,14 +18,14 @@ from ._tensors import TensorInfo, key_text, key_value
 _MAX_LISTED = 8
 
 
-INTERNAL_FAMILIES = frozenset({"testing", "gemm"})
+INTERNAL_FAMILIES = frozenset({"testing"})
 
 
 def is_internal(name: str) -> bool:
     """Whether kernel ``name`` is internal, not a production kernel: its family (the part before
-    the first dot) is ``testing`` (runtime feature tests: cooperative launch, PDL) or ``gemm`` (a
-    demo GEMM that exercises TMA, clusters and PDL; not a tuned GEMM), or the name (or its family
-    or op) starts with ``_``.  Internal kernels are hidden from ``kernel_names()`` only."""
+    the first dot) is ``testing`` (runtime feature tests: cooperative launch, PDL, and
+    ``testing.gemm_nt``, a GEMM that exercises TMA, clusters and PDL, not a tuned one), or the name
+    (or its family or op) starts with ``_``.  Internal kernels are hidden from ``kernel_names()`` only."""
     family, _, op = name.partition(".")
     return family in INTERNAL_FAMILIES or family.startswith("_") or op.startswith("_")
 

@@ -1,7 +1,7 @@
 """Every production kernel the wheel builds says what it computes: a one-line ``doc=`` in its
 KernelDecl, which the build writes into the manifest (``runtime.spec(name).doc``).
 
-Internal kernels (``runtime.is_internal``: the ``testing`` family and the demo ``gemm``) are held
+Internal kernels (``runtime.is_internal``: the ``testing`` family) are held
 to the same rule when they have a doc, but may go without one.
 """
 

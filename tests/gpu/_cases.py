@@ -14,7 +14,7 @@ from _gpu_util import (Rng, assert_bits_equal, assert_close, count_mismatches, p
                        reference_fn)
 
 TRANSPOSE = "transpose.batched_transpose"
-GEMM = "gemm.gemm_nt"
+GEMM = "testing.gemm_nt"
 COOP_SUM = "testing.coop_sum"
 PDL_CHAIN = "testing.pdl_chain"
 GEMM_VARIANTS = ((1024, 1024), (4096, 7168))  # (n, k)

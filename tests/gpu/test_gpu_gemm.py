@@ -1,4 +1,4 @@
-"""gemm.gemm_nt: c = a @ b.T in bf16 (fp32 accumulate), TMA + >48 KB smem, runtime m."""
+"""testing.gemm_nt: c = a @ b.T in bf16 (fp32 accumulate), TMA + >48 KB smem, runtime m."""
 
 from __future__ import annotations
 

@@ -69,7 +69,7 @@ def default_registry(make_registry, monkeypatch, rt):
     from tilebin.runtime import _registry
 
     data = F.manifest(**{"toy.scale": F.scale_kernel(), "testing.coop": F.quant_kernel(),
-                         "gemm.gemm_nt": F.gemm_kernel()})
+                         "testing.gemm_nt": F.gemm_kernel()})
     reg = make_registry(data)
     cell = [reg]
     monkeypatch.setattr(_registry, "_DEFAULT", cell)
@@ -94,16 +94,16 @@ def test_the_compiled_front_hands_unknown_names_to_python(default_registry, hot_
 
 def test_kernel_names_lists_production_kernels_only(default_registry, rt):
     assert default_registry.kernel_names() == ["toy.scale"]
-    assert default_registry.kernel_names(internal=True) == ["gemm.gemm_nt", "testing.coop", "toy.scale"]
+    assert default_registry.kernel_names(internal=True) == ["testing.coop", "testing.gemm_nt", "toy.scale"]
     assert rt.kernel_names() == ["toy.scale"]
-    assert rt.kernel_names(internal=True) == ["gemm.gemm_nt", "testing.coop", "toy.scale"]
+    assert rt.kernel_names(internal=True) == ["testing.coop", "testing.gemm_nt", "toy.scale"]
     assert rt.spec("testing.coop").name == "testing.coop"  # hidden, still there by name
 
 
 @pytest.mark.parametrize("name, internal", [
-    ("testing.coop_sum", True), ("testing.pdl_chain", True), ("gemm.gemm_nt", True), ("_x.y", True),
+    ("testing.coop_sum", True), ("testing.pdl_chain", True), ("testing.gemm_nt", True), ("_x.y", True),
     ("moe.topk_gate", False), ("quant.per_token_cast", False), ("mhc.sinkhorn_fwd", False),
-    ("transpose.batched_transpose", False), ("gemmx.y", False), ("quant._private", True),
+    ("transpose.batched_transpose", False), ("gemm.gemm_nt", False), ("gemmx.y", False), ("quant._private", True),
 ])
 def test_is_internal(rt, name, internal):
     assert rt.is_internal(name) is internal

@@ -1,4 +1,4 @@
-"""``gemm.gemm_nt(a, b, c)``: ``c = a @ b.T`` in bf16 with fp32 accumulation.
+"""``testing.gemm_nt(a, b, c)``: ``c = a @ b.T`` in bf16 with fp32 accumulation.
 
 a is ``[m, k]``, b is ``[n, k]``, c is ``[m, n]``, all bfloat16 and contiguous.  m is a
 runtime symbol (0, 1, odd and large are all valid; m = 0 gives an empty grid, which the
@@ -59,7 +59,7 @@ def gemm_nt(n: int, k: int):
 
 KERNELS = (
     KernelDecl(
-        name="gemm.gemm_nt",
+        name="testing.gemm_nt",
         factory=gemm_nt,
         grid=({"n": 1024, "k": 1024}, {"n": 4096, "k": 7168}),
         outputs=("c",),

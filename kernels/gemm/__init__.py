@@ -1,1 +1,0 @@
-"""Matrix-multiply kernels.  Importing this package imports no TileLang; only the op modules do."""
