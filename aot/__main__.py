@@ -16,18 +16,25 @@ if __package__ in (None, ""):  # run as a file from a checkout: import the check
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m tilebin.aot", description="Prebuild TileLang kernels into cubins + manifest.")
+    p = argparse.ArgumentParser(prog="python -m tilebin.aot", description="Prebuild TileLang kernels into cubins + manifest.",
+                                epilog='Building needs TileLang: pip install "tilebin[aot]" (--help does not).')
     sub = p.add_subparsers(dest="command", required=True)
     b = sub.add_parser("build", help="lower every declared variant and write DIR/manifest.json + DIR/cubins/")
     b.add_argument("modules", nargs="*", help="modules exporting KERNELS (default: all of tilebin.kernels)")
     b.add_argument("--out", required=True, type=pathlib.Path, help="artifacts folder to write")
-    b.add_argument("--cache", type=pathlib.Path, default=None, help="incremental build cache folder")
+    b.add_argument("--cache", type=pathlib.Path, default=None,
+                   help="incremental build cache folder; a variant is reused while its kernel module's import "
+                        "closure (outside site-packages), TileLang, nvcc and the flags are unchanged. A module "
+                        "imported with a computed name (importlib.import_module(f'...')) is not seen: import it "
+                        "statically")
     b.add_argument("--jobs", type=int, default=0, help="parallel workers (default: one per core)")
     b.add_argument("--lineinfo", action="store_true", help="keep -lineinfo in cubins (for profiling; ~2.5x bigger)")
     b.add_argument("--nvcc", default=None,
                    help="path of nvcc, or 'pip' (default: $TILEBIN_NVCC, else the pip CUDA toolchain in this venv, "
                         "else $CUDA_HOME, /usr/local/cuda, PATH)")
     b.add_argument("--allow-nvcc-mismatch", action="store_true", help="build with an nvcc other than the pinned release")
+    b.add_argument("--allow-tilelang-mismatch", action="store_true",
+                   help="build with a TileLang other than the release tilebin[aot] pins")
     return p
 
 
@@ -37,7 +44,8 @@ def main(argv: list[str] | None = None) -> int:
     from tilebin.kernels.modules import ALL_MODULES
 
     opts = BuildOptions(out_dir=args.out, cache_dir=args.cache, jobs=args.jobs, lineinfo=args.lineinfo,
-                        nvcc=args.nvcc, allow_nvcc_mismatch=args.allow_nvcc_mismatch)
+                        nvcc=args.nvcc, allow_nvcc_mismatch=args.allow_nvcc_mismatch,
+                        allow_tilelang_mismatch=args.allow_tilelang_mismatch)
     try:
         build(args.modules or list(ALL_MODULES), opts)
     except AotError as exc:

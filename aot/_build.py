@@ -10,7 +10,6 @@ import pathlib
 import sys
 import tempfile
 import time
-import traceback
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
@@ -19,9 +18,9 @@ from tilebin.runtime._manifest import BuildInfo, Manifest, parse_manifest, to_pl
 from tilebin.runtime._errors import ArtifactError
 
 from . import _cache
-from ._errors import AotError
-from ._lower import Job, JobResult, lower_job
-from ._nvcc import ARCH, Nvcc, find_nvcc
+from ._errors import AotError, kernel_declarations
+from ._lower import Job, JobResult, find_decl, lower_job
+from ._nvcc import ARCH, Nvcc, find_nvcc, nvcc_flags
 
 
 @dataclass(frozen=True)
@@ -32,6 +31,7 @@ class BuildOptions:
     lineinfo: bool = False
     nvcc: str | None = None
     allow_nvcc_mismatch: bool = False
+    allow_tilelang_mismatch: bool = False
 
     @property
     def error_log(self) -> pathlib.Path:
@@ -40,36 +40,23 @@ class BuildOptions:
 
 
 ERROR_LOG = "aot-errors.log"
+# The TileLang release `tilebin[aot]` pins (pyproject.toml [project.optional-dependencies] aot;
+# tests/aot/test_declaration_errors.py checks they agree): the one the AOT tool is tested with.
+PINNED_TILELANG = "0.1.15"
 
 
 def enumerate_jobs(modules: Iterable[str]) -> list[Job]:
-    """Every (kernel, variant) job the modules declare, in declaration order."""
+    """Every (kernel, variant) job the modules declare, in declaration order.  Every declaration
+    mistake (an unimportable module, a bad KERNELS, a name declared twice) is an AotError."""
     jobs, seen = [], {}
     for module in modules:
-        mod = _import_kernel_module(module)
-        decls = getattr(mod, "KERNELS", None)
-        if not decls:
-            raise AotError(f"{module} declares no kernels: export KERNELS = (KernelDecl(...), ...)")
-        for decl in decls:
+        for decl in kernel_declarations(module):
             if decl.name in seen:
-                raise AotError(f"kernel {decl.name!r} is declared by both {seen[decl.name]} and {module}")
+                where = "twice in its KERNELS" if seen[decl.name] == module else f"by both {seen[decl.name]} and {module}"
+                raise AotError(f"{module}: kernel {decl.name!r} is declared {where}; every kernel needs its own name")
             seen[decl.name] = module
             jobs += [Job(module, decl.name, i, tuple(sorted(v.items()))) for i, v in enumerate(decl.grid)]
     return jobs
-
-
-def _import_kernel_module(module: str):
-    """Import a kernel module; any failure (a syntax error too) is one AotError naming its file:line."""
-    try:
-        return importlib.import_module(module)
-    except ImportError as exc:
-        raise AotError(f"cannot import kernel module {module!r}: {exc}; is it on sys.path / PYTHONPATH?") from exc
-    except SyntaxError as exc:
-        raise AotError(f"{exc.filename}:{exc.lineno}: kernel module {module} has a syntax error: {exc.msg}") from exc
-    except Exception as exc:  # noqa: BLE001 -- whatever the module raises while it runs
-        frames = traceback.extract_tb(exc.__traceback__)
-        site = f"{frames[-1].filename}:{frames[-1].lineno}" if frames else module
-        raise AotError(f"{site}: importing kernel module {module} raised {type(exc).__name__}: {exc}") from exc
 
 
 def _execute(todo: list[Job], nvcc: Nvcc, opts: BuildOptions, log) -> list[JobResult]:
@@ -111,25 +98,45 @@ def _clock(seconds: float) -> str:
     return f"{m}m{s:02d}s" if m else f"{s}s"
 
 
-def _require_tilelang() -> None:
+def _require_tilelang(allow_mismatch: bool = False) -> None:
+    """TileLang imports, and is the release tilebin[aot] pins (unless ``allow_mismatch``)."""
     try:
-        import tilelang  # noqa: F401
-    except ImportError as exc:
-        raise AotError(f"the AOT build needs TileLang, which {sys.executable} cannot import ({exc}); "
-                       f'install it with: pip install "tilebin[aot]"') from None
+        import tilelang
+    except Exception as exc:  # noqa: BLE001 -- ImportError, or a broken install's own error
+        raise AotError(f"the AOT build needs TileLang, which {sys.executable} cannot import "
+                       f"({type(exc).__name__}: {exc}); install it with: pip install \"tilebin[aot]\"") from None
+    version = str(getattr(tilelang, "__version__", "unknown"))
+    if version.split("+")[0] != PINNED_TILELANG and not allow_mismatch:
+        raise AotError(f"TileLang {version} is installed ({os.path.dirname(tilelang.__file__ or '')}), but tilebin.aot "
+                       f"is tested with TileLang {PINNED_TILELANG}, the release tilebin[aot] pins; fix: "
+                       f"pip install \"tilelang=={PINNED_TILELANG}\" (or pip install \"tilebin[aot]\"), "
+                       f"or pass --allow-tilelang-mismatch to build anyway")
 
 
 def _tool_facts(nvcc: Nvcc, opts: BuildOptions) -> dict:
+    """What of the toolchain goes into every cache key: versions and the flags (include folders
+    left out: they are TileLang's, covered by its version, and differ between machines)."""
     import tilelang
 
-    return {"tilelang": tilelang.__version__, "nvcc": nvcc.version, "arch": ARCH, "lineinfo": opts.lineinfo}
+    return {"tilelang": tilelang.__version__, "nvcc": nvcc.version, "arch": ARCH, "lineinfo": opts.lineinfo,
+            "nvcc_flags": nvcc_flags([], opts.lineinfo, [])}
 
 
 def _write_atomic(path: pathlib.Path, data: bytes) -> None:
+    """Write ``path`` as a new 0644 file renamed into place (mkstemp alone makes it 0600)."""
     fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=path.parent)
+    os.fchmod(fd, 0o644)
     with os.fdopen(fd, "wb") as f:
         f.write(data)
     os.replace(tmp, path)
+
+
+def _make_dirs(folder: pathlib.Path) -> None:
+    """Create ``folder`` and its missing parents as 0755 whatever the umask (artifacts are shared)."""
+    missing = [p for p in (folder, *folder.parents) if not p.exists()]
+    for path in reversed(missing):
+        path.mkdir(exist_ok=True)
+        path.chmod(0o755)
 
 
 def declared_facts(modules: Iterable[str]) -> dict[str, dict]:
@@ -161,13 +168,13 @@ def _assemble(results: Sequence[JobResult], build: BuildInfo, facts: dict[str, d
 def build(modules: Sequence[str], opts: BuildOptions, log=print) -> Manifest:
     """Build every variant the modules declare into ``opts.out_dir``; returns the manifest written."""
     t0 = time.perf_counter()
-    _require_tilelang()
+    _require_tilelang(opts.allow_tilelang_mismatch)
     opts.error_log.unlink(missing_ok=True)  # a log left there describes an older build
+    jobs = enumerate_jobs(modules)  # declaration mistakes first: they need no toolchain
     nvcc = find_nvcc(opts.nvcc, opts.allow_nvcc_mismatch)
-    jobs = enumerate_jobs(modules)
     facts = _tool_facts(nvcc, opts)
     sources = {m: _cache.source_digest(m) for m in dict.fromkeys(j.module for j in jobs)}
-    keys = {j: _cache.job_key(j, sources[j.module], facts) for j in jobs}
+    keys = {j: _cache.job_key(j, sources[j.module], facts, find_decl(j.module, j.kernel).pass_configs) for j in jobs}
     cached = {j: _cache.load(opts.cache_dir, keys[j], j) if opts.cache_dir else None for j in jobs}
     todo = [j for j in jobs if cached[j] is None]
     log(f"tilebin.aot: {len(jobs)} variants of {len({j.kernel for j in jobs})} kernels, "
@@ -189,7 +196,7 @@ def build(modules: Sequence[str], opts: BuildOptions, log=print) -> Manifest:
 
 def _write_outputs(out_dir: pathlib.Path, results: Sequence[JobResult], manifest: Manifest) -> None:
     cubins = out_dir / "cubins"
-    cubins.mkdir(parents=True, exist_ok=True)
+    _make_dirs(cubins)
     wanted = set()
     for res in results:
         name = f"{hashlib.sha256(res.cubin).hexdigest()}.cubin"

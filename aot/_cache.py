@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import ast
 import hashlib
+import importlib.machinery
 import importlib.util
 import json
 import os
 import pathlib
 import shutil
+import site
 import sys
+import sysconfig
 import tempfile
+from collections.abc import Mapping
 from functools import lru_cache
 from typing import Any
 
@@ -18,6 +22,7 @@ from ._lower import Job, JobResult
 
 _AOT_DIR = pathlib.Path(__file__).resolve().parent
 _MANIFEST_PY = _AOT_DIR.parent / "runtime" / "_manifest.py"
+_DECLARE_PY = _AOT_DIR.parent / "kernels" / "_declare.py"  # KernelDecl.from_jit's factory runs in every job
 
 
 def code_bytes(path: pathlib.Path) -> bytes:
@@ -46,112 +51,156 @@ def _tree_digest(root: pathlib.Path) -> str:
 
 
 def source_digest(module: str) -> str:
-    """Digest of the module's source and of every file of its top-level package it imports.
+    """Digest of the module's import closure: its own code and that of every module it imports.
 
-    The closure follows ``import``/``from ... import`` statements (relative ones, and absolute
-    ones into the same top-level package, including ``tilebin.kernels`` as the checkout maps it),
-    transitively, plus the ``__init__.py`` of every package on the way (they run on import).
-    Editing one kernel file so rebuilds that kernel and the kernels importing it, not every
-    kernel of the package; an edit of comments or docstrings only rebuilds nothing (see
-    :func:`code_bytes`).  A module imported dynamically (importlib) is not seen: import it
-    statically.
+    The closure follows static ``import``/``from ... import`` statements (absolute and relative,
+    at any depth of the file, plus ``importlib.import_module("literal")`` calls), across
+    packages and sibling top-level modules, transitively, with the ``__init__.py`` of every
+    package on the way (they run on import).  It stops at modules of the Python installation
+    and of site-packages: TileLang's code counts by its version (in the key's tool facts), and
+    a pip-installed helper package by nothing, so install your own kernel helpers editable
+    (``pip install -e``) or keep them on sys.path.  Each file counts by its code (see
+    :func:`code_bytes`): an edit of comments or docstrings only rebuilds nothing.  Files are
+    named by module name, not path, so the key is the same in every checkout.
+
+    Not seen: a module imported dynamically with a computed name (``import_module(f"...")``,
+    ``__import__(name)``) or by exec; import it statically, or clear the cache after editing it.
     """
-    spec = importlib.util.find_spec(module)
-    if spec is None or spec.origin is None:
-        raise ModuleNotFoundError(module)
-    origin = pathlib.Path(spec.origin).resolve()
-    root = origin.parent
-    while (root.parent / "__init__.py").exists():
-        root = root.parent
-    files = sorted(_import_closure(origin, root))
     h = hashlib.sha256()
-    for path in files:
-        h.update(str(path.relative_to(root)).encode() + b"\0" + code_bytes(path) + b"\0")
+    for name, path in sorted(import_closure(module).items()):
+        h.update(name.encode() + b"\0" + code_bytes(path) + b"\0")
     return h.hexdigest()
 
 
-def _import_closure(start: pathlib.Path, root: pathlib.Path) -> set[pathlib.Path]:
-    """``start`` and the files under ``root`` it imports, transitively, with their packages' __init__s."""
-    seen: set[pathlib.Path] = set()
-    todo = [start]
+def import_closure(module: str) -> dict[str, pathlib.Path]:
+    """``{module name: source file}`` of ``module`` and everything it imports statically, outside
+    the Python installation and site-packages (see :func:`source_digest`)."""
+    if _source_file(module) is None:
+        raise ModuleNotFoundError(f"no Python source found for module {module!r}", name=module)
+    found: dict[str, pathlib.Path] = {}
+    todo = [module]
     while todo:
-        path = todo.pop()
-        if path in seen or not path.is_file():
+        name = todo.pop()
+        if name in found:
             continue
-        seen.add(path)
-        todo += _package_inits(path, root)
-        todo += _imported_files(path, root)
-    return seen
-
-
-def _package_inits(path: pathlib.Path, root: pathlib.Path) -> list[pathlib.Path]:
-    inits, folder = [], path.parent
-    while folder == root or root in folder.parents:
-        inits.append(folder / "__init__.py")
-        folder = folder.parent
-    return inits
-
-
-def _imported_files(path: pathlib.Path, root: pathlib.Path) -> list[pathlib.Path]:
-    """Files under ``root`` that ``path``'s import statements name (modules and ``from pkg import mod``)."""
-    try:
-        tree = ast.parse(path.read_bytes(), filename=str(path))
-    except SyntaxError:
-        return []  # lowering will report it; the file itself is in the digest
-    package = path.parent
-    found: list[pathlib.Path] = []
-    for node in ast.walk(tree):
-        if isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = package
-                for _ in range(node.level - 1):
-                    base = base.parent
-            else:
-                base = _absolute_base(node.module or "", root)
-                if base is None:
-                    continue
-            parts = (node.module or "").split(".") if node.level and node.module else []
-            target = base.joinpath(*parts) if parts else base
-            found += _module_files(target)
-            for alias in node.names:  # `from pkg import mod` may name a submodule
-                found += _module_files(target / alias.name)
-        elif isinstance(node, ast.Import):
-            for alias in node.names:
-                base = _absolute_base(alias.name, root)
-                if base is not None:
-                    found += _module_files(base)
+        path = _source_file(name)
+        if path is None:
+            continue
+        found[name] = path
+        todo += _parents(name)
+        todo += _imported_names(path, _package_of(name, path))
     return found
 
 
-def _absolute_base(dotted: str, root: pathlib.Path) -> pathlib.Path | None:
-    """The path an absolute module name maps to under ``root`` (``tilebin.kernels.x`` in the checkout
-    maps ``kernels/x``), or None when it lies outside the package."""
-    parts = dotted.split(".")
-    if parts[:2] == ["tilebin", root.name]:
-        parts = parts[2:]
-    elif parts[:1] == [root.name]:
-        parts = parts[1:]
-    else:
+def _parents(name: str) -> list[str]:
+    parts = name.split(".")
+    return [".".join(parts[:i]) for i in range(1, len(parts))]
+
+
+def _package_of(name: str, path: pathlib.Path) -> str:
+    """The package a module's relative imports start from (a package's ``__init__`` is its own)."""
+    return name if path.name == "__init__.py" else name.rpartition(".")[0]
+
+
+def _imported_names(path: pathlib.Path, package: str) -> list[str]:
+    """Module names ``path``'s import statements name: ``import a.b`` gives a.b; ``from x import
+    y`` gives x and x.y (y may be a submodule; a name that is not one resolves to nothing)."""
+    try:
+        tree = ast.parse(path.read_bytes(), filename=str(path))
+    except (SyntaxError, ValueError):
+        return []  # importing it will report it; the file itself counts by its bytes
+    names: list[str] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = _absolute(node.module or "", node.level, package)
+            if base is not None:
+                names += [base] + [f"{base}.{alias.name}" if base else alias.name for alias in node.names]
+        elif _is_literal_import_call(node):
+            names.append(node.args[0].value)
+    return [n for n in names if n and not n.startswith(".")]
+
+
+def _absolute(module: str, level: int, package: str) -> str | None:
+    if not level:
+        return module
+    parts = package.split(".") if package else []
+    if level - 1 > len(parts) or (level - 1 == len(parts) and not module):
+        return None  # beyond the top-level package: Python refuses it too
+    base = parts[:len(parts) - (level - 1)]
+    return ".".join(base + ([module] if module else []))
+
+
+def _is_literal_import_call(node: ast.AST) -> bool:
+    """``importlib.import_module("a.b")`` / ``import_module("a.b")`` / ``__import__("a.b")``."""
+    if not (isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant)
+            and isinstance(node.args[0].value, str)):
+        return False
+    func = node.func
+    name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
+    return name in ("import_module", "__import__")
+
+
+def _source_file(name: str) -> pathlib.Path | None:
+    """The ``.py`` file of module ``name`` when it is the project's code (not the Python
+    installation's, not site-packages'), found without running any module."""
+    spec = _find_spec(name)
+    origin = getattr(spec, "origin", None)
+    if not origin or not origin.endswith(".py"):
+        return None  # built-in, frozen, extension, namespace package or not found
+    path = pathlib.Path(origin).resolve()
+    if not path.is_file() or any(path.is_relative_to(root) for root in _installed_roots()):
         return None
-    return root.joinpath(*parts)
+    return path
 
 
-def _module_files(target: pathlib.Path) -> list[pathlib.Path]:
-    return [p for p in (target.with_suffix(".py"), target / "__init__.py") if p.is_file()]
+def _find_spec(name: str):
+    """A module's spec without executing it or any package not imported yet: modules imported
+    already answer from sys.modules; a submodule of a package not imported yet is looked up in
+    the package's folders."""
+    if name in sys.modules:
+        return getattr(sys.modules[name], "__spec__", None)  # None when blocked (sys.modules[x] = None)
+    parent = name.rpartition(".")[0]
+    if parent and parent not in sys.modules:
+        parent_spec = _find_spec(parent)
+        folders = getattr(parent_spec, "submodule_search_locations", None)
+        return importlib.machinery.PathFinder.find_spec(name, list(folders)) if folders else None
+    try:
+        return importlib.util.find_spec(name)  # its parent package is imported already: runs nothing
+    except (ImportError, ValueError, AttributeError):
+        return None
+
+
+@lru_cache(maxsize=None)
+def _installed_roots() -> tuple[pathlib.Path, ...]:
+    """Folders of the Python installation and of installed packages (site-packages, dist-packages)."""
+    roots = set()
+    for paths in (sysconfig.get_paths(), sysconfig.get_paths(vars={"base": sys.base_prefix,
+                                                                    "platbase": sys.base_exec_prefix})):
+        roots.update(paths[k] for k in ("stdlib", "platstdlib", "purelib", "platlib") if paths.get(k))
+    roots.update(getattr(site, "getsitepackages", list)())
+    roots.add(site.getusersitepackages())
+    roots.update(p for p in sys.path if pathlib.Path(p).name in ("site-packages", "dist-packages"))
+    return tuple(sorted({pathlib.Path(r).resolve() for r in roots if r}))
 
 
 @lru_cache(maxsize=None)
 def _builder_digest() -> str:
-    """This build tool's own code and the manifest schema it writes (read once per process)."""
-    schema = code_bytes(_MANIFEST_PY) if _MANIFEST_PY.exists() else b""
-    return hashlib.sha256(_tree_digest(_AOT_DIR).encode() + schema).hexdigest()
+    """This build tool's own code, the manifest schema it writes and the declaration class (read
+    once per process; they count even when tilebin is installed in site-packages)."""
+    extra = b"".join(code_bytes(p) for p in (_MANIFEST_PY, _DECLARE_PY) if p.exists())
+    return hashlib.sha256(_tree_digest(_AOT_DIR).encode() + extra).hexdigest()
 
 
-def job_key(job: Job, source: str, tool_facts: dict[str, Any]) -> str:
+def job_key(job: Job, source: str, tool_facts: dict[str, Any], pass_configs: Mapping[str, Any] | None = None) -> str:
+    """The cache key of one job: the variant, the source closure's digest, the tool facts (TileLang
+    and nvcc versions, nvcc flags, arch), the declaration's pass configs and this tool's code."""
     payload = {
         "job": [job.module, job.kernel, sorted(job.variant)],
         "source": source,
         "tools": tool_facts,
+        "pass_configs": sorted((str(k), v) for k, v in (pass_configs or {}).items()),
         "builder": _builder_digest(),
         "python": sys.version_info[:2],
     }
@@ -175,6 +224,7 @@ def store(cache_dir: pathlib.Path, key: str, result: JobResult) -> None:
     entry = cache_dir / key[:2] / key
     entry.parent.mkdir(parents=True, exist_ok=True)
     tmp = pathlib.Path(tempfile.mkdtemp(prefix=".tmp-", dir=entry.parent))
+    tmp.chmod(0o755)  # mkdtemp makes it 0700
     (tmp / "kernel.cubin").write_bytes(result.cubin)
     (tmp / "result.json").write_text(json.dumps({"variant": result.variant, "params": result.params}, sort_keys=True))
     try:

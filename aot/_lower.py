@@ -54,6 +54,36 @@ def decl_site(decl: Any, module: str) -> str:
     return getattr(sys.modules.get(module), "__file__", None) or module
 
 
+def pass_configs(func: Any, declared: Any) -> dict[str, Any]:
+    """The PassContext config of a variant: the PrimFunc's own (``T.annotate_pass_configs``, its
+    ``T.compile_flags`` as ``tl.device_compile_flags``), overridden by the declaration's, as
+    ``tilelang.compile`` merges them."""
+    attrs = getattr(func, "attrs", None) or {}
+    configs = {str(k): v for k, v in dict(attrs.get("tilelang_pass_configs", None) or {}).items()}
+    flags = [str(f) for f in attrs.get("tilelang_compile_flags", None) or ()]
+    if flags:
+        given = configs.get("tl.device_compile_flags") or []
+        configs["tl.device_compile_flags"] = ([given] if isinstance(given, str) else [str(f) for f in given]) + flags
+    return {**configs, **dict(declared)}
+
+
+def output_names(func: Any, outputs: Any, where: str) -> tuple[str, ...]:
+    """Output parameters by name: positions (TileLang's ``out_idx``, negative from the end) become
+    the PrimFunc parameter's name."""
+    buffers = getattr(func, "buffer_map", {})
+    params = [buffers[p].name if p in buffers else p.name for p in getattr(func, "params", ())]
+    names = []
+    for item in outputs:
+        if isinstance(item, str):
+            names.append(item)
+        elif -len(params) <= item < len(params):
+            names.append(params[item])
+        else:
+            raise AotError(f"{where}: output position {item} is out of range: the kernel has {len(params)} "
+                           f"parameters ({', '.join(params)}); fix outputs= / the jit's out_idx")
+    return tuple(names)
+
+
 def _extra_flags(pass_configs: Any) -> list[str]:
     flags = []
     if pass_configs.get("tl.enable_fast_math"):
@@ -131,15 +161,19 @@ def _lower_job(job: Job, decl: Any, nvcc: Nvcc, lineinfo: bool) -> JobResult:
     try:
         with target:  # some helpers query the target while tracing
             func = decl.factory(**dict(job.variant))
-        with tvm.transform.PassContext(opt_level=3, config=dict(decl.pass_configs)), target:
+        configs = pass_configs(func, decl.pass_configs)
+        with tvm.transform.PassContext(opt_level=3, config=configs), target:
             art = tilelang.lower(func, target=target)
-        facts = launch_facts(func, art.host_mod, art.device_mod, job.where, decl.outputs, decl.align)
+        outputs = output_names(func, decl.outputs, job.where)
+        facts = launch_facts(func, art.host_mod, art.device_mod, job.where, outputs, decl.align,
+                             optional=tuple(getattr(decl, "optional", ())),
+                             conditions=tuple(getattr(decl, "conditions", ())), key=dict(job.variant))
     except AotError:
         raise
     except Exception as exc:  # TileLang raises many types; name the job and keep the cause
         raise AotError(f"{job.where}: lowering failed: {type(exc).__name__}: {exc}") from exc
     t1 = time.perf_counter()
-    flags = nvcc_flags([tl_env.TILELANG_TEMPLATE_PATH, tl_env.CUTLASS_INCLUDE_DIR], lineinfo, _extra_flags(decl.pass_configs))
+    flags = nvcc_flags([tl_env.TILELANG_TEMPLATE_PATH, tl_env.CUTLASS_INCLUDE_DIR], lineinfo, _extra_flags(configs))
     cubin = compile_cubin(nvcc, art.kernel_source, flags, job.where)
     t2 = time.perf_counter()
     from tilebin.runtime._manifest import to_plain
@@ -149,5 +183,6 @@ def _lower_job(job: Job, decl: Any, nvcc: Nvcc, lineinfo: bool) -> JobResult:
         "sha256": hashlib.sha256(cubin).hexdigest(),
         "tensors": to_plain(facts.tensors), "scalars": to_plain(facts.scalars),
         "tma": to_plain(facts.tma), "launches": to_plain(facts.launches),
+        "conditions": to_plain(facts.conditions),
     }
     return JobResult(job, variant, to_plain(facts.params), cubin, t1 - t0, t2 - t1)
