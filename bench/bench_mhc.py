@@ -3,7 +3,7 @@
 tile_kernels' side by side.
 
     PYTHONPATH=<site with the tilebin wheel>[:<folder with tile_kernels + tilelang>] \\
-        python3 bench/bench_mhc.py [--json F] [--md F] [--no-peer]
+        python3 bench/bench_mhc.py [--json F] [--md F] [--no-peer] [--candidate]
 
 Two tables:
 
@@ -17,6 +17,10 @@ Two tables:
   bench_engram.py loads it), its time on the same inputs is in the last column (warmed up
   first: it JIT-compiles).
 * host us per call at 4 tokens, hidden 7168 (``_common.host_us``), tilebin and tile_kernels.
+
+``--candidate`` adds a row "<op> (candidate)" after each op that has a speed candidate kernel
+(``CANDIDATES``: the op module's ``_KERNEL`` switch, what ``TILEBIN_CANDIDATE_<OP>=1`` sets at
+import), same inputs and timing; its tile_kernels column repeats the op's.
 
 Every op of the nine mHC op modules has rows; an op whose module is missing from the installed
 tilebin is skipped with the reason printed.  Exit status 1 when a tilebin row could not be
@@ -33,6 +37,10 @@ from _common import env_facts, env_markdown, host_us, markdown_table, time_devic
 
 M = 4
 SHAPES = [(n1, h) for n1 in (4096, 8192) for h in (4096, 7168)]
+CANDIDATES = {  # op row label -> its speed candidate kernel (issue 9)
+    "mhc_pre_big_fuse": "mhc._pre_big_fuse_candidate",
+    "mhc_multilayer_recompute (2 layers)": "mhc._multilayer_recompute_candidate",
+}
 MODULES = ("expand", "pre_apply_mix", "post", "head_compute_mix", "sinkhorn", "pre_split_mixes",
            "multilayer_recompute", "norm_fn", "pre_big_fuse")
 
@@ -96,7 +104,23 @@ def _inputs(n1: int, hidden: int):
                 scale=scale, base=base)
 
 
-def rows_for(ours: dict, peer, n1: int, hidden: int):
+def _switched(mod, kernel: str, call):
+    """``call`` run with ``mod._KERNEL = kernel`` (an op module's candidate switch); a module without
+    the switch (tile_kernels') gets ``call`` unchanged."""
+    if not hasattr(mod, "_KERNEL"):
+        return call
+
+    def run():
+        old, mod._KERNEL = mod._KERNEL, kernel
+        try:
+            return call()
+        finally:
+            mod._KERNEL = old
+
+    return run
+
+
+def rows_for(ours: dict, peer, n1: int, hidden: int, candidate: bool = False):
     """``[(label, module, tilebin call or None, peer call or None, bytes moved)]`` at one shape;
     calls are built lazily (a failing builder becomes an error row)."""
     import torch
@@ -124,6 +148,9 @@ def rows_for(ours: dict, peer, n1: int, hidden: int):
     def add(label, name, build, moved):
         mine, theirs = both(name, build)
         rows.append((label, name, mine, theirs, moved))
+        if candidate and label in CANDIDATES:
+            mine, theirs = both(name, lambda m: _switched(m, CANDIDATES[label], build(m)))
+            rows.append((f"{label} (candidate)", name, mine, theirs, moved))
 
     add("expand_to_mhc fwd", "expand", lambda m: (lambda: m.expand_to_mhc(x, M)), _nbytes(x, r))
     add("expand_to_mhc bwd", "expand",
@@ -200,10 +227,10 @@ def _peer_us(build) -> str:
         return f"error: {exc!r}"[:120]
 
 
-def device_table(ours: dict, peer) -> tuple[list, bool]:
+def device_table(ours: dict, peer, candidate: bool = False) -> tuple[list, bool]:
     out, ok = [], True
     for n1, hidden in SHAPES:
-        for label, name, mine, theirs, moved in rows_for(ours, peer, n1, hidden):
+        for label, name, mine, theirs, moved in rows_for(ours, peer, n1, hidden, candidate):
             if mine is None:
                 row = [label, n1, hidden, f"skipped: tilebin.modeling.mhc.ops.{name} missing", "", ""]
             else:
@@ -248,11 +275,12 @@ def main() -> int:
     ap.add_argument("--json")
     ap.add_argument("--md")
     ap.add_argument("--no-peer", action="store_true", help="skip tile_kernels even when importable")
+    ap.add_argument("--candidate", action="store_true", help="add a row for each op's speed candidate kernel")
     ns = ap.parse_args()
     facts = env_facts()
     ours = load_ours()
     peer = None if ns.no_peer else load_peer()
-    dev_rows, ok_dev = device_table(ours, peer)
+    dev_rows, ok_dev = device_table(ours, peer, ns.candidate)
     host_rows, ok_host = host_table(ours, peer)
     md = "### tilebin.modeling.mhc.ops\n\n" + env_markdown(facts) + "\n\n"
     md += f"mhc_mult {M}, leading dims (1, n1); peer: {'tile_kernels' if peer else 'not installed'}.\n\n"

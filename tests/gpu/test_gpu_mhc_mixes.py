@@ -158,8 +158,20 @@ def _recompute_case(rmod, n, m, hidden, layers, post):
         assert_bits_equal(a, b, f"{what} residual[{i}]")
 
 
+RECOMPUTE_KERNELS = ("mhc.multilayer_recompute", "mhc._multilayer_recompute_candidate")  # candidate: issue 9
+
+
+@pytest.fixture(params=RECOMPUTE_KERNELS, ids=("current", "candidate"))
+def recompute_kernel(request, ops, require, monkeypatch):
+    """Which kernel ``mhc_multilayer_recompute`` launches (what TILEBIN_CANDIDATE_MULTILAYER_RECOMPUTE=1
+    picks at import)."""
+    require(request.param)
+    monkeypatch.setattr(ops[2], "_KERNEL", request.param)
+    return request.param
+
+
 @pytest.mark.parametrize("n0,n1", GRID, ids=[f"{a}x{b}" for a, b in GRID])
-def test_recompute_grid(ops, n0, n1):
+def test_recompute_grid(ops, recompute_kernel, n0, n1):
     seed("recompute", n0, n1)
     _recompute_case(ops[2], n0 * n1, 4, 4096, 3, 2)
 
@@ -169,7 +181,7 @@ def test_recompute_grid(ops, n0, n1):
     (0, 4, 7168, 3, 2), (8192, 4, 7168, 2, 1), (13, 4, 8192, 1, 0), (77, 4, 64, 6, 6),
     (333, 2, 1280, 3, 2), (129, 8, 2560, 3, 3),
 ])
-def test_recompute_shapes(ops, n, m, hidden, layers, post):
+def test_recompute_shapes(ops, recompute_kernel, n, m, hidden, layers, post):
     seed("recompute-var", n, m, hidden, layers)
     _recompute_case(ops[2], n, m, hidden, layers, post)
 

@@ -251,10 +251,19 @@ def _unfused(res, fn, scale, base, post_mult, repeat, n_splits=16):
 
 
 BIG_CASES = [(n0, n1, h) for n0 in N0 for n1 in N1 for h in (1280, 7168)] + [(1, 4096, 2560), (1, 512, 4096)]
+BIG_KERNELS = ("mhc.pre_big_fuse", "mhc._pre_big_fuse_candidate")  # the candidate: issue 9 speed work
+
+
+@pytest.fixture(params=BIG_KERNELS, ids=("current", "candidate"))
+def big_fuse_kernel(request, ops, require, monkeypatch):
+    """Which kernel ``mhc_pre_big_fuse`` launches (what TILEBIN_CANDIDATE_PRE_BIG_FUSE=1 picks at import)."""
+    require(request.param)
+    monkeypatch.setattr(ops[1], "_KERNEL", request.param)
+    return request.param
 
 
 @pytest.mark.parametrize("case", BIG_CASES, ids=lambda c: "x".join(map(str, c)))
-def test_big_fuse_equals_unfused(ops, case):
+def test_big_fuse_equals_unfused(ops, big_fuse_kernel, case):
     n0, n1, hidden = case
     seed("big_fuse", case)
     res, fn, _ = _inputs(n0, n1, hidden)
@@ -281,7 +290,7 @@ def test_big_fuse_equals_unfused(ops, case):
 
 
 @pytest.mark.parametrize("m", [2, 8])
-def test_big_fuse_mult_2_and_8_repeat1_and_zero_tokens(ops, m):
+def test_big_fuse_mult_2_and_8_repeat1_and_zero_tokens(ops, big_fuse_kernel, m):
     seed("big_fuse_m", m)
     res, fn, _ = _inputs(3, 77, 1088, m=m)
     scale, base = _mix_params(m)

@@ -28,6 +28,7 @@ captured with its host buffer, so capture this op only with tensors that outlive
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import torch
@@ -35,6 +36,9 @@ import torch
 from tilebin.ops._common import check_cuda, check_tensor, fail, launcher
 
 _OP = "mhc_multilayer_recompute"
+# Speed candidate switch (issue 9), read once at import; removed when the winner is swapped in.
+_KERNEL = ("mhc._multilayer_recompute_candidate" if os.environ.get("TILEBIN_CANDIDATE_MULTILAYER_RECOMPUTE") == "1"
+           else "mhc.multilayer_recompute")
 MULTS = (2, 4, 8)
 _INT32_MAX = 2**31 - 1
 _BF16, _FP32 = (torch.bfloat16,), (torch.float32,)
@@ -132,7 +136,7 @@ def mhc_multilayer_recompute(initial_residual: torch.Tensor, pre_mix_list: list[
     dev = initial_residual.device
     host = torch.tensor(table, dtype=torch.int64, pin_memory=dev.type == "cuda")
     ptrs = host.to(dev, non_blocking=True).view(6, layers)
-    launcher("mhc.multilayer_recompute", mhc_mult=m)(initial_residual.view(n, m, hidden), ptrs, post)
+    launcher(_KERNEL, mhc_mult=m)(initial_residual.view(n, m, hidden), ptrs, post)
 
 
 __all__ = ["MULTS", "mhc_multilayer_recompute"]

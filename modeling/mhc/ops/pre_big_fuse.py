@@ -11,6 +11,8 @@ equal ``mhc_pre_norm_fn`` -> ``mhc_pre_split_mixes`` -> ``sinkhorn_normalize`` -
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 from tilebin.ops._common import (
@@ -26,6 +28,9 @@ from tilebin.ops._common import (
 from .norm_fn import check_fn, check_residual, forward_partials, prep_fn
 
 _OP = "mhc_pre_big_fuse"
+# Speed candidate switch (issue 9), read once at import; removed when the winner is swapped in.
+_KERNEL = ("mhc._pre_big_fuse_candidate" if os.environ.get("TILEBIN_CANDIDATE_PRE_BIG_FUSE") == "1"
+           else "mhc.pre_big_fuse")
 
 
 def mhc_pre_big_fuse(
@@ -66,7 +71,7 @@ def mhc_pre_big_fuse(
     if t:
         fn_eff = prep_fn(aligned_input(fn), None)
         part_mul, part_sq = forward_partials(x.view(t, mult * hidden), fn_eff, mult, splits)
-        launcher("mhc.pre_big_fuse", mhc_mult=mult)(
+        launcher(_KERNEL, mhc_mult=mult)(
             part_mul, part_sq, aligned_input(mhc_scale.contiguous()), aligned_input(mhc_base.contiguous()), x,
             post_mix, comb_mix, layer_input, rms, pre_eps, sk_eps, post_mult, repeat)
     return (post_mix.view(*outer, mult, 1), comb_mix.view(*outer, mult, mult), layer_input.view(*outer, hidden))
