@@ -37,6 +37,9 @@ def test_help_works_without_tilelang():
     res = _run_without_tilelang("--help")
     assert res.returncode == 0, res.stderr
     assert "build" in res.stdout and "Traceback" not in res.stderr
+    assert 'pip install "tilebin[aot]"' in " ".join(res.stdout.split())  # says how to get TileLang
+    res = _run_without_tilelang("build", "--help")
+    assert res.returncode == 0 and "--allow-tilelang-mismatch" in res.stdout, res.stderr
 
 
 def test_build_without_tilelang_says_how_to_install_it(tmp_path):

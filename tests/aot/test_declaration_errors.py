@@ -158,8 +158,16 @@ def test_the_tilelang_version_is_a_build_fact():
     assert "tilelang" in {f.name for f in dataclasses.fields(BuildInfo)}  # build() writes tilelang.__version__
 
 
-def test_main_help_says_how_to_get_tilelang(capsys):
-    with pytest.raises(SystemExit) as info:
-        main(["--help"])
-    assert info.value.code == 0
-    assert 'pip install "tilebin[aot]"' in " ".join(capsys.readouterr().out.split())
+def test_the_real_command_prints_one_line_and_exits_1(tmp_path):
+    """The same through `python -m tilebin.aot build` in a fresh process (what CI runs)."""
+    import os
+    import subprocess
+
+    (tmp_path / "bad_name_kernels.py").write_text(HEAD + 'KERNELS = (KernelDecl("Bad", f, ({},)),)\n')
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)])}
+    res = subprocess.run([sys.executable, "-m", "tilebin.aot", "build", "--out", str(tmp_path / "out"), "bad_name_kernels"],
+                         capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env)
+    assert res.returncode == 1
+    assert res.stderr.strip().splitlines() == [
+        f"tilebin.aot: error: bad_name_kernels: {tmp_path / 'bad_name_kernels.py'}:6: kernel name must look like "
+        f"'family.op' in lower case (got 'Bad')"]
