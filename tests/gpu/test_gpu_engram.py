@@ -297,51 +297,6 @@ def test_bwd_weight_gradient_does_not_depend_on_sm_count(eg, sm_counts):
     set_num_sms(0)
 
 
-# ---------------------------------------------------------------- the gate backward candidate (speed trial)
-CANDIDATE = "engram._engram_gate_bwd_candidate"  # launched by the op when TILEBIN_CANDIDATE_ENGRAM_GATE_BWD=1
-
-
-def _bwd_both(case, clamp=CLAMP, zero_rows=False):
-    """(current kernel's outputs, candidate's outputs, the float64 reference) on one case."""
-    from tilebin.ops.engram import _gate
-
-    tokens, hc, hidden = case
-    seed("bwd_candidate", case, clamp)
-    x, k, v, wh, we = _gate_inputs(tokens, hc, hidden, strided=tokens in (37, 129))
-    if zero_rows:
-        x[::7] = 0
-    wf = ref.fused_weight(wh, we)
-    go = torch.randn(tokens, hc, hidden, device="cuda").bfloat16()
-    stats = [s.float() for s in ref.gate_fwd(x, k, v, wf, EPS, clamp)[1:]]
-    want = _gate._gate_bwd("engram.engram_gate_bwd", go, x, k, v, wf, *stats, clamp)
-    poison_cache(3 * x.numel() * 2)
-    got = _gate._gate_bwd(CANDIDATE, go, x, k, v, wf, *stats, clamp)
-    return want, got
-
-
-@pytest.mark.parametrize("case", GATE_CASES, ids=_id)
-def test_engram_gate_bwd_candidate_bits(eg, require, case):
-    """The candidate equals engram.engram_gate_bwd bit for bit (all four outputs, grad_w_partial
-    row by row), so it passes every test the current kernel passes."""
-    require(CANDIDATE)
-    want, got = _bwd_both(case)
-    for name, a, b in zip(("grad_x", "grad_k", "grad_v", "grad_w_partial"), got, want):
-        assert_bits_equal(a, b, f"candidate engram_gate_bwd{case} {name}")
-
-
-def test_engram_gate_bwd_candidate_bits_clamp_and_sms(eg, require, sm_counts):
-    """The flat region (G = 0: a large clamp, zero rows of x) and other partial-row counts."""
-    require(CANDIDATE)
-    counts, set_num_sms = sm_counts
-    for sms in counts:
-        set_num_sms(sms)
-        for case, clamp in (((513, 4, 2048), 0.5), ((301, 4, 7168), 0.5), ((4001, 4, 4096), CLAMP)):
-            want, got = _bwd_both(case, clamp, zero_rows=True)
-            for name, a, b in zip(("grad_x", "grad_k", "grad_v", "grad_w_partial"), got, want):
-                assert_bits_equal(a, b, f"candidate engram_gate_bwd{case} clamp={clamp} num_sms={sms} {name}")
-    set_num_sms(0)
-
-
 # ---------------------------------------------------------------- the autograd layer
 def _autograd_ref(x, k, v, wh, we, go):
     leaves = [t.double().requires_grad_(True) for t in (x, k, v, wh, we)]
