@@ -5,13 +5,15 @@ fewer instructions per token, same parameters, same outputs bit for bit (the op 
 Same blocks, rows, thread-to-vector ownership, two-stage private cp.async ring, one barrier per
 token, and the same fp32 expressions in the same order (so the same roundings and FMA
 contractions); see ``engram_gate_bwd.py`` for the math and the design.  What changed is only how
-the work is issued (the current kernel executes ~1.7x the peer's instructions for the same bytes,
-kernels/README.md "engram_gate_bwd: where the instructions went"):
+the work is issued (the current kernel executes 1.77x the peer's instructions for the same bytes:
+kernels/README.md, "Speed finding: engram.engram_gate_bwd"):
 
 - addresses: each stream's row offset is one int32 vector index per token (``(tn * hc + h) *
   nvec + base``; k and v from their strides), the ``u`` slots are compile-time steps of it, so
   every cp.async / 16-byte store is one 64-bit address plus an immediate (the current kernel
   recomputed a 64-bit ``tn * hidden * hc + h * hidden + ...`` product chain per slot and stream);
+  the ring copies of all slots are zero-fill cp.async (a slot past the row reads nothing and
+  gets zeros nobody reads), so they are straight-line code instead of one branch per slot;
 - bf16 -> fp32: the staged data are read as 32-bit words and widened with one shift or one AND
   per element (exact, like the cast; nvcc's cast of the upper half cost PRMT + SHL + MOV);
 - the four statistics and the four heads' gates of a token are copied once per half (thread 0
@@ -19,8 +21,10 @@ kernels/README.md "engram_gate_bwd: where the instructions went"):
   factors that do not need ``sum go*v`` (s, cx, ck, sqrt|s|, rx*rk*scalar: the same expressions)
   while the others sum, and publishes them with the token's barrier, so each thread is left with
   one division (the clamp select and ``/ sqrt|s|``) instead of three divisions and a sqrt;
-- grad_out words read for ``sum go*v`` stay in registers for grad_x (one shared load less per
-  vector); the grad_v slot mask and ``float(hidden)`` are computed once, outside the token loop.
+- grad_out, widened for ``sum go*v``, stays in registers for grad_x (one shared load and 8
+  widenings less per vector); grad_v's slot ``u == h`` (the only one at hc >= 4) is its own
+  branch, apart from the hc < 4 slots, whose direct-load setup nvcc otherwise hoisted into every
+  step; the slot masks and ``float(hidden)`` are computed once, outside the token loop.
 """
 
 # No ``from __future__ import annotations``: TileLang evaluates the PrimFunc's tensor
