@@ -19,8 +19,8 @@ Two tables:
 * host us per call at 4 tokens, hidden 7168 (``_common.host_us``), tilebin and tile_kernels.
 
 ``--candidate`` adds a row "<op> (candidate)" after each op that has a speed candidate kernel
-(``CANDIDATES``: the op module's ``_KERNEL`` switch, what ``TILEBIN_CANDIDATE_<OP>=1`` sets at
-import), same inputs and timing; its tile_kernels column repeats the op's.
+(``CANDIDATES``: the op module's ``_KERNEL`` / ``_FWD_KERNEL`` switch, what
+``TILEBIN_CANDIDATE_<OP>=1`` sets at import), same inputs and timing; its tile_kernels column repeats the op's.
 
 Every op of the nine mHC op modules has rows; an op whose module is missing from the installed
 tilebin is skipped with the reason printed.  Exit status 1 when a tilebin row could not be
@@ -37,9 +37,10 @@ from _common import env_facts, env_markdown, host_us, markdown_table, time_devic
 
 M = 4
 SHAPES = [(n1, h) for n1 in (4096, 8192) for h in (4096, 7168)]
-CANDIDATES = {  # op row label -> its speed candidate kernel (issue 9)
-    "mhc_pre_big_fuse": "mhc._pre_big_fuse_candidate",
-    "mhc_multilayer_recompute (2 layers)": "mhc._multilayer_recompute_candidate",
+CANDIDATES = {  # op row label -> (the op module's switch, its speed candidate kernel) (issue 9)
+    "mhc_pre_big_fuse": ("_KERNEL", "mhc._pre_big_fuse_candidate"),
+    "mhc_multilayer_recompute (2 layers)": ("_KERNEL", "mhc._multilayer_recompute_candidate"),
+    "mhc_pre_split_mixes fwd": ("_FWD_KERNEL", "mhc._pre_split_mixes_fwd_candidate"),
 }
 MODULES = ("expand", "pre_apply_mix", "post", "head_compute_mix", "sinkhorn", "pre_split_mixes",
            "multilayer_recompute", "norm_fn", "pre_big_fuse")
@@ -104,18 +105,20 @@ def _inputs(n1: int, hidden: int):
                 scale=scale, base=base)
 
 
-def _switched(mod, kernel: str, call):
-    """``call`` run with ``mod._KERNEL = kernel`` (an op module's candidate switch); a module without
+def _switched(mod, switch: tuple[str, str], call):
+    """``call`` run with the op module's candidate switch ``setattr(mod, *switch)``; a module without
     the switch (tile_kernels') gets ``call`` unchanged."""
-    if not hasattr(mod, "_KERNEL"):
+    attr, kernel = switch
+    if not hasattr(mod, attr):
         return call
 
     def run():
-        old, mod._KERNEL = mod._KERNEL, kernel
+        old = getattr(mod, attr)
+        setattr(mod, attr, kernel)
         try:
             return call()
         finally:
-            mod._KERNEL = old
+            setattr(mod, attr, old)
 
     return run
 

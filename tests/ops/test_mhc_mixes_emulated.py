@@ -51,6 +51,8 @@ class Emulator:
         p, q, c = mref.split_mixes(mixes, scale, base, m, post_mult, pre_eps, torch.float32)
         pre.copy_(p.view(pre.shape)); post.copy_(q.view(post.shape)); comb.copy_(c.view(comb.shape))
 
+    _pre_split_mixes_fwd_candidate = pre_split_mixes_fwd  # same parameters and outputs (issue 9 candidate)
+
     @staticmethod
     def pre_split_mixes_bwd(gp, gq, gc, mixes, scale, base, grad_mixes, partial, post_mult):
         n, m = gp.shape
@@ -117,7 +119,9 @@ def test_sinkhorn_non_contiguous_input_and_expanded_grad(emu):
 
 @pytest.mark.parametrize("lead,m,post_mult", [((2, 3), 4, 2.0), ((1, 1), 4, 1.0), ((300,), 4, 2.0), ((5, 77), 2, 0.5),
                                               ((2, 129), 8, 2.0), ((0, 3), 4, 2.0), ((4, 3), 4, 0.0)])
-def test_split_mixes_forward_and_backward(emu, lead, m, post_mult):
+@pytest.mark.parametrize("kernel", ["mhc.pre_split_mixes_fwd", "mhc._pre_split_mixes_fwd_candidate"])
+def test_split_mixes_forward_and_backward(emu, monkeypatch, kernel, lead, m, post_mult):
+    monkeypatch.setattr(sm, "_FWD_KERNEL", kernel)  # TILEBIN_CANDIDATE_PRE_SPLIT_MIXES=1 picks the candidate
     g = torch.Generator().manual_seed(m + len(lead))
     k = m * (m + 2)
     x = torch.randn((*lead, k), generator=g).requires_grad_()
@@ -136,7 +140,7 @@ def test_split_mixes_forward_and_backward(emu, lead, m, post_mult):
         assert h.shape == w.shape and h.dtype == torch.float32
         assert torch.allclose(h.double(), w, rtol=1e-5, atol=1e-5 * max(1.0, float(w.abs().amax()) if w.numel() else 0.0))
     n = x.numel() // k
-    assert [k for k, _ in emu.launches] == ([] if n == 0 else ["mhc.pre_split_mixes_fwd", "mhc.pre_split_mixes_bwd"])
+    assert [k for k, _ in emu.launches] == ([] if n == 0 else [kernel, "mhc.pre_split_mixes_bwd"])
 
 
 def test_split_mixes_unused_outputs_get_zero_gradients(emu):
@@ -176,7 +180,8 @@ def test_recompute(emu, monkeypatch, kernel, n, m, hidden, layers, post):
 _KERNEL_FILES = {"mhc.sinkhorn_fwd": "sinkhorn", "mhc.sinkhorn_bwd": "sinkhorn",
                  "mhc.pre_split_mixes_fwd": "pre_split_mixes", "mhc.pre_split_mixes_bwd": "pre_split_mixes",
                  "mhc.multilayer_recompute": "multilayer_recompute",
-                 "mhc._multilayer_recompute_candidate": "multilayer_recompute_candidate"}
+                 "mhc._multilayer_recompute_candidate": "multilayer_recompute_candidate",
+                 "mhc._pre_split_mixes_fwd_candidate": "pre_split_mixes_candidate"}
 
 
 def _signature_check(name: str, key: dict, args: tuple) -> None:
@@ -208,8 +213,12 @@ def _signature_check(name: str, key: dict, args: tuple) -> None:
             assert type(arg) is want, (name, var.name, type(arg))
 
 
-def test_launches_match_the_kernels_signatures(monkeypatch):
+@pytest.mark.parametrize("candidates", [False, True], ids=["current", "candidates"])
+def test_launches_match_the_kernels_signatures(monkeypatch, candidates):
     pytest.importorskip("tilelang", reason="tracing the kernels needs tilelang")
+    if candidates:  # the issue 9 speed candidates take the same arguments
+        monkeypatch.setattr(sm, "_FWD_KERNEL", "mhc._pre_split_mixes_fwd_candidate")
+        monkeypatch.setattr(rc, "_KERNEL", "mhc._multilayer_recompute_candidate")
     recorded = []
     emu = Emulator(monkeypatch)
     inner = emu.launcher
@@ -237,7 +246,7 @@ def test_launches_match_the_kernels_signatures(monkeypatch):
         for t in [pre, post, comb] + ins + outs + rs:
             emu.by_ptr[t.data_ptr()] = t
         rc.mhc_multilayer_recompute(res, [pre, pre], outs, [post], [comb.detach()], ins, rs)
-    assert sorted({n for n, _, _ in recorded}) == ["mhc.multilayer_recompute", "mhc.pre_split_mixes_bwd",
-                                                   "mhc.pre_split_mixes_fwd", "mhc.sinkhorn_bwd", "mhc.sinkhorn_fwd"]
+    assert sorted({n for n, _, _ in recorded}) == sorted([rc._KERNEL, "mhc.pre_split_mixes_bwd", sm._FWD_KERNEL,
+                                                          "mhc.sinkhorn_bwd", "mhc.sinkhorn_fwd"])
     for name, key, args in recorded:
         _signature_check(name, key, args)

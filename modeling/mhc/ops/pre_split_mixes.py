@@ -20,6 +20,7 @@ Bad arguments raise :class:`tilebin.runtime.ArgumentError` before any GPU work.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import torch
@@ -28,6 +29,9 @@ from tilebin.ops._common import aligned_input, check_cuda, check_float32, check_
 from tilebin.ops.config import get_num_sms
 
 _OP = "mhc_pre_split_mixes"
+# Speed candidate switch (issue 9), read once at import; removed when the winner is swapped in.
+_FWD_KERNEL = ("mhc._pre_split_mixes_fwd_candidate" if os.environ.get("TILEBIN_CANDIDATE_PRE_SPLIT_MIXES") == "1"
+               else "mhc.pre_split_mixes_fwd")
 MULTS = (2, 4, 8)
 THREADS = 128  # tokens per block of mhc.pre_split_mixes_bwd
 _INT32_MAX = 2**31 - 1
@@ -77,8 +81,7 @@ class MHCPreSplitMixes(torch.autograd.Function):
         post = torch.empty((n, m), dtype=torch.float32, device=dev)
         comb = torch.empty((n, m, m), dtype=torch.float32, device=dev)
         if n:
-            launcher("mhc.pre_split_mixes_fwd", mhc_mult=m)(mixes, scale, base, pre, post, comb,
-                                                            post_mult_value, pre_eps)
+            launcher(_FWD_KERNEL, mhc_mult=m)(mixes, scale, base, pre, post, comb, post_mult_value, pre_eps)
         ctx.save_for_backward(mixes, scale, base)
         ctx.meta = (m, n, lead, post_mult_value)
         return pre.view(*lead, m, 1), post.view(*lead, m, 1), comb.view(*lead, m, m)
