@@ -160,3 +160,26 @@ def test_cases_run_and_report_with_a_stand_in_peer(cpu_cases, tmp_path, monkeypa
     assert saved["geomean"]["moe"]["geomean"] == pytest.approx(1.0) and len(saved["rows"]) == 7
     assert "| moe | topk_gate |" in saved["markdown"] and "failed: quant" in saved["markdown"]
     assert (tmp_path / "r.md").read_text().strip() == saved["markdown"].strip()
+
+
+class _Event:
+    def __init__(self, name, us):
+        self.name = name
+        self.time_range = type("R", (), {"elapsed_us": lambda _self, us=us: us})()
+
+
+def test_cupti_windows_start_at_each_flush_and_leave_it_out(monkeypatch):
+    """Device events in time order: a flush (one or more kernels) opens a call's window; the call's
+    kernels (any number) add up; a run with a call missing is not a measurement."""
+    timer = object.__new__(cp.Timer)
+    timer.reps, timer.flush_names = 3, frozenset({"flush_a", "flush_b"})
+    calls = [_Event("leftover", 50.0),
+             _Event("flush_a", 100.0), _Event("flush_b", 1.0), _Event("k1", 2.0), _Event("k2", 3.0),
+             _Event("flush_a", 100.0), _Event("flush_b", 1.0), _Event("k1", 4.0),
+             _Event("flush_a", 100.0), _Event("flush_b", 1.0), _Event("k1", 6.0), _Event("Memcpy", 1.0)]
+    monkeypatch.setattr(timer, "_profile", lambda body: calls)
+    assert timer._cupti(lambda: None) == 5.0  # median of 5, 4, 7
+    monkeypatch.setattr(timer, "_profile", lambda body: calls[:8])
+    assert timer._cupti(lambda: None) is None  # 2 windows for 3 calls
+    monkeypatch.setattr(timer, "_profile", lambda body: [e for e in calls if e.name.startswith("flush")])
+    assert timer._cupti(lambda: None) is None  # no op kernel seen at all
