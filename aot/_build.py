@@ -174,7 +174,8 @@ def build(modules: Sequence[str], opts: BuildOptions, log=print) -> Manifest:
     nvcc = find_nvcc(opts.nvcc, opts.allow_nvcc_mismatch)
     facts = _tool_facts(nvcc, opts)
     sources = {m: _cache.source_digest(m) for m in dict.fromkeys(j.module for j in jobs)}
-    keys = {j: _cache.job_key(j, sources[j.module], facts, find_decl(j.module, j.kernel).pass_configs) for j in jobs}
+    configs = {j: getattr(find_decl(j.module, j.kernel), "pass_configs", {}) for j in jobs}
+    keys = {j: _cache.job_key(j, sources[j.module], facts, configs[j]) for j in jobs}
     cached = {j: _cache.load(opts.cache_dir, keys[j], j) if opts.cache_dir else None for j in jobs}
     todo = [j for j in jobs if cached[j] is None]
     log(f"tilebin.aot: {len(jobs)} variants of {len({j.kernel for j in jobs})} kernels, "

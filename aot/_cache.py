@@ -28,18 +28,46 @@ _DECLARE_PY = _AOT_DIR.parent / "kernels" / "_declare.py"  # KernelDecl.from_jit
 def code_bytes(path: pathlib.Path) -> bytes:
     """What of a Python file can change a cubin: its AST with docstrings removed (comments, blank
     lines, formatting and line numbers are not in it).  A file that does not parse: its raw bytes."""
-    raw = path.read_bytes()
-    try:
-        tree = ast.parse(raw, filename=str(path))
-    except (SyntaxError, ValueError):
-        return raw
+    return _parsed(path)[0]
+
+
+# (path, mtime_ns, size) -> (code bytes, import statements): every kernel module's closure shares
+# files (the declaration module, package __init__s, helpers), each parsed once per version
+_PARSED: dict[tuple[str, int, int], tuple[bytes, tuple[tuple[str, int, tuple[str, ...]], ...]]] = {}
+
+
+def _parsed(path: pathlib.Path) -> tuple[bytes, tuple[tuple[str, int, tuple[str, ...]], ...]]:
+    """The file's code bytes and its import statements as (module, level, names): ``import a.b`` is
+    ("a.b", 0, ()), ``from ..x import y`` ("x", 2, ("y",)), ``import_module("a.b")`` ("a.b", 0, ())."""
+    st = path.stat()
+    memo = (str(path), st.st_mtime_ns, st.st_size)
+    if memo not in _PARSED:
+        raw = path.read_bytes()
+        try:
+            tree = ast.parse(raw, filename=str(path))
+        except (SyntaxError, ValueError):
+            _PARSED[memo] = (raw, ())  # importing it will report it; the file counts by its bytes
+        else:
+            imports = _strip_docstrings_and_list_imports(tree)
+            _PARSED[memo] = (ast.dump(tree).encode(), imports)
+    return _PARSED[memo]
+
+
+def _strip_docstrings_and_list_imports(tree: ast.AST) -> tuple[tuple[str, int, tuple[str, ...]], ...]:
+    imports = []
     for node in ast.walk(tree):
         body = getattr(node, "body", None)
         if (isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and body
                 and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant)
                 and isinstance(body[0].value.value, str)):
             node.body = body[1:] or [ast.Pass()]
-    return ast.dump(tree).encode()
+        if isinstance(node, ast.Import):
+            imports += [(alias.name, 0, ()) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            imports.append((node.module or "", node.level, tuple(alias.name for alias in node.names)))
+        elif _is_literal_import_call(node):
+            imports.append((node.args[0].value, 0, ()))
+    return tuple(imports)
 
 
 def _tree_digest(root: pathlib.Path) -> str:
@@ -105,20 +133,11 @@ def _package_of(name: str, path: pathlib.Path) -> str:
 def _imported_names(path: pathlib.Path, package: str) -> list[str]:
     """Module names ``path``'s import statements name: ``import a.b`` gives a.b; ``from x import
     y`` gives x and x.y (y may be a submodule; a name that is not one resolves to nothing)."""
-    try:
-        tree = ast.parse(path.read_bytes(), filename=str(path))
-    except (SyntaxError, ValueError):
-        return []  # importing it will report it; the file itself counts by its bytes
     names: list[str] = []
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            names += [alias.name for alias in node.names]
-        elif isinstance(node, ast.ImportFrom):
-            base = _absolute(node.module or "", node.level, package)
-            if base is not None:
-                names += [base] + [f"{base}.{alias.name}" if base else alias.name for alias in node.names]
-        elif _is_literal_import_call(node):
-            names.append(node.args[0].value)
+    for module, level, imported in _parsed(path)[1]:
+        base = _absolute(module, level, package)
+        if base is not None:
+            names += [base] + [f"{base}.{name}" if base else name for name in imported if name != "*"]
     return [n for n in names if n and not n.startswith(".")]
 
 
