@@ -116,7 +116,8 @@ class KernelDecl:
                  align: int = 16, pass_configs: Mapping[str, Any] | None = None, doc: str = "",
                  meta: Mapping[str, Any] | None = None, optional: tuple[str, ...] = (),
                  conditions: tuple[str, ...] = ()) -> KernelDecl:
-        """Declare a ``@tilelang.jit``-decorated kernel factory (lazy style: it returns a PrimFunc).
+        """Declare a ``@tilelang.jit``-decorated kernel factory: lazy style (it returns its
+        PrimFunc) or eager style (tensor annotations; TileLang traces it with sizes left symbolic).
 
         Each variant's TIR comes from ``jit_fn.get_tir(**variant)``, lowered with the jit's
         ``pass_configs`` (its ``compile_flags`` join them as ``tl.device_compile_flags``, as

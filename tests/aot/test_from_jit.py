@@ -26,7 +26,7 @@ def toy():
 
 
 def test_declaration_carries_the_jits_pass_configs_flags_and_out_idx(toy):
-    (decl,) = toy.KERNELS
+    decl = toy.KERNELS[0]
     assert dict(decl.pass_configs) == {"tl.disable_warp_specialized": True,
                                        "tl.device_compile_flags": ["-DTILEBIN_TOY_FLAG=1"]}
     assert decl.outputs == (-1,)
@@ -52,6 +52,9 @@ def test_from_jit_builds_a_cubin_and_the_manifest(toy, tmp_path):
     assert first.launches[0].block == (128, 1, 1) and second.launches[0].block == (64, 1, 1)
     for v in k.variants:
         assert (tmp_path / v.cubin).stat().st_size > 0
+    (eager,) = m.kernels["toy.jit_add_one"].variants  # eager style: TileLang traces it from the annotations
+    assert [(t.name, t.shape, t.output) for t in eager.tensors] == [("X", ("n",), False), ("Y", ("n",), True)]
+    assert eager.launches[0].block == (256, 1, 1)
 
 
 def test_a_jit_object_as_factory_is_refused_at_declaration(toy):
@@ -83,7 +86,7 @@ def test_from_jit_refuses_what_is_not_a_jit_and_unstable_config_reprs(toy):
 def test_the_factory_gives_the_config_object_back_to_the_jit(toy, monkeypatch):
     seen = {}
     monkeypatch.setattr(toy.jit_scale, "get_tir", lambda **kw: seen.update(kw) or "tir")
-    (decl,) = toy.KERNELS
+    decl = toy.KERNELS[0]
     assert decl.factory(**decl.grid[1]) == "tir"
     assert seen == {"dtype": "float16", "cfg": toy.ScaleConfig(block=64, factor=0.5)}
 
@@ -91,8 +94,10 @@ def test_the_factory_gives_the_config_object_back_to_the_jit(toy, monkeypatch):
 def test_decl_site_names_the_jit_function(toy):
     from tilebin.aot._lower import decl_site
 
-    (decl,) = toy.KERNELS
-    assert decl_site(decl, "toy_jit_kernels") == f"{HERE / 'toy_jit_kernels.py'}:17"  # the decorator line
+    decl = toy.KERNELS[0]
+    lines = (HERE / "toy_jit_kernels.py").read_text().splitlines()
+    decorator = next(i for i, text in enumerate(lines, 1) if text.startswith("@tilelang.jit(out_idx"))
+    assert decl_site(decl, "toy_jit_kernels") == f"{HERE / 'toy_jit_kernels.py'}:{decorator}"
 
 
 def _annotated(block=128):
