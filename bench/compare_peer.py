@@ -143,7 +143,7 @@ def bit_equal(ours: Any, peer: Any) -> str:
         return f"no ({len(a)} vs {len(b)} outputs)"
     bad = total = 0
     strides = False
-    for x, y in zip(a, b):
+    for x, y in zip(a, b, strict=True):
         if not isinstance(x, torch.Tensor) or not isinstance(y, torch.Tensor):
             bad += x != y
             continue
@@ -167,26 +167,29 @@ def run_case(case: Case, ours_mod: Any, peer_mod: Any, timer: Timer) -> dict:
     except Exception as exc:  # noqa: BLE001 - the inputs (made with tilebin ops) failed: a tilebin failure
         row["ours_error"] = f"inputs: {exc!r}"[:200]
         return row
-    results = {}
-    for side, mod in (("ours", ours_mod), ("peer", peer_mod)):
-        if mod is None:
-            continue
-        try:
-            fn = getattr(mod, case.op)
-            results[side] = fn(*args, **kwargs)  # warm-up (the peer compiles here) and the compared output
-            torch.cuda.synchronize()
-            row[f"{side}_us"], row[f"{side}_timer"] = timer.kernel_us(lambda: fn(*args, **kwargs))
-        except Exception as exc:  # noqa: BLE001 - e.g. the peer asserts on a shape it does not serve
-            refused = side == "peer" and isinstance(exc, AssertionError)
-            row[f"{side}_error"] = ("refused (assert) " if refused else f"{type(exc).__name__}: ") + str(exc)[:160]
-            results.pop(side, None)
-    if "ours_us" in row and "peer_us" in row:
+    results = {side: _measure(row, side, mod, case.op, args, kwargs, timer)
+               for side, mod in (("ours", ours_mod), ("peer", peer_mod)) if mod is not None}
+    if "ours_us" in row and "peer_us" in row:  # both ran (and returned the outputs compared here)
         row["ratio"] = row["peer_us"] / row["ours_us"] if row["ours_us"] > 0 else math.nan
-    if len(results) == 2:
         row["bit_equal"] = bit_equal(results["ours"], results["peer"])
     del args, kwargs, results
     torch.cuda.empty_cache()
     return row
+
+
+def _measure(row: dict, side: str, mod: Any, op: str, args: tuple, kwargs: dict, timer: Timer) -> Any:
+    """One side's output (its first call: the peer compiles there) and its device time, into ``row``;
+    an exception is recorded as ``<side>_error`` (the peer's asserts as a refusal)."""
+    try:
+        fn = getattr(mod, op)
+        result = fn(*args, **kwargs)
+        _t().cuda.synchronize()
+        row[f"{side}_us"], row[f"{side}_timer"] = timer.kernel_us(lambda: fn(*args, **kwargs))
+        return result
+    except Exception as exc:  # noqa: BLE001 - e.g. the peer asserts on a shape it does not serve
+        refused = side == "peer" and isinstance(exc, AssertionError)
+        row[f"{side}_error"] = ("refused (assert) " if refused else f"{type(exc).__name__}: ") + str(exc)[:160]
+        return None
 
 
 def run_family(family: str, quick: bool, reps: int) -> list[dict]:

@@ -115,9 +115,8 @@ def quant_cases(quick: bool) -> list[Case]:
               for h in (2048, 6144) for t in ((4096,) if quick else (4096, 8064))]
     cases.append(Case("quant", "per_channel_cast_fused", "bf16 4096x4096, plain",
                       lambda: ((_randn((4096, 4096), bf16), "e4m3", 128), {})))
-    cases += [Case("quant", "per_token_cast", f"fp32 {t}x2048 -> e5m6", lambda t=t: ((_randn((t, 2048), fp32), "e5m6",
-                                                                                      2048), {}))
-              for t in (4001, 8001)]
+    cases += [Case("quant", "per_token_cast", f"fp32 {t}x2048 -> e5m6",
+                   lambda t=t: ((_randn((t, 2048), fp32), "e5m6", 2048), {})) for t in (4001, 8001)]
     cases += [Case("quant", "per_token_cast", f"bf16 {t}x7168 -> e4m3 1x128 (decode)",
                    lambda t=t: ((_randn((t, 7168), bf16), "e4m3", 128), {})) for t in DECODE_TOKENS]
     return cases
@@ -152,13 +151,20 @@ def moe_cases(quick: bool) -> list[Case]:
     for h, dtype in ((2048, torch.bfloat16), (3072, torch.float32), (7168, torch.float32)):
         cases.append(Case("moe", "reduce_fused", f"hidden {h} {str(dtype)[6:]} -> e4m3 with sf, topk 6",
                           lambda h=h, dtype=dtype: reduce_inputs(local_topk_idx(4001, 6), 32, h, dtype, True)))
-    for t in DECODE_TOKENS:  # DeepSeek-V3 routing at decode sizes
+    return cases + moe_decode_cases()
+
+
+def moe_decode_cases() -> list[Case]:
+    """DeepSeek-V3 routing (256 experts, 8 groups, top-8, hidden 7168) at decode sizes."""
+    torch = _t()
+    cases = []
+    for t in DECODE_TOKENS:
         idx = lambda t=t: decode_topk_idx(t)  # noqa: E731
         cases += [
             Case("moe", "top2_sum_gate", f"{t} tok (decode), 256 experts, 8 groups, sigmoid",
                  lambda t=t: gate_inputs(t, 256, 8, 8, 4, "sigmoid")),
-            Case("moe", "topk_gate", f"{t} tok (decode), 256 experts", lambda t=t: ((_randn((t, 256), torch.float32),
-                                                                                     8), {})),
+            Case("moe", "topk_gate", f"{t} tok (decode), 256 experts",
+                 lambda t=t: ((_randn((t, 256), torch.float32), 8), {})),
             Case("moe", "normalize_weight", f"{t} tok (decode), topk 8",
                  lambda t=t: ((torch.rand((t, 8), device="cuda") + 0.01,), {})),
             Case("moe", "get_fused_mapping", f"{t} tok (decode), 256 experts, align 16",
@@ -180,9 +186,8 @@ def transpose_cases(quick: bool) -> list[Case]:
                       lambda: ((_randn((8, 4096, 4096), torch.bfloat16),), {})))
     cases.append(Case("transpose", "transpose", "bf16 4001x7168 (peer: multiples of 64 only)",
                       lambda: ((_randn((4001, 7168), torch.bfloat16),), {})))
-    cases += [Case("transpose", "transpose", f"bf16 {t}x7168 (decode)", lambda t=t: ((_randn((t, 7168), torch.bfloat16),),
-                                                                                    {}))
-              for t in DECODE_TOKENS]
+    cases += [Case("transpose", "transpose", f"bf16 {t}x7168 (decode)",
+                   lambda t=t: ((_randn((t, 7168), torch.bfloat16),), {})) for t in DECODE_TOKENS]
     return cases
 
 

@@ -108,7 +108,8 @@ def test_huge_batch_launches_in_aligned_chunks(stub):
 def test_a_shape_the_kernel_grid_cannot_cover_is_an_argument_error_naming_the_op(monkeypatch):
     def refuse(name, **key):
         def launch(*args):
-            raise ArgumentError(f"{name}: grid (1, 70000, 1) is outside [1, [2147483647, 65535, 65535]]; split the call")
+            raise ArgumentError(f"{name}: grid (1, 70000, 1) is outside [1, [2147483647, 65535, 65535]]; "
+                                "split the call")
         return launch
 
     monkeypatch.setattr(impl, "launcher", refuse)
