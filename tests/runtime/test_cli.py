@@ -119,7 +119,7 @@ def test_info_shows_params_variants_launch_facts_doc_meta(fake):
     run = cli("info", "toy.gemm", artifacts=fake)
     assert run.returncode == 0, run.stderr
     out = run.stdout
-    assert "doc of toy.gemm" in out and "variants (2):" in out and "{n=4096, k=7168}" in out
+    assert "doc of toy.gemm" in out and "variants (2): in the order the runtime tries them" in out and "{n=4096, k=7168}" in out
     assert "pdl, tma, cluster" in out and "up to 98304 bytes dynamic smem" in out
     assert "static dims: a[1]=1024|7168, b[0]=1024|4096, b[1]=1024|7168, c[1]=1024|4096\n" in out
     quant = cli("info", "toy.quant", artifacts=fake).stdout
@@ -133,11 +133,12 @@ def test_info_json(fake):
     data = json.loads(run.stdout)
     assert data["name"] == "toy.scale" and data["doc"] == "doc of toy.scale"
     assert data["params"] == [
-        {"name": "x", "kind": "tensor", "rank": 2, "dtype": "bfloat16|float16"},
-        {"name": "out", "kind": "tensor", "rank": 2, "dtype": "bfloat16|float16"},
-        {"name": "alpha", "kind": "scalar", "rank": 0, "dtype": "float32"},
+        {"name": "x", "kind": "tensor", "rank": 2, "dtype": "bfloat16|float16", "optional": False},
+        {"name": "out", "kind": "tensor", "rank": 2, "dtype": "bfloat16|float16", "optional": False},
+        {"name": "alpha", "kind": "scalar", "rank": 0, "dtype": "float32", "optional": False},
     ]
     assert data["variants"][1] == {"dtype": "float16", "block": 128}
+    assert data["conditions"] == [[], [], []]
     assert data["launch"]["cooperative"] is False and data["launch"]["tma"] is False
 
 
@@ -343,7 +344,9 @@ def test_bench_table_and_json_on_a_fake_gpu(fake, monkeypatch, capsys):
     cuda = types.SimpleNamespace(is_available=lambda: True, synchronize=lambda: None, Event=Event,
                                  get_device_name=lambda: "NVIDIA H200 (fake)")
     monkeypatch.setattr(_cli, "_outside", lambda name: types.SimpleNamespace(cuda=cuda, __version__="0"))
-    monkeypatch.setattr(_cli, "_bench_cases", lambda torch, names: [("noop", "[1]", lambda: calls.append(1))])
+    from tilebin.runtime import _cli_bench
+
+    monkeypatch.setattr(_cli_bench, "_bench_cases", lambda torch, names: [("noop", "[1]", lambda: calls.append(1))])
     monkeypatch.setenv("TILEBIN_ARTIFACTS_DIR", str(fake))
     assert _cli.main(["bench", "--iters", "10"]) == 0
     out = capsys.readouterr().out.splitlines()
@@ -355,3 +358,17 @@ def test_bench_table_and_json_on_a_fake_gpu(fake, monkeypatch, capsys):
     assert data["iters"] == 4 and data["ops"][0]["op"] == "noop" and abs(data["ops"][0]["device_us"] - 2.0) < 1e-9
     assert _cli.main(["bench", "--iters", "0"]) == 1
     assert capsys.readouterr().err.startswith("tilebin: error: --iters 0")
+
+
+def test_info_shows_optional_tensors_and_conditions(tmp_path):
+    import rt_fakes as F
+    from test_runtime_conditions import MOD_128, _bias_kernel, _scale
+
+    data = _scale({128: [MOD_128]})
+    data["kernels"].update(_bias_kernel()["kernels"])
+    run = cli("info", "toy.scale", artifacts=F.write_artifacts(tmp_path / "a", data))
+    assert run.returncode == 0, run.stderr
+    assert "{dtype='bfloat16', block=128}  if n % 128 == 0 (assume)" in run.stdout
+    assert "{dtype='bfloat16', block=256}\n" in run.stdout
+    run = cli("info", "toy.bias", artifacts=tmp_path / "a")
+    assert "bias    tensor (optional: None allowed)" in run.stdout
