@@ -123,8 +123,8 @@ class KernelDecl:
         ``pass_configs`` (its ``compile_flags`` join them as ``tl.device_compile_flags``, as
         TileLang does; ``pass_configs`` given here override both).  ``outputs`` defaults to the
         jit's ``out_idx`` (the runtime then expects those tensors from the caller, like any
-        output).  The jit's ``target`` and ``execution_backend`` are not used: tilebin lowers for
-        sm_90a and launches with its own runtime.
+        output).  The jit's ``target`` and ``execution_backend`` are not used: tilebin traces and
+        lowers for sm_90a and launches with its own runtime.
 
         Variant values are bool/int/float/str, or any value TileLang's jit takes as a compile-time
         argument: a hashable config object (a frozen dataclass, a tuple) or a list/dict of them.
@@ -206,8 +206,13 @@ def _jit_factory(jit_fn: Any, objects: Mapping[tuple[str, str], Any]) -> Callabl
     """``factory(**key) -> PrimFunc``: the key's config-object reprs swapped back for the objects."""
 
     def factory(**key: Any) -> Any:
-        return jit_fn.get_tir(**{arg: objects.get((arg, value), value) if isinstance(value, str) else value
-                                 for arg, value in key.items()})
+        args = {arg: objects.get((arg, value), value) if isinstance(value, str) else value for arg, value in key.items()}
+        if getattr(jit_fn, "target", None) is None or not hasattr(jit_fn, "initialize_jit_mode"):
+            return jit_fn.get_tir(**args)
+        # get_tir would trace under the jit's own target (``"cuda"`` means sm_50 on a machine with no
+        # GPU); trace under the build's sm_90a target instead, as lowering does: get_tir's steps
+        jit_fn.initialize_jit_mode(**args)
+        return jit_fn.func(**args)
 
     # decl_site and tracebacks name the jit's function, not this wrapper
     factory.__wrapped__ = getattr(getattr(jit_fn, "func", None), "orig_func", None) or jit_fn  # type: ignore[attr-defined]

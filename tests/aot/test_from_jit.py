@@ -132,3 +132,30 @@ def test_a_prim_funcs_own_pass_configs_and_flags_apply_under_the_declared_ones()
 
     with pytest.raises(AotError, match="output position 2 is out of range: the kernel has 2 parameters"):
         output_names(func, (2,), "k")
+
+
+def test_a_jit_with_its_own_target_is_traced_for_sm_90a(toy):
+    """@tilelang.jit(target="cuda") would trace under sm_50 on a machine without a GPU; the build's
+    sm_90a target is what the factory sees, as lowering does."""
+    import tilelang
+    import tilelang.language as T
+    from tvm.target import Target
+
+    seen = []
+
+    def body(block: int = 128):
+        seen.append(str(Target.current().attrs["arch"]))
+        N = T.dynamic("n")
+
+        @T.prim_func
+        def main(X: T.Tensor((N,), "float32")):
+            with T.Kernel(T.ceildiv(N, block), threads=block) as bx:
+                for i in T.Parallel(block):
+                    if bx * block + i < N:
+                        X[bx * block + i] = 0.0
+        return main
+
+    decl = KernelDecl.from_jit("toy.targeted", tilelang.jit(target="cuda")(body), grid=({"block": 128},))
+    with Target({"kind": "cuda", "arch": "sm_90a"}):
+        func = decl.factory(**decl.grid[0])
+    assert type(func).__name__ == "PrimFunc" and set(seen) == {"sm_90a"}
