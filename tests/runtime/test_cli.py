@@ -371,4 +371,4 @@ def test_info_shows_optional_tensors_and_conditions(tmp_path):
     assert "{dtype='bfloat16', block=128}  if n % 128 == 0 (assume)" in run.stdout
     assert "{dtype='bfloat16', block=256}\n" in run.stdout
     run = cli("info", "toy.bias", artifacts=tmp_path / "a")
-    assert "bias    tensor (optional: None allowed)" in run.stdout
+    assert "bias  tensor (optional: None allowed)" in run.stdout
