@@ -25,6 +25,8 @@
 #                          $REPO/.tk/tk.tar.xz when present: the benches that know the peer
 #                          (engram) time it side by side
 #   GPU_CHECK_QUANT_ARGS   extra arguments of bench_quant.py, e.g. "--quick"
+#   GPU_CHECK_ENGRAM_ARGS, GPU_CHECK_MHC_ARGS  extra arguments of bench_engram.py / bench_mhc.py, e.g.
+#                          "--candidate" (adds the rows of a kernel candidate beside the current one)
 #   GPU_CHECK_BASELINE_WHEEL  another tilebin wheel (e.g. main before a change): the host_ab bench
 #                          times eager host cost per op call of both, side by side (GPU_CHECK_AB_ROUNDS
 #                          ABBA rounds, default 6)
@@ -202,8 +204,8 @@ run_bench() {
   rm -f "$OUT/bench.md"
   unpack_peer
   bench_one compare_peer 420 --json "$OUT/bench-compare-peer.json" ${GPU_CHECK_COMPARE_ARGS:-}
-  bench_one engram 200
-  bench_one mhc 200
+  bench_one engram 200 ${GPU_CHECK_ENGRAM_ARGS:-}
+  bench_one mhc 240 ${GPU_CHECK_MHC_ARGS:-}
   if [[ -n "${GPU_CHECK_BASELINE_WHEEL:-}" ]]; then
     rm -rf /tmp/tb-base && "$PY" -m pip install -q --no-deps --target /tmp/tb-base "$GPU_CHECK_BASELINE_WHEEL" \
       >/dev/null 2>&1 && bench_one host_ab 200 --site "before=/tmp/tb-base" --site "after=$SITE" \
