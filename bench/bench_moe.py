@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Host cost at decode sizes and device time at prefill sizes of the ``tilebin.ops.moe`` ops.
 
-    PYTHONPATH=<site with the tilebin wheel> python3 bench/bench_moe.py [--json F] [--md F]
+    PYTHONPATH=<site with the tilebin wheel> python3 bench/bench_moe.py [--json F] [--md F] [--candidate]
 
 Two tables:
 
@@ -12,7 +12,10 @@ Two tables:
   torch ``copy_``'s GB/s on a buffer of the same size, at 4096 / 8192 tokens (DeepSeek-V3-like
   routing: 256 experts, 8 groups, top-8, hidden 7168).
 
-An op missing from the wheel, or one that raises, is reported in its row.
+An op missing from the wheel, or one that raises, is reported in its row.  ``--candidate`` adds
+a row "<op> (candidate)" after each op that has an internal candidate kernel (issue 12): the
+same inputs, the op's own output allocation, the candidate kernel launched in place of the
+current one.
 """
 
 from __future__ import annotations
@@ -30,7 +33,27 @@ def _nbytes(obj) -> int:
     return obj.numel() * obj.element_size() if hasattr(obj, "numel") else 0
 
 
-def calls(moe, t: int):
+def _candidate(name: str, make_outputs):
+    """A call of internal kernel ``name`` as the op's fast path makes it: allocate, launch."""
+    from tilebin.ops._common import launcher
+
+    def call(*inputs):  # the launcher is cached by name; a kernel missing from the wheel fails its row
+        outs = make_outputs(*inputs)
+        launcher(name)(*inputs, *outs)
+        return outs
+    return call
+
+
+def _candidate_rows(t: int, scores, weights) -> list:
+    """(label, fn, inputs) of the candidate kernels at ``t`` tokens (issue 12)."""
+    import torch
+
+    norm = _candidate("moe._normalize_weight_candidate", lambda w: (
+        torch.empty((w.shape[0],), dtype=torch.float32, device=w.device), torch.empty_like(w)))
+    return [("normalize_weight (candidate)", lambda: norm(weights), weights)]
+
+
+def calls(moe, t: int, candidate: bool = False):
     """(label, fn, inputs) per op at ``t`` tokens; inputs are what the op reads."""
     import torch
 
@@ -47,6 +70,7 @@ def calls(moe, t: int):
         ("topk_sum_and_topk_group_idx", lambda: moe.topk_sum_and_topk_group_idx(scores.view(t, GROUPS, -1), 2,
                                                                                 TOPK_GROUPS), scores),
         ("normalize_weight", lambda: moe.normalize_weight(weights), weights),
+    ] + (_candidate_rows(t, scores, weights) if candidate else []) + [
         ("group_count", lambda: moe.group_count(group_idx, GROUPS), group_idx),
         ("aux_fi", lambda: moe.aux_fi(topk_idx, EXPERTS, TOPK), topk_idx),
         ("mask_indices_by_tp", lambda: moe.mask_indices_by_tp(topk_idx, EXPERTS, 8, 0, 2), topk_idx),
@@ -74,6 +98,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json")
     ap.add_argument("--md")
+    ap.add_argument("--candidate", action="store_true", help="add the internal candidate kernels' rows (issue 12)")
     ns = ap.parse_args()
     import torch
     from tilebin.ops import moe
@@ -81,7 +106,7 @@ def main() -> None:
     facts = env_facts()
     host_rows, dev_rows = [], []
     for t in (1, 4, 32, 128):
-        for label, fn, _ in calls(moe, t):
+        for label, fn, _ in calls(moe, t, ns.candidate):
             try:
                 ms = time_device_ms([fn], rounds=5, per_round=20)["median"]
                 host_rows.append([label, t, f"{host_us(fn):.1f}", f"{ms * 1e3:.1f}"])
@@ -90,7 +115,7 @@ def main() -> None:
             print(" | ".join(map(str, host_rows[-1])), flush=True)
     copies: dict = {}
     for t in (4096, 8192):
-        for label, fn, inp in calls(moe, t):
+        for label, fn, inp in calls(moe, t, ns.candidate):
             try:
                 moved = _nbytes(inp) + _nbytes(fn())
                 ms = time_device_ms([fn], rounds=5, per_round=20)["median"]

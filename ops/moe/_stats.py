@@ -16,6 +16,7 @@ counted (tile_kernels asserts on the device instead).
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import torch
@@ -30,6 +31,12 @@ SINGLE_BLOCK_ENTRIES = 4096  # up to this many indices, count in one block (plai
 _INT32_MAX = 2**31 - 1
 _INT64 = (torch.int64,)
 _MASK_DTYPES = {torch.int64: "int64", torch.int32: "int32"}
+
+# Speed-trial switch, read once at import (removed when the lead swaps the winner in):
+# TILEBIN_CANDIDATE_NORMALIZE_WEIGHT=1 makes normalize_weight launch the internal candidate kernel.
+_NORMALIZE_CANDIDATE = "moe._normalize_weight_candidate"
+_NORMALIZE_KERNEL = (_NORMALIZE_CANDIDATE if os.environ.get("TILEBIN_CANDIDATE_NORMALIZE_WEIGHT") == "1"
+                     else "moe.normalize_weight")
 
 
 
@@ -122,7 +129,7 @@ def normalize_weight(topk_weights: torch.Tensor) -> tuple[torch.Tensor, torch.Te
     denominator = torch.empty((num_tokens,), dtype=torch.float32, device=topk_weights.device)
     normalized = torch.empty((num_tokens, num_topk), dtype=torch.float32, device=topk_weights.device)
     if num_tokens:
-        fn = launcher("moe.normalize_weight")
+        fn = launcher(_NORMALIZE_KERNEL)
         fn(topk_weights, denominator, normalized)
         if key is not None and len(_FAST) < _FAST_MAX:
             _fast_table()[key] = fn
