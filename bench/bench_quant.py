@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Device time, bandwidth and host cost of the ``tilebin.ops.quant`` ops on the installed wheel.
 
-    PYTHONPATH=<site with the tilebin wheel> python3 bench/bench_quant.py [--json F] [--md F] [--quick]
+    PYTHONPATH=<site with the tilebin wheel> python3 bench/bench_quant.py [--json F] [--md F] [--quick] [--candidate]
 
 Per config (tokens x hidden, op and flags):
 
@@ -15,6 +15,10 @@ Per config (tokens x hidden, op and flags):
   (4 tokens), in batches of 50 calls with a sync before each batch (bench/_common.host_us).
 
 An op missing from the wheel is reported as such, not skipped silently.
+
+``--candidate`` adds a row "swiglu_backward_and_per_token_cast (candidate)" after each swiglu
+backward row: the internal kernel ``quant._swiglu_backward_and_per_token_cast_candidate`` (what
+the op launches under TILEBIN_CANDIDATE_SWIGLU_BACKWARD=1), same inputs (same seed), same timing.
 """
 
 from __future__ import annotations
@@ -25,7 +29,9 @@ import math
 from _common import env_facts, env_markdown, host_us, markdown_table, time_device_ms, write_reports
 
 WORKING_SET_MB = 1024
-HOST_TOKENS = {"swiglu_forward_and_per_channel_cast_and_transpose": 128}  # its token count must be a multiple of 128
+# token counts at host-cost size where 4 does not fit: per-channel needs a multiple of 128, the
+# backward's rows a multiple of its topk (8)
+HOST_TOKENS = {"swiglu_forward_and_per_channel_cast_and_transpose": 128, "swiglu_backward_and_per_token_cast": 8}
 
 
 def _nbytes(obj) -> int:
@@ -55,6 +61,16 @@ def configs(quick: bool):
                 quant.per_block_cast(bf16(t, h), fmt, block)
         return make
 
+    def swiglu_bwd(t, h, npc=32, topk=8):
+        """The backward's arguments for ``t`` expanded rows of ``t / topk`` tokens (every row routed)."""
+        x = torch.randn(t, 2 * h, device="cuda").clamp(-448, 448).to(torch.float8_e4m3fn)
+        sf = torch.rand(t, 2 * h // npc, device="cuda") + 0.01
+        p2t = torch.randperm(t, device="cuda").to(torch.int32)
+        ttp = torch.empty(t, dtype=torch.int32, device="cuda")
+        ttp[p2t.long()] = torch.arange(t, dtype=torch.int32, device="cuda")
+        weight = torch.rand(t // topk, topk, device="cuda") + 0.01
+        return ((x, sf), bf16(t, h), weight, p2t, ttp.view(t // topk, topk), npc), {}
+
     tokens = (8192,) if quick else (4096, 8192, 16384)
     rows = []
     for t in tokens:
@@ -78,8 +94,29 @@ def configs(quick: bool):
              lambda t, h: ((bf16(t, 2 * h), "e4m3", 128), {}), t, 2048),
             ("swiglu fwd per-channel+T 128", "swiglu_forward_and_per_channel_cast_and_transpose",
              lambda t, h: ((bf16(t, 2 * h), "e4m3", 128), {}), t, 2048),
+            (SWIGLU_BWD_LABEL, "swiglu_backward_and_per_token_cast", swiglu_bwd, t, 4096),
         ]
     return rows
+
+
+SWIGLU_BWD_LABEL = "swiglu bwd e4m3 1x32, topk 8"
+
+
+def candidate_quant(quant):
+    """``quant`` with ``swiglu_backward_and_per_token_cast`` launching the candidate kernel (issue 12)."""
+    from types import SimpleNamespace
+
+    from tilebin.ops.quant import _swiglu
+
+    def bwd(*args, **kwargs):
+        old = _swiglu._BWD_KERNEL
+        _swiglu._BWD_KERNEL = _swiglu._BWD_CANDIDATE
+        try:
+            return quant.swiglu_backward_and_per_token_cast(*args, **kwargs)
+        finally:
+            _swiglu._BWD_KERNEL = old
+
+    return SimpleNamespace(swiglu_backward_and_per_token_cast=bwd)
 
 
 def copy_gbps(nbytes: int) -> float:
@@ -126,6 +163,8 @@ def main() -> None:
     ap.add_argument("--json")
     ap.add_argument("--md")
     ap.add_argument("--quick", action="store_true", help="8192 tokens only")
+    ap.add_argument("--candidate", action="store_true",
+                    help="also time quant._swiglu_backward_and_per_token_cast_candidate (a row after the swiglu bwd)")
     ns = ap.parse_args()
     import torch
     from tilebin.ops import quant
@@ -133,9 +172,15 @@ def main() -> None:
     facts = env_facts()
     copies: dict = {}
     rows = []
+    runs = []
     for label, op, make, t, h in configs(ns.quick):
+        runs.append((quant, label, op, make, t, h))
+        if ns.candidate and label == SWIGLU_BWD_LABEL:
+            runs.append((candidate_quant(quant), f"{op} (candidate)", op, make, t, h))
+    for mod, label, op, make, t, h in runs:
+        torch.manual_seed(0)  # a candidate row gets the same inputs as the row before it
         try:
-            rows.append(run_config(quant, label, op, make, t, h, copies))
+            rows.append(run_config(mod, label, op, make, t, h, copies))
         except Exception as exc:  # one broken op must not hide the others' numbers
             rows.append([label, f"{t}x{h}", f"error: {exc!r}"[:160], "", "", ""])
         print(" | ".join(rows[-1]), flush=True)

@@ -22,6 +22,7 @@ device sync): the values of the index tensors (``pos_to_token_topk`` must index
 from __future__ import annotations
 
 import math
+import os
 from typing import Any, Optional
 
 import torch
@@ -37,6 +38,10 @@ QuantTensor = tuple[torch.Tensor, torch.Tensor]
 
 _FWD = "quant.swiglu_forward_and_per_token_cast"
 _BWD = "quant.swiglu_backward_and_per_token_cast"
+# Speed-trial switch, read once at import (removed when the lead swaps the winner in):
+# TILEBIN_CANDIDATE_SWIGLU_BACKWARD=1 makes swiglu_backward_and_per_token_cast launch the internal candidate kernel.
+_BWD_CANDIDATE = "quant._swiglu_backward_and_per_token_cast_candidate"
+_BWD_KERNEL = _BWD_CANDIDATE if os.environ.get("TILEBIN_CANDIDATE_SWIGLU_BACKWARD") == "1" else _BWD
 _CHANNEL = "quant.swiglu_forward_and_per_channel_cast_and_transpose"
 _E4M3 = torch.float8_e4m3fn
 _IN_KEY = {torch.bfloat16: "bfloat16", torch.float32: "float32"}
@@ -349,7 +354,7 @@ def swiglu_backward_and_per_token_cast(
     x_grad = torch.empty((rows, 2 * hidden), dtype=torch.bfloat16, device=dev)
     weight_grad = torch.empty(weight.shape, dtype=torch.float32, device=dev)
     if rows > 0 or weight.numel() > 0:
-        launcher(_BWD, num_per_channels=num_per_channels)(
+        launcher(_BWD_KERNEL, num_per_channels=num_per_channels)(
             data, sf, grad_out.view(rows, hidden), weight, pos_to_token_topk, token_topk_to_pos,
             out, x_grad_fp8, x_grad_sf, x_grad, weight_grad, clamp, int(round_sf))
     return out, (x_grad_fp8, x_grad_sf), x_grad, weight_grad
