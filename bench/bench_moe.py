@@ -33,24 +33,25 @@ def _nbytes(obj) -> int:
     return obj.numel() * obj.element_size() if hasattr(obj, "numel") else 0
 
 
-def _candidate(name: str, make_outputs):
-    """A call of internal kernel ``name`` as the op's fast path makes it: allocate, launch."""
-    from tilebin.ops._common import launcher
-
-    def call(*inputs):  # the launcher is cached by name; a kernel missing from the wheel fails its row
-        outs = make_outputs(*inputs)
-        launcher(name)(*inputs, *outs)
-        return outs
-    return call
-
-
 def _candidate_rows(t: int, scores, weights) -> list:
-    """(label, fn, inputs) of the candidate kernels at ``t`` tokens (issue 12)."""
+    """(label, fn, inputs) of the internal candidate kernels at ``t`` tokens (issue 12), called the
+    way the op's fast path calls the current kernel: allocate the outputs, launch."""
     import torch
+    from tilebin.ops._common import launcher  # cached by name; a kernel missing from the wheel fails its row
 
-    norm = _candidate("moe._normalize_weight_candidate", lambda w: (
-        torch.empty((w.shape[0],), dtype=torch.float32, device=w.device), torch.empty_like(w)))
-    return [("normalize_weight (candidate)", lambda: norm(weights), weights)]
+    def normalize():
+        den = torch.empty((weights.shape[0],), dtype=torch.float32, device=weights.device)
+        out = torch.empty_like(weights)
+        launcher("moe._normalize_weight_candidate")(weights, den, out)
+        return den, out
+
+    def group_idx():
+        out = torch.empty((t, TOPK_GROUPS), dtype=torch.int64, device=scores.device)
+        launcher("moe._topk_sum_and_topk_group_idx_candidate")(scores.view(t, GROUPS, -1), out, 2)
+        return out
+
+    return [("topk_sum_and_topk_group_idx (candidate)", group_idx, scores),
+            ("normalize_weight (candidate)", normalize, weights)]
 
 
 def calls(moe, t: int, candidate: bool = False):

@@ -31,6 +31,7 @@ ALL_MODULES = (
     "tilebin.kernels.moe.topk_gate",
     "tilebin.kernels.moe.top2_sum_gate",
     "tilebin.kernels.moe.topk_sum_and_topk_group_idx",
+    "tilebin.kernels.moe.topk_sum_and_topk_group_idx_candidate",
     "tilebin.kernels.moe.aux_fi",
     "tilebin.kernels.moe.group_count",
     "tilebin.kernels.moe.normalize_weight",

@@ -16,6 +16,7 @@ route or a zero ``logical_count`` leaves the index unmapped instead of reading o
 
 from __future__ import annotations
 
+import os
 from typing import Any, Optional
 
 import torch
@@ -33,6 +34,13 @@ _HAS_MASK, _HAS_FIX, _HAS_UNMAPPED, _HAS_MAP = 1, 2, 4, 8
 _INT32_MAX = 2**31 - 1
 _LAUNCHERS: dict[tuple[str, int], Any] = {}
 _PLACEHOLDERS: dict[torch.device, tuple[torch.Tensor, ...]] = {}
+
+
+# Speed-trial switch, read once at import (removed when the lead swaps the winner in):
+# TILEBIN_CANDIDATE_TOPK_SUM_AND_TOPK_GROUP_IDX=1 makes topk_sum_and_topk_group_idx launch the candidate.
+_TOPK_SUM_CANDIDATE = "moe._topk_sum_and_topk_group_idx_candidate"
+_TOPK_SUM_KERNEL = (_TOPK_SUM_CANDIDATE if os.environ.get("TILEBIN_CANDIDATE_TOPK_SUM_AND_TOPK_GROUP_IDX") == "1"
+                    else "moe.topk_sum_and_topk_group_idx")
 
 
 def _launcher(name: str, slots: int | None) -> Any:
@@ -179,7 +187,7 @@ def topk_sum_and_topk_group_idx(scores: torch.Tensor, num_topk_sum: int, num_top
     _on_cuda(op, scores)
     group_idx = torch.empty((num_tokens, num_topk_groups), dtype=torch.int64, device=scores.device)
     if num_tokens and num_topk_groups:
-        fn = _launcher("moe.topk_sum_and_topk_group_idx", None)
+        fn = _launcher(_TOPK_SUM_KERNEL, None)
         fn(scores, group_idx, num_topk_sum)
         _remember(_fast_table(), key, fn)
     return group_idx

@@ -1,0 +1,105 @@
+"""``moe._topk_sum_and_topk_group_idx_candidate``: ``moe.topk_sum_and_topk_group_idx`` scanning a staged row.
+
+Internal (issue 12): same parameters, same outputs bit for bit as the current kernel
+(``tilebin.ops.moe.topk_sum_and_topk_group_idx`` launches it when
+``TILEBIN_CANDIDATE_TOPK_SUM_AND_TOPK_GROUP_IDX=1``).
+
+Why: in the current kernel lane ``g`` walks group ``g`` straight from global memory in a
+run-time loop, so every value costs a 64-bit address computation and an L1 round trip
+(``LDG``), and the first touch of each group's line is a DRAM miss taken lane by lane.
+tile_kernels first copies the token's row into shared memory (coalesced) and scans it there.
+Here each warp copies its token's row (up to ``STAGE`` floats) into shared memory with
+coalesced loads all issued at once (a compile-time unrolled, predicated sweep: one DRAM round
+trip), then runs the same ``group_rank`` scan (same rotation, same keys, same comparisons) on
+the shared copy: 32-bit shared addresses, ``LDS`` latency.  Rows longer than ``STAGE`` take
+the current global-memory scan.
+"""
+
+# No ``from __future__ import annotations``: TileLang evaluates the tensor annotations.
+import tilelang.language as T
+
+from .._declare import KernelDecl
+from ._gating_common import KEY_GONE, float_key, group_rank
+from .topk_sum_and_topk_group_idx import WARPS
+
+STAGE = 512  # floats of a row staged in shared memory per warp (8 KB per block); longer rows scan global memory
+
+
+def topk_sum_and_topk_group_idx_candidate():
+    """PrimFunc ranking up to 32 groups of any size per token."""
+    num_tokens = T.dynamic("num_tokens")
+    num_groups = T.dynamic("num_groups")
+    per_group = T.dynamic("experts_per_group")
+    num_topk_groups = T.dynamic("num_topk_groups")
+
+    @T.prim_func
+    def main(
+        scores: T.Tensor((num_tokens, num_groups, per_group), "float32"),
+        group_idx: T.Tensor((num_tokens, num_topk_groups), "int64"),
+        num_topk_sum: T.int32,
+    ):
+        with T.Kernel(T.ceildiv(num_tokens, WARPS), threads=WARPS * 32) as bx:
+            tid = T.get_thread_binding()
+            lane = tid % 32
+            warp = tid // 32
+            token = bx * WARPS + warp
+            staged = T.alloc_shared((WARPS, STAGE), "float32")
+            rank = T.alloc_var("int32", init=0)
+            key1 = T.alloc_var("int32", init=KEY_GONE)
+            key2 = T.alloc_var("int32", init=KEY_GONE)
+            val1 = T.alloc_var("float32", init=0.0)
+            val2 = T.alloc_var("float32", init=0.0)
+            cur = T.alloc_var("float32", init=0.0)
+            cur_key = T.alloc_var("int32", init=0)
+            group_key = T.alloc_var("int32", init=KEY_GONE)
+            idx = T.alloc_var("int32", init=0)
+            base = T.alloc_var("int32", init=0)
+            if token < num_tokens:  # uniform over the warp
+                if num_groups * per_group <= STAGE:  # uniform over the grid
+                    for k in T.unroll(STAGE // 32):
+                        if k * 32 + lane < num_groups * per_group:
+                            staged[warp, k * 32 + lane] = T.Tensor((num_tokens * num_groups * per_group,), "float32",
+                                                                scores.data)[token * num_groups * per_group + k * 32 + lane]
+                    T.sync_warp()
+                    if lane < num_groups:  # group_rank's scan, on the staged row with int32 indices
+                        idx = T.truncmod(lane, per_group)  # the same rotation (conflict-free banks)
+                        base = warp * STAGE + lane * per_group  # int32: the row fits in STAGE
+                        for i in T.serial(per_group):
+                            cur = T.Tensor((WARPS * STAGE,), "float32", staged.data)[base + idx]
+                            cur_key = float_key(cur)
+                            if cur_key > key1:
+                                key2 = key1
+                                val2 = val1
+                                key1 = cur_key
+                                val1 = cur
+                            elif cur_key > key2:
+                                key2 = cur_key
+                                val2 = cur
+                            idx = T.if_then_else(idx + 1 == per_group, 0, idx + 1)
+                        group_key = float_key(T.if_then_else(num_topk_sum == 2, val1 + val2, val1))
+                    for h in T.serial(num_groups):
+                        cur_key = T.shfl_sync(group_key, h)
+                        if cur_key > group_key or (cur_key == group_key and h < lane):
+                            rank = rank + 1
+                else:
+                    rank = group_rank(scores, token, lane, num_groups, per_group, num_topk_sum, True)
+                if lane < num_groups and rank < num_topk_groups:
+                    group_idx[token, rank] = T.Cast("int64", lane)
+
+    return main
+
+
+KERNELS = (
+    KernelDecl(
+        name="moe._topk_sum_and_topk_group_idx_candidate",
+        factory=topk_sum_and_topk_group_idx_candidate,
+        grid=({},),
+        outputs=("group_idx",),
+        align=4,
+        # every access is guarded above; each warp reads only the row it staged (its own T.sync_warp)
+        pass_configs={"tl.disable_safe_memory_legalize": True, "tl.disable_thread_storage_sync": True},
+        doc="Candidate of moe.topk_sum_and_topk_group_idx (issue 12): same outputs, the row staged in shared memory.",
+    ),
+)
+
+__all__ = ["KERNELS", "topk_sum_and_topk_group_idx_candidate"]
