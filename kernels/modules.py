@@ -40,6 +40,7 @@ ALL_MODULES = (
     "tilebin.kernels.moe.inplace_unique_group_indices",
     "tilebin.kernels.moe.get_fused_mapping",
     "tilebin.kernels.moe.expand_to_fused",
+    "tilebin.kernels.moe.expand_to_fused_candidate",
     "tilebin.kernels.moe.reduce_fused",
     "tilebin.kernels.engram.engram_hash",
     "tilebin.kernels.engram.fused_weight",
