@@ -9,10 +9,11 @@ run-time loop, so every value costs a 64-bit address computation and an L1 round
 (``LDG``), and the first touch of each group's line is a DRAM miss taken lane by lane.
 tile_kernels first copies the token's row into shared memory (coalesced) and scans it there.
 Here each warp copies its token's row (up to ``STAGE`` floats) into shared memory with
-coalesced loads all issued at once (a compile-time unrolled, predicated sweep: one DRAM round
-trip), then runs the same ``group_rank`` scan (same rotation, same keys, same comparisons) on
-the shared copy: 32-bit shared addresses, ``LDS`` latency.  Rows longer than ``STAGE`` take
-the current global-memory scan.
+coalesced loads all issued at once (a compile-time unrolled sweep with no predicates: one DRAM
+round trip), then runs ``group_rank``'s scan (same rotation, same keys, same comparisons) on
+the shared copy with int32 indices: 32-bit shared addresses, ``LDS`` latency.  Rows longer
+than ``STAGE`` take the current global-memory scan (``group_rank``).  The ranking step
+(shuffles) is the current one, so the outputs are the same bits.
 """
 
 # No ``from __future__ import annotations``: TileLang evaluates the tensor annotations.
@@ -56,10 +57,13 @@ def topk_sum_and_topk_group_idx_candidate():
             base = T.alloc_var("int32", init=0)
             if token < num_tokens:  # uniform over the warp
                 if num_groups * per_group <= STAGE:  # uniform over the grid
+                    # No predicates: slots past the row load its last value (same line) and are never
+                    # read; predicated loads made nvcc split the sweep into two round trips (7 predicate
+                    # registers: the 8th load waited for the first store).
                     for k in T.unroll(STAGE // 32):
-                        if k * 32 + lane < num_groups * per_group:
-                            staged[warp, k * 32 + lane] = T.Tensor((num_tokens * num_groups * per_group,), "float32",
-                                                                scores.data)[token * num_groups * per_group + k * 32 + lane]
+                        staged[warp, k * 32 + lane] = T.Tensor((num_tokens * num_groups * per_group,), "float32",
+                                                               scores.data)[token * num_groups * per_group + T.min(
+                                                                   k * 32 + lane, num_groups * per_group - 1)]
                     T.sync_warp()
                     if lane < num_groups:  # group_rank's scan, on the staged row with int32 indices
                         idx = T.truncmod(lane, per_group)  # the same rotation (conflict-free banks)
