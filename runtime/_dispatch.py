@@ -70,8 +70,9 @@ def bind(spec: KernelSpec, args: tuple, kwargs: Mapping[str, Any], keys: list[st
     """Place positional and keyword arguments in ``spec.params`` order; split off key keywords.
 
     Returns ``(values, key_items)`` with ``key_items`` a sorted tuple of ``(name, value)``.
-    Raises :class:`ArgumentError` for too many/missing arguments, duplicates, unknown keywords
-    and key values that are not bool/int/float/str.
+    Raises :class:`ArgumentError` for too many/missing arguments, duplicates and unknown keywords.
+    A key value that is not bool/int/float/str (a config object) stands for its ``repr``, the
+    spelling ``KernelDecl.from_jit`` gives such values in the manifest.
     """
     names = [p.name for p in spec.params]
     if len(args) > len(names):
@@ -87,10 +88,7 @@ def bind(spec: KernelSpec, args: tuple, kwargs: Mapping[str, Any], keys: list[st
                 raise ArgumentError(f"{spec.name}: got {k!r} both by position and by keyword")
             values[i] = v
         elif k in keys:
-            v = key_value(v)
-            if not isinstance(v, (bool, int, float, str)):
-                raise ArgumentError(f"{spec.name}: key {k}= must be a bool/int/float/str, got {type(v).__name__}")
-            key_items.append((k, v))
+            key_items.append((k, key_value(v)))  # a config object: its repr, as the manifest keys it
         else:
             raise ArgumentError(_unknown_keyword(spec, k, keys))
     missing = [n for n, v in zip(names, values) if v is _MISSING]

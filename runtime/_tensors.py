@@ -54,10 +54,14 @@ def torch_dtype_name(dtype: Any) -> str:
 
 
 def key_value(value: Any) -> Any:
-    """A compile-time key value as the manifest spells it (a torch dtype becomes its name)."""
+    """A compile-time key value as the manifest spells it: a torch dtype becomes its name, and a
+    config object (any other non-scalar, e.g. a frozen dataclass given to ``KernelDecl.from_jit``'s
+    grid) its ``repr``, which is its key in the manifest."""
+    if isinstance(value, (bool, int, float, str)):
+        return value
     if type(value).__name__ == "dtype" and type(value).__module__ == "torch":
         return torch_dtype_name(value)
-    return value
+    return repr(value)
 
 
 def key_text(key: Any) -> str:

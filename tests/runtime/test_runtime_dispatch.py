@@ -114,6 +114,23 @@ def test_wrong_argument_kind(make_registry, fake_gpu, rt):
         reg.launch("toy.scale", x, out, F.tensor((1,), dtype="float32"))
     with pytest.raises(rt.ArgumentError, match="expected a Python float"):
         reg.launch("toy.scale", x, out, "1.0")
-    with pytest.raises(rt.ArgumentError, match="key block= must be a bool/int/float/str"):
+    with pytest.raises(rt.NoVariantError, match=r"(?s)with block='\[128\]'.*needs block=128"):  # keyed by its repr
         reg.launch("toy.scale", x, out, 1.0, block=[128])
     assert not fake_gpu.launches
+
+
+def test_config_object_key_matches_its_repr(make_registry, fake_gpu):
+    """``KernelDecl.from_jit`` keys a config-object variant value by its repr; passing the object
+    itself as the key keyword picks that variant."""
+    from dataclasses import dataclass
+
+    @dataclass(frozen=True)
+    class Tile:
+        block: int
+
+    kernel = F.scale_kernel()
+    for v in kernel["variants"]:
+        v["key"]["block"] = repr(Tile(v["key"]["block"]))
+    reg = make_registry(F.manifest(**{"toy.scale": kernel}))
+    reg.launch("toy.scale", *_scale_args(), 1.0, block=Tile(256))
+    assert fake_gpu.launches[-1]["fn"] == "scale_bfloat16_256"
