@@ -2,7 +2,7 @@
 """Device time, bandwidth and host cost of the ``tilebin.ops.engram`` ops (and tile_kernels' side by side).
 
     PYTHONPATH=<site with the tilebin wheel>[:<folder with tile_kernels + tilelang>] \\
-        python3 bench/bench_engram.py [--json F] [--md F] [--no-peer] [--candidate]
+        python3 bench/bench_engram.py [--json F] [--md F] [--no-peer]
 
 Two tables:
 
@@ -15,10 +15,6 @@ Two tables:
   kernel's time on the same inputs is in the next column (warmed up first: it JIT-compiles).
 * host us per call at 4 tokens (``_common.host_us``), next to the torch eager reference of the
   same op (fp32 math, ``tests/engram_ref``) and tile_kernels' call when importable.
-
-``--candidate`` adds a row "engram_gate_bwd (candidate)" after each engram_gate_bwd row: the
-internal kernel ``engram._engram_gate_bwd_candidate`` (what the op launches under
-``TILEBIN_CANDIDATE_ENGRAM_GATE_BWD=1``) on the same inputs, timed the same way.
 
 Exit status 1 when a tilebin row could not be measured (the other rows are still reported).
 """
@@ -65,11 +61,10 @@ def _inputs(tokens: int, hidden: int, sets: int = 1):
     return [one() for _ in range(sets)], wh, we
 
 
-def rows_for(eg, peer, tokens: int, hidden: int, candidate: bool = False):
+def rows_for(eg, peer, tokens: int, hidden: int):
     """(label, tilebin fn list, peer fn list or None, bytes moved per call) at one shape."""
     import torch
     from tilebin.ops.config import get_num_sms
-    from tilebin.ops.engram import _gate
 
     sets, wh, we = _inputs(tokens, hidden)
     x, k, v, go = sets[0]
@@ -95,12 +90,6 @@ def rows_for(eg, peer, tokens: int, hidden: int, candidate: bool = False):
         ("engram_gate_bwd", [lambda: eg.engram_gate_bwd(go, x, k, v, wf, *stats, CLAMP)],
          peer and [lambda: peer.engram_gate_bwd(go, x, k, v, wf, *stats, CLAMP)],
          _nbytes(go, x, k, v, wf, *stats) + _nbytes(x, k, v, gwp)),
-    ] + ([
-        ("engram_gate_bwd (candidate)",
-         [lambda: _gate._gate_bwd(_gate._BWD_CANDIDATE, go, x, k, v, wf, *stats, CLAMP)],
-         peer and [lambda: peer.engram_gate_bwd(go, x, k, v, wf, *stats, CLAMP)],
-         _nbytes(go, x, k, v, wf, *stats) + _nbytes(x, k, v, gwp)),
-    ] if candidate else []) + [
         (f"grad_w_reduce ({get_num_sms()} rows)", [lambda p=p: eg.grad_w_reduce(p, wh, we, gh, ge) for p in parts],
          peer and _peer_reduce(peer, parts, wh, we, gh, ge), _nbytes(gwp, wh, we) + 2 * _nbytes(gh, ge)),
     ]
@@ -128,10 +117,10 @@ def copy_gbps(nbytes: int) -> float:
     return _COPY[n]
 
 
-def device_table(eg, peer, candidate: bool = False) -> tuple[list, bool]:
+def device_table(eg, peer) -> tuple[list, bool]:
     out, ok = [], True
     for tokens, hidden in SHAPES:
-        for label, fns, peer_fns, moved in rows_for(eg, peer, tokens, hidden, candidate):
+        for label, fns, peer_fns, moved in rows_for(eg, peer, tokens, hidden):
             try:
                 ms = time_device_ms(fns, rounds=5, per_round=20)["median"]
                 gbps = moved / (ms * 1e-3) / 1e9
@@ -203,14 +192,12 @@ def main() -> int:
     ap.add_argument("--json")
     ap.add_argument("--md")
     ap.add_argument("--no-peer", action="store_true", help="skip tile_kernels even when importable")
-    ap.add_argument("--candidate", action="store_true",
-                    help="also time engram._engram_gate_bwd_candidate (a row after engram_gate_bwd)")
     ns = ap.parse_args()
     from tilebin.ops import engram as eg
 
     facts = env_facts()
     peer = None if ns.no_peer else load_peer()
-    dev_rows, ok_dev = device_table(eg, peer, ns.candidate)
+    dev_rows, ok_dev = device_table(eg, peer)
     host_rows, ok_host = host_table(eg, peer)
     md = "### tilebin.ops.engram\n\n" + env_markdown(facts) + "\n\n"
     md += f"hc_mult {HC}, eps {EPS}, clamp {CLAMP}; peer: {'tile_kernels' if peer else 'not installed'}.\n\n"

@@ -37,11 +37,7 @@ from _common import env_facts, env_markdown, host_us, markdown_table, time_devic
 
 M = 4
 SHAPES = [(n1, h) for n1 in (4096, 8192) for h in (4096, 7168)]
-CANDIDATES = {  # op row label -> (the op module's switch, its speed candidate kernel) (issue 9)
-    "mhc_pre_big_fuse": ("_KERNEL", "mhc._pre_big_fuse_candidate"),
-    "mhc_multilayer_recompute (2 layers)": ("_KERNEL", "mhc._multilayer_recompute_candidate"),
-    "mhc_pre_split_mixes fwd": ("_FWD_KERNEL", "mhc._pre_split_mixes_fwd_candidate"),
-}
+CANDIDATES: dict = {}  # op row label -> (the op module's kernel attribute, a speed candidate kernel); none now
 MODULES = ("expand", "pre_apply_mix", "post", "head_compute_mix", "sinkhorn", "pre_split_mixes",
            "multilayer_recompute", "norm_fn", "pre_big_fuse")
 

@@ -25,13 +25,17 @@ Parameters, in order: ``initial_residual`` bf16 ``[n, M, hidden]`` (contiguous),
 Every product and sum is rounded to fp32 on its own (no FMA), in the order written (j ascending),
 so a float32 torch loop in the same order is bit-exact.
 
-Design: one thread per 8 consecutive hidden elements of one token (16-byte bf16 vectors).  Its
-``M x 8`` residual stays in registers across all layers, as bf16 (it is exactly bf16 after each
-layer): the residual is read once and each layer costs one read of its output plus the writes,
-the minimum traffic.  The next layer's output vector is loaded before the current layer's math
-(the op guarantees outputs overlap no input), so a load is in flight while a thread computes;
-``M <= 4`` caps registers at 128 (two 256-thread blocks per SM).  The token's mixes are read by
-every thread of the token (L1 hits).  ``hidden % 8 == 0``; ``M`` is compile-time.
+Design.  Why this shape: an earlier version gave each thread one 16-byte vector of one token (``M + 1``
+loads in flight per thread, 128 registers, two 256-thread blocks per SM: ~40 KB of loads in
+flight per SM; ncu at 4096 x 4096, 2 layers: DRAM 65 %).  tile_kernels keeps 4 x 32 residual
+values per thread (254 registers, 4 x 64 threads per SM, ~80 KB in flight, DRAM 73 %).
+
+Here block ``(t, g)`` (grid ``(T, ceil(hidden / (8 * 128 * U)))``, 128 threads) takes segment
+``g`` of token ``t``: thread ``tid`` owns the vectors ``g * 128 * U + u * 128 + tid`` (``u <
+U``, a compile-time step) of every stream, so its ``U * (M + 1)`` loads (residual and the first
+layer output) are in flight together and one set of mixes serves them all; the next layer's
+outputs are loaded before the current layer's math, as before.  ``__launch_bounds__(128, 4)``
+for M <= 4: at most 128 registers, 16 warps per SM, ~80 KB of loads in flight.
 """
 
 # No ``from __future__ import annotations``: TileLang evaluates the PrimFunc's tensor
@@ -40,7 +44,8 @@ import tilelang.language as T
 
 from .._declare import KernelDecl
 
-THREADS = 256
+THREADS = 128
+U = 2  # vectors per thread and stream
 V = 8  # bf16 per 16-byte vector
 MULTS = (4, 2, 8)
 
@@ -50,7 +55,8 @@ def multilayer_recompute(mhc_mult: int):
     vm = 4 if m % 4 == 0 else m  # fp32 per vector load of a mix row
     n, hidden, layers = T.dynamic("num_tokens"), T.dynamic("hidden"), T.dynamic("num_layers")
     hv = hidden // V  # vectors per token row
-    min_blocks = 2 if m <= 4 else 1  # M = 8 keeps 2 x 64 residual values live: it would spill under 128 registers
+    PH = THREADS * U  # vectors per segment
+    min_blocks = 4 if m <= 4 else 2  # <= 128 registers for M <= 4 (M = 8 keeps 2 x 2 x 64 values live)
 
     @T.prim_func
     def main(
@@ -58,90 +64,91 @@ def multilayer_recompute(mhc_mult: int):
         ptrs: T.Tensor((6, layers), "int64"),
         num_post: T.int32,
     ):
-        with T.Kernel(T.ceildiv(n * hv, THREADS), threads=THREADS) as bx:
-            if min_blocks > 1:
-                T.annotate_min_blocks_per_sm(min_blocks)  # <= 128 registers: 16 warps per SM keep loads in flight
+        with T.Kernel(n, T.ceildiv(hv, PH), threads=THREADS) as (tok, g):
+            T.annotate_min_blocks_per_sm(min_blocks)
             tid = T.get_thread_binding()
-            rb = T.alloc_local((m, V), "bfloat16")  # the residual entering the layer (bf16 exactly)
-            nb = T.alloc_local((m, V), "bfloat16")  # the residual leaving it
+            rb = T.alloc_local((U, m, V), "bfloat16")  # the residual entering the layer (bf16 exactly)
+            nb = T.alloc_local((m, V), "bfloat16")  # the residual leaving it (one vector at a time)
             lb = T.alloc_local((V,), "bfloat16")
-            ob = T.alloc_local((V,), "bfloat16")  # this layer's output
-            obn = T.alloc_local((V,), "bfloat16")  # the next layer's, loaded early (in flight during the math)
+            ob = T.alloc_local((U, V), "bfloat16")  # this layer's output
+            obn = T.alloc_local((U, V), "bfloat16")  # the next layer's, loaded early (in flight during the math)
             acc = T.alloc_local((V,), "float32")
             pre = T.alloc_local((m,), "float32")
             post = T.alloc_local((m,), "float32")
             comb = T.alloc_local((m * m,), "float32")
-            tok = T.alloc_var("int32")
-            col = T.alloc_var("int32")  # the thread's vector: hidden elements col * V ...
-            tok = (bx * THREADS + tid) // hv
-            col = (bx * THREADS + tid) % hv
-            if bx * THREADS + tid < n * hv:
-                for j in T.unroll(m):
-                    for e in T.vectorized(V):
-                        rb[j, e] = T.Tensor((n, m, hv * V), "bfloat16", initial_residual.data)[tok, j, col * V + e]
-                if num_post > 0:
-                    for e in T.vectorized(V):
-                        ob[e] = T.make_tensor_from_addr(ptrs[2, 0], (n, hv * V), "bfloat16")[tok, col * V + e]
-                for i in T.serial(num_post):
-                    for c in T.unroll(m // vm):
-                        for k in T.vectorized(vm):
-                            pre[c * vm + k] = T.make_tensor_from_addr(ptrs[0, i], (n, m), "float32")[
-                                tok, c * vm + k]
-                    for c in T.unroll(m // vm):
-                        for k in T.vectorized(vm):
-                            post[c * vm + k] = T.make_tensor_from_addr(ptrs[3, i], (n, m), "float32")[
-                                tok, c * vm + k]
-                    for c in T.unroll(m * m // 4):
-                        for k in T.vectorized(4):
-                            comb[c * 4 + k] = T.make_tensor_from_addr(ptrs[4, i], (n, m * m), "float32")[
-                                tok, c * 4 + k]
-                    # the layer's input from the residual entering it
-                    for e in T.unroll(V):
-                        acc[e] = T.ieee_mul(pre[0], T.Cast("float32", rb[0, e]))
-                    for j in T.unroll(m - 1):
-                        for e in T.unroll(V):
-                            acc[e] = T.ieee_add(acc[e], T.ieee_mul(pre[j + 1], T.Cast("float32", rb[j + 1, e])))
-                    for e in T.unroll(V):
-                        lb[e] = T.Cast("bfloat16", acc[e])
-                    for e in T.vectorized(V):
-                        T.make_tensor_from_addr(ptrs[1, i], (n, hv * V), "bfloat16")[tok, col * V + e] = lb[e]
-                    if i + 1 < num_post:  # no output overlaps an input (the op checks), so reading early is safe
+            for u in T.unroll(U):
+                if g * PH + u * THREADS + tid < hv:
+                    for j in T.unroll(m):
                         for e in T.vectorized(V):
-                            obn[e] = T.make_tensor_from_addr(ptrs[2, i + 1], (n, hv * V), "bfloat16")[
-                                tok, col * V + e]
-                    # the residual leaving it, one output stream at a time
-                    for o in T.unroll(m):
+                            rb[u, j, e] = T.Tensor((n, m, hv * V), "bfloat16", initial_residual.data)[
+                                tok, j, (g * PH + u * THREADS + tid) * V + e]
+            if num_post > 0:
+                for u in T.unroll(U):
+                    if g * PH + u * THREADS + tid < hv:
+                        for e in T.vectorized(V):
+                            ob[u, e] = T.make_tensor_from_addr(ptrs[2, 0], (n, hv * V), "bfloat16")[
+                                tok, (g * PH + u * THREADS + tid) * V + e]
+            for i in T.serial(num_post):
+                for c in T.unroll(m // vm):
+                    for k in T.vectorized(vm):
+                        pre[c * vm + k] = T.make_tensor_from_addr(ptrs[0, i], (n, m), "float32")[tok, c * vm + k]
+                for c in T.unroll(m // vm):
+                    for k in T.vectorized(vm):
+                        post[c * vm + k] = T.make_tensor_from_addr(ptrs[3, i], (n, m), "float32")[tok, c * vm + k]
+                for c in T.unroll(m * m // 4):
+                    for k in T.vectorized(4):
+                        comb[c * 4 + k] = T.make_tensor_from_addr(ptrs[4, i], (n, m * m), "float32")[tok, c * 4 + k]
+                if i + 1 < num_post:  # no output overlaps an input (the op checks), so reading early is safe
+                    for u in T.unroll(U):
+                        if g * PH + u * THREADS + tid < hv:
+                            for e in T.vectorized(V):
+                                obn[u, e] = T.make_tensor_from_addr(ptrs[2, i + 1], (n, hv * V), "bfloat16")[
+                                    tok, (g * PH + u * THREADS + tid) * V + e]
+                for u in T.unroll(U):
+                    if g * PH + u * THREADS + tid < hv:
+                        # the layer's input from the residual entering it
                         for e in T.unroll(V):
-                            acc[e] = T.ieee_mul(post[o], T.Cast("float32", ob[e]))
-                        for j in T.unroll(m):
+                            acc[e] = T.ieee_mul(pre[0], T.Cast("float32", rb[u, 0, e]))
+                        for j in T.unroll(m - 1):
                             for e in T.unroll(V):
-                                acc[e] = T.ieee_add(acc[e], T.ieee_mul(comb[j * m + o], T.Cast("float32", rb[j, e])))
+                                acc[e] = T.ieee_add(acc[e], T.ieee_mul(pre[j + 1], T.Cast("float32", rb[u, j + 1, e])))
                         for e in T.unroll(V):
-                            nb[o, e] = T.Cast("bfloat16", acc[e])
-                    for o in T.unroll(m):
-                        for e in T.vectorized(V):
-                            T.make_tensor_from_addr(ptrs[5, i], (n, m, hv * V), "bfloat16")[
-                                tok, o, col * V + e] = nb[o, e]
-                    for o in T.unroll(m):
+                            lb[e] = T.Cast("bfloat16", acc[e])
+                        T.stg128(T.make_tensor_from_addr(ptrs[1, i], (n, hv * V), "bfloat16")[
+                            tok, (g * PH + u * THREADS + tid) * V], T.Tensor((1,), "uint32x4", lb.data)[0])
+                        # the residual leaving it, one output stream at a time
+                        for o in T.unroll(m):
+                            for e in T.unroll(V):
+                                acc[e] = T.ieee_mul(post[o], T.Cast("float32", ob[u, e]))
+                            for j in T.unroll(m):
+                                for e in T.unroll(V):
+                                    acc[e] = T.ieee_add(acc[e], T.ieee_mul(comb[j * m + o], T.Cast("float32", rb[u, j, e])))
+                            for e in T.unroll(V):
+                                nb[o, e] = T.Cast("bfloat16", acc[e])
+                        for o in T.unroll(m):
+                            T.stg128(T.make_tensor_from_addr(ptrs[5, i], (n, m, hv * V), "bfloat16")[
+                                tok, o, (g * PH + u * THREADS + tid) * V], T.Tensor((m,), "uint32x4", nb.data)[o])
+                        for o in T.unroll(m):
+                            for e in T.unroll(V):
+                                rb[u, o, e] = nb[o, e]
                         for e in T.unroll(V):
-                            rb[o, e] = nb[o, e]
-                    for e in T.unroll(V):
-                        ob[e] = obn[e]
-                if num_post < layers:
-                    for c in T.unroll(m // vm):
-                        for k in T.vectorized(vm):
-                            pre[c * vm + k] = T.make_tensor_from_addr(ptrs[0, num_post], (n, m), "float32")[
-                                tok, c * vm + k]
-                    for e in T.unroll(V):
-                        acc[e] = T.ieee_mul(pre[0], T.Cast("float32", rb[0, e]))
-                    for j in T.unroll(m - 1):
+                            ob[u, e] = obn[u, e]
+            if num_post < layers:
+                for c in T.unroll(m // vm):
+                    for k in T.vectorized(vm):
+                        pre[c * vm + k] = T.make_tensor_from_addr(ptrs[0, num_post], (n, m), "float32")[
+                            tok, c * vm + k]
+                for u in T.unroll(U):
+                    if g * PH + u * THREADS + tid < hv:
                         for e in T.unroll(V):
-                            acc[e] = T.ieee_add(acc[e], T.ieee_mul(pre[j + 1], T.Cast("float32", rb[j + 1, e])))
-                    for e in T.unroll(V):
-                        lb[e] = T.Cast("bfloat16", acc[e])
-                    for e in T.vectorized(V):
-                        T.make_tensor_from_addr(ptrs[1, num_post], (n, hv * V), "bfloat16")[
-                            tok, col * V + e] = lb[e]
+                            acc[e] = T.ieee_mul(pre[0], T.Cast("float32", rb[u, 0, e]))
+                        for j in T.unroll(m - 1):
+                            for e in T.unroll(V):
+                                acc[e] = T.ieee_add(acc[e], T.ieee_mul(pre[j + 1], T.Cast("float32", rb[u, j + 1, e])))
+                        for e in T.unroll(V):
+                            lb[e] = T.Cast("bfloat16", acc[e])
+                        T.stg128(T.make_tensor_from_addr(ptrs[1, num_post], (n, hv * V), "bfloat16")[
+                            tok, (g * PH + u * THREADS + tid) * V], T.Tensor((1,), "uint32x4", lb.data)[0])
 
     return main
 
@@ -157,4 +164,4 @@ KERNELS = (
     ),
 )
 
-__all__ = ["KERNELS", "MULTS", "THREADS", "multilayer_recompute"]
+__all__ = ["KERNELS", "MULTS", "THREADS", "U", "multilayer_recompute"]

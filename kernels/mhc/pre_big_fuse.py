@@ -25,12 +25,26 @@ fp32 ``[T, M]``, ``comb_mix`` fp32 ``[T, M * M]``, ``layer_input`` bf16 ``[T, hi
 scalars ``rms_eps``, ``pre_eps``, ``sinkhorn_eps``, ``post_mult_value`` (fp32), ``repeat``
 (int32 >= 1).  ``M`` is the compile-time key; T, S and hidden (a multiple of 8) are run-time.
 
-Design: one block of 128 threads per token.  Threads ``j < N`` reduce the partials of mix ``j``
-into shared memory; after one barrier every thread derives the M pre mixes and streams the
-token's ``M`` rows of the residual in 16-byte vectors (``U`` vectors per stream and thread per
-phase, all loads issued before the arithmetic) into 16-byte stores of ``layer_input``; thread 0
-then computes post and the Sinkhorn matrix in registers and stores them (the other warps are
-already done: the serial Sinkhorn overlaps other blocks' streaming).
+Design.  Why this shape: an earlier version ran one block of 128 threads per token that streamed the
+residual and then kept its SM slot while thread 0 alone ran post and the Sinkhorn (ncu at 4096 x 4096: 17.5
+active threads per warp, 101 registers, 4 blocks and 15 % occupancy per SM, DRAM 36 %).
+
+Here the grid is ``(ceil(T / 128) + T, ceil(hidden / (8 * 128 * U)))`` blocks of 128 threads
+(``U = max(1, 8 / M)``), in two roles:
+
+* blocks ``(bx < ceil(T / 128), 0)`` (scheduled first; the rest of that column exits at once):
+  one thread per token ``bx * 128 + tid`` sums the split-K partials of the post and comb mixes
+  and of the squares in split order, applies the RMS factor, writes ``post_mix`` and runs the
+  Sinkhorn in registers with that earlier version's thread-0 code (``_sinkhorn_math``'s
+  IEEE builders, the same order), so ``post_mix`` / ``comb_mix`` keep their bits; these few
+  blocks run beside the streaming ones;
+* block ``(ceil(T / 128) + t, g)`` streams segment ``g`` of token ``t``, as
+  ``mhc.pre_apply_mix_fwd`` (95 % of copy on the H200): each thread issues its ``U * M``
+  16-byte residual loads first, then threads ``c < M`` reduce the partials of pre mix ``c``
+  (split order) into ``pre[c]`` in shared memory while the loads fly,
+  one barrier, and every thread runs ``acc = pre[0] * x_0; acc = fma(pre[m], x_m, acc)`` into
+  16-byte stores of ``layer_input``.  ``__launch_bounds__(128, 8)`` for M = 4: 64 registers,
+  no spills, 8 blocks (32 warps) per SM keep the loads in flight.
 """
 
 # No ``from __future__ import annotations``: TileLang evaluates the PrimFunc's tensor
@@ -40,22 +54,26 @@ import tilelang.language as T
 from .._declare import KernelDecl
 from . import _sinkhorn_math as sm
 
-THREADS = 128
+THREADS = 128  # threads per block; also tokens per Sinkhorn block
 V = 8  # bf16 per 16-byte vector
 MULTS = (4, 2, 8)
-PASS_CONFIGS = {"tl.disable_safe_memory_legalize": True}  # every access is guarded
+# every access is guarded; the one shared hand-off (pre_sh) has its own barrier
+PASS_CONFIGS = {"tl.disable_safe_memory_legalize": True, "tl.disable_thread_storage_sync": True}
+MIN_BLOCKS = {2: 6, 4: 8, 8: 4}  # blocks per SM the register cap allows (__launch_bounds__)
 
 
 def pre_big_fuse(mhc_mult: int):
     m = mhc_mult
     mm = m * m
     n = m * (m + 2)
-    U = max(1, 16 // m)
+    nq = n - m  # post + comb mixes
+    U = max(1, 8 // m)
     PH = THREADS * U
     num_tokens, n_splits, hidden = T.dynamic("num_tokens"), T.dynamic("n_splits"), T.dynamic("hidden")
     nvec = hidden // V
     x_vec = (num_tokens, m, nvec * V)
     o_vec = (num_tokens, nvec * V)
+    nsk = T.ceildiv(num_tokens, THREADS)
 
     @T.prim_func
     def main(
@@ -73,38 +91,93 @@ def pre_big_fuse(mhc_mult: int):
         post_mult_value: T.float32,
         repeat: T.int32,
     ):
-        with T.Kernel(num_tokens, threads=THREADS) as bx:
+        with T.Kernel(nsk + num_tokens, T.ceildiv(nvec, PH), threads=THREADS) as (bx, by):
+            T.annotate_min_blocks_per_sm(MIN_BLOCKS[m])  # M = 4: <= 64 registers, 32 warps per SM
             tid = T.get_thread_binding()
-            mixes = T.alloc_shared((n,), "float32")
+            pre_sh = T.alloc_shared((m,), "float32")
             w = T.alloc_local((m,), "float32")
             xs = T.alloc_local((U * m * V,), "bfloat16")
             acc = T.alloc_local((V,), "float32")
             ob = T.alloc_local((U * V,), "bfloat16")
+            q = T.alloc_local((nq,), "float32")
             p = T.alloc_local((mm,), "float32")
             s = T.alloc_local((m,), "float32")
             inv = T.alloc_local((m,), "float32")  # 1 / (sum + eps) of a Sinkhorn step
             s_sq = T.alloc_var("float32")
             s_mul = T.alloc_var("float32")
-            if tid < n:
-                s_sq = part_sq[0, bx]
-                s_mul = part_mul[0, bx, tid]
-                for q in T.serial(n_splits - 1):
-                    s_sq = s_sq + part_sq[q + 1, bx]
-                    s_mul = s_mul + part_mul[q + 1, bx, tid]
-                rms = T.rsqrt(s_sq / T.Cast("float32", m * hidden) + rms_eps)
-                mixes[tid] = s_mul * rms
-            T.sync_threads()
-            for c in T.unroll(m):
-                w[c] = T.sigmoid(T.ieee_add(T.ieee_mul(mixes[c], scale[0]), base[c])) + pre_eps
-            for ph in T.serial(T.ceildiv(nvec, PH)):
+            if bx < nsk:  # post and Sinkhorn: one thread per token (row by == 0 only)
+                if by == 0 and bx * THREADS + tid < num_tokens:
+                    s_sq = part_sq[0, bx * THREADS + tid]
+                    for c in T.unroll(nq):
+                        q[c] = part_mul[0, bx * THREADS + tid, m + c]
+                    for sp in T.serial(n_splits - 1):
+                        s_sq = s_sq + part_sq[sp + 1, bx * THREADS + tid]
+                        for c in T.unroll(nq):
+                            q[c] = q[c] + part_mul[sp + 1, bx * THREADS + tid, m + c]
+                    rms_q = T.rsqrt(s_sq / T.Cast("float32", m * hidden) + rms_eps)
+                    for c in T.unroll(m):
+                        post_mix[bx * THREADS + tid, c] = T.sigmoid(
+                            T.ieee_add(T.ieee_mul(q[c] * rms_q, scale[1]), base[m + c])) * post_mult_value
+                    for c in T.unroll(mm):
+                        p[c] = T.ieee_add(T.ieee_mul(q[m + c] * rms_q, scale[2]), base[2 * m + c])
+                    # the Sinkhorn of mhc.pre_big_fuse, in its operation order
+                    for r in T.unroll(m):
+                        s[r] = p[r * m]
+                        for j in T.unroll(m - 1):
+                            s[r] = T.max(s[r], p[r * m + j + 1])
+                    for r in T.unroll(m):
+                        for j in T.unroll(m):
+                            p[r * m + j] = sm.shifted_exp(p[r * m + j], s[r])
+                    for r in T.unroll(m):
+                        s[r] = p[r * m]
+                        for j in T.unroll(m - 1):
+                            s[r] = sm.add(s[r], p[r * m + j + 1])
+                    for r in T.unroll(m):
+                        for j in T.unroll(m):
+                            p[r * m + j] = sm.softmax_plus_eps(p[r * m + j], s[r], sinkhorn_eps)
+                    for k in T.serial(2 * repeat - 1):
+                        if k % 2 == 0:  # columns
+                            for j in T.unroll(m):
+                                s[j] = p[j]
+                                for r in T.unroll(m - 1):
+                                    s[j] = sm.add(s[j], p[(r + 1) * m + j])
+                            for j in T.unroll(m):
+                                inv[j] = sm.inv_sum(s[j], sinkhorn_eps)
+                            for r in T.unroll(m):
+                                for j in T.unroll(m):
+                                    p[r * m + j] = sm.scaled(p[r * m + j], inv[j])
+                        else:  # rows
+                            for r in T.unroll(m):
+                                s[r] = p[r * m]
+                                for j in T.unroll(m - 1):
+                                    s[r] = sm.add(s[r], p[r * m + j + 1])
+                            for r in T.unroll(m):
+                                inv[r] = sm.inv_sum(s[r], sinkhorn_eps)
+                            for r in T.unroll(m):
+                                for j in T.unroll(m):
+                                    p[r * m + j] = sm.scaled(p[r * m + j], inv[r])
+                    for c in T.unroll(mm):
+                        comb_mix[bx * THREADS + tid, c] = p[c]
+            elif by * PH < nvec:  # stream segment by of token bx - nsk
                 for u in T.unroll(U):
-                    if ph * PH + tid + u * THREADS < nvec:
+                    if by * PH + tid + u * THREADS < nvec:
                         for c in T.unroll(m):
                             for i in T.vectorized(V):
                                 xs[(u * m + c) * V + i] = T.Tensor(x_vec, "bfloat16", residual.data)[
-                                    bx, c, (ph * PH + tid + u * THREADS) * V + i]
+                                    bx - nsk, c, (by * PH + tid + u * THREADS) * V + i]
+                if tid < m:  # the pre mixes, while the loads are in flight
+                    s_sq = part_sq[0, bx - nsk]
+                    s_mul = part_mul[0, bx - nsk, tid]
+                    for sp in T.serial(n_splits - 1):
+                        s_sq = s_sq + part_sq[sp + 1, bx - nsk]
+                        s_mul = s_mul + part_mul[sp + 1, bx - nsk, tid]
+                    rms_w = T.rsqrt(s_sq / T.Cast("float32", m * hidden) + rms_eps)
+                    pre_sh[tid] = T.sigmoid(T.ieee_add(T.ieee_mul(s_mul * rms_w, scale[0]), base[tid])) + pre_eps
+                T.sync_threads()
+                for c in T.unroll(m):
+                    w[c] = pre_sh[c]
                 for u in T.unroll(U):
-                    if ph * PH + tid + u * THREADS < nvec:
+                    if by * PH + tid + u * THREADS < nvec:
                         for i in T.unroll(V):
                             acc[i] = T.ieee_mul(w[0], T.Cast("float32", xs[(u * m) * V + i]))
                         for c in T.unroll(m - 1):
@@ -112,51 +185,8 @@ def pre_big_fuse(mhc_mult: int):
                                 acc[i] = T.ieee_fmaf(w[c + 1], T.Cast("float32", xs[(u * m + c + 1) * V + i]), acc[i])
                         for i in T.vectorized(V):
                             ob[u * V + i] = T.Cast("bfloat16", acc[i])
-                        T.stg128(T.Tensor(o_vec, "bfloat16", layer_input.data)[bx, (ph * PH + tid + u * THREADS) * V],
+                        T.stg128(T.Tensor(o_vec, "bfloat16", layer_input.data)[bx - nsk, (by * PH + tid + u * THREADS) * V],
                                  T.Tensor((U,), "uint32x4", ob.data)[u])
-            if tid == 0:
-                for c in T.unroll(m):
-                    post_mix[bx, c] = T.sigmoid(T.ieee_add(T.ieee_mul(mixes[m + c], scale[1]), base[m + c])) * post_mult_value
-                for c in T.unroll(mm):
-                    p[c] = T.ieee_add(T.ieee_mul(mixes[2 * m + c], scale[2]), base[2 * m + c])
-                # softmax along each row, then + eps
-                for r in T.unroll(m):
-                    s[r] = p[r * m]
-                    for j in T.unroll(m - 1):
-                        s[r] = T.max(s[r], p[r * m + j + 1])
-                for r in T.unroll(m):
-                    for j in T.unroll(m):
-                        p[r * m + j] = sm.shifted_exp(p[r * m + j], s[r])
-                for r in T.unroll(m):
-                    s[r] = p[r * m]
-                    for j in T.unroll(m - 1):
-                        s[r] = sm.add(s[r], p[r * m + j + 1])
-                for r in T.unroll(m):
-                    for j in T.unroll(m):
-                        p[r * m + j] = sm.softmax_plus_eps(p[r * m + j], s[r], sinkhorn_eps)
-                for k in T.serial(2 * repeat - 1):
-                    if k % 2 == 0:  # columns
-                        for j in T.unroll(m):
-                            s[j] = p[j]
-                            for r in T.unroll(m - 1):
-                                s[j] = sm.add(s[j], p[(r + 1) * m + j])
-                        for j in T.unroll(m):
-                            inv[j] = sm.inv_sum(s[j], sinkhorn_eps)
-                        for r in T.unroll(m):
-                            for j in T.unroll(m):
-                                p[r * m + j] = sm.scaled(p[r * m + j], inv[j])
-                    else:  # rows
-                        for r in T.unroll(m):
-                            s[r] = p[r * m]
-                            for j in T.unroll(m - 1):
-                                s[r] = sm.add(s[r], p[r * m + j + 1])
-                        for r in T.unroll(m):
-                            inv[r] = sm.inv_sum(s[r], sinkhorn_eps)
-                        for r in T.unroll(m):
-                            for j in T.unroll(m):
-                                p[r * m + j] = sm.scaled(p[r * m + j], inv[r])
-                for c in T.unroll(mm):
-                    comb_mix[bx, c] = p[c]
 
     return main
 

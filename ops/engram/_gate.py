@@ -14,7 +14,6 @@ place); launches go on torch's current stream, asynchronously.
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import torch
@@ -27,10 +26,7 @@ from ._checks import (BF16, FP32, MAX_ELEMENTS, check_bool, check_contiguous, ch
                       check_hidden, check_strided_rows)
 
 
-# Speed-trial switch, read once at import (removed when the lead swaps the winner in):
-# TILEBIN_CANDIDATE_ENGRAM_GATE_BWD=1 makes engram_gate_bwd launch the internal candidate kernel.
-_BWD_CANDIDATE = "engram._engram_gate_bwd_candidate"
-_BWD_KERNEL = _BWD_CANDIDATE if os.environ.get("TILEBIN_CANDIDATE_ENGRAM_GATE_BWD") == "1" else "engram.engram_gate_bwd"
+_BWD_KERNEL = "engram.engram_gate_bwd"
 
 
 def _check_gate_inputs(op: str, hidden_states, k, v, weight_fused) -> tuple[int, int, int]:
@@ -101,8 +97,7 @@ def engram_gate_bwd(grad_out: torch.Tensor, hidden_states: torch.Tensor, k: torc
 
 
 def _gate_bwd(kernel: str, grad_out, hidden_states, k, v, weight_fused, dot, gate_score, rstd_x, rstd_k, clamp_value):
-    """:func:`engram_gate_bwd`'s checks and launch of ``kernel`` (the current one or the candidate:
-    same parameters, same outputs); tests and the bench call it to reach the candidate directly."""
+    """:func:`engram_gate_bwd`'s checks and launch of ``kernel``."""
     op = "engram_gate_bwd"
     num_tokens, hc, hidden = _check_gate_inputs(op, hidden_states, k, v, weight_fused)
     check_contiguous(op, "grad_out", grad_out, BF16, shape=(num_tokens, hc, hidden))

@@ -251,12 +251,12 @@ def _unfused(res, fn, scale, base, post_mult, repeat, n_splits=16):
 
 
 BIG_CASES = [(n0, n1, h) for n0 in N0 for n1 in N1 for h in (1280, 7168)] + [(1, 4096, 2560), (1, 512, 4096)]
-BIG_KERNELS = ("mhc.pre_big_fuse", "mhc._pre_big_fuse_candidate")  # the candidate: issue 9 speed work
+BIG_KERNELS = ("mhc.pre_big_fuse",)  # the kernels the op may launch (one; a speed candidate joins here)
 
 
-@pytest.fixture(params=BIG_KERNELS, ids=("current", "candidate"))
+@pytest.fixture(params=BIG_KERNELS)
 def big_fuse_kernel(request, ops, require, monkeypatch):
-    """Which kernel ``mhc_pre_big_fuse`` launches (what TILEBIN_CANDIDATE_PRE_BIG_FUSE=1 picks at import)."""
+    """Which kernel ``mhc_pre_big_fuse`` launches."""
     require(request.param)
     monkeypatch.setattr(ops[1], "_KERNEL", request.param)
     return request.param

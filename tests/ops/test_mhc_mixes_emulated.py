@@ -51,8 +51,6 @@ class Emulator:
         p, q, c = mref.split_mixes(mixes, scale, base, m, post_mult, pre_eps, torch.float32)
         pre.copy_(p.view(pre.shape)); post.copy_(q.view(post.shape)); comb.copy_(c.view(comb.shape))
 
-    _pre_split_mixes_fwd_candidate = pre_split_mixes_fwd  # same parameters and outputs (issue 9 candidate)
-
     @staticmethod
     def pre_split_mixes_bwd(gp, gq, gc, mixes, scale, base, grad_mixes, partial, post_mult):
         n, m = gp.shape
@@ -79,8 +77,6 @@ class Emulator:
             dst.copy_(src.view(dst.shape))
         for dst, src in zip(residuals[:num_post], res):
             dst.copy_(src.view(dst.shape))
-
-    _multilayer_recompute_candidate = multilayer_recompute  # same parameters and outputs (issue 9 candidate)
 
 
 @pytest.fixture
@@ -119,9 +115,7 @@ def test_sinkhorn_non_contiguous_input_and_expanded_grad(emu):
 
 @pytest.mark.parametrize("lead,m,post_mult", [((2, 3), 4, 2.0), ((1, 1), 4, 1.0), ((300,), 4, 2.0), ((5, 77), 2, 0.5),
                                               ((2, 129), 8, 2.0), ((0, 3), 4, 2.0), ((4, 3), 4, 0.0)])
-@pytest.mark.parametrize("kernel", ["mhc.pre_split_mixes_fwd", "mhc._pre_split_mixes_fwd_candidate"])
-def test_split_mixes_forward_and_backward(emu, monkeypatch, kernel, lead, m, post_mult):
-    monkeypatch.setattr(sm, "_FWD_KERNEL", kernel)  # TILEBIN_CANDIDATE_PRE_SPLIT_MIXES=1 picks the candidate
+def test_split_mixes_forward_and_backward(emu, lead, m, post_mult):
     g = torch.Generator().manual_seed(m + len(lead))
     k = m * (m + 2)
     x = torch.randn((*lead, k), generator=g).requires_grad_()
@@ -140,7 +134,7 @@ def test_split_mixes_forward_and_backward(emu, monkeypatch, kernel, lead, m, pos
         assert h.shape == w.shape and h.dtype == torch.float32
         assert torch.allclose(h.double(), w, rtol=1e-5, atol=1e-5 * max(1.0, float(w.abs().amax()) if w.numel() else 0.0))
     n = x.numel() // k
-    assert [k for k, _ in emu.launches] == ([] if n == 0 else [kernel, "mhc.pre_split_mixes_bwd"])
+    assert [k for k, _ in emu.launches] == ([] if n == 0 else ["mhc.pre_split_mixes_fwd", "mhc.pre_split_mixes_bwd"])
 
 
 def test_split_mixes_unused_outputs_get_zero_gradients(emu):
@@ -154,9 +148,7 @@ def test_split_mixes_unused_outputs_get_zero_gradients(emu):
 
 @pytest.mark.parametrize("n,m,hidden,layers,post", [(5, 4, 64, 3, 2), (5, 4, 64, 3, 3), (1, 2, 8, 1, 0),
                                                     (3, 8, 128, 2, 2), (0, 4, 64, 2, 1)])
-@pytest.mark.parametrize("kernel", ["mhc.multilayer_recompute", "mhc._multilayer_recompute_candidate"])
-def test_recompute(emu, monkeypatch, kernel, n, m, hidden, layers, post):
-    monkeypatch.setattr(rc, "_KERNEL", kernel)  # TILEBIN_CANDIDATE_MULTILAYER_RECOMPUTE=1 picks the candidate
+def test_recompute(emu, n, m, hidden, layers, post):
     g = torch.Generator().manual_seed(n + layers)
     res = torch.randn((n, m, hidden), generator=g).bfloat16()
     pre = [torch.rand((n, m, 1), generator=g) for _ in range(layers)]
@@ -171,7 +163,7 @@ def test_recompute(emu, monkeypatch, kernel, n, m, hidden, layers, post):
     if n == 0:
         assert emu.launches == []
         return
-    assert emu.launches == [(kernel, {"mhc_mult": m})]
+    assert emu.launches == [("mhc.multilayer_recompute", {"mhc_mult": m})]
     want_in, want_res = rref.recompute(res, pre, outs, posts, combs)
     for a, b in zip(inputs + residuals, want_in + want_res):
         assert torch.equal(a.view(b.shape), b)
@@ -179,9 +171,7 @@ def test_recompute(emu, monkeypatch, kernel, n, m, hidden, layers, post):
 
 _KERNEL_FILES = {"mhc.sinkhorn_fwd": "sinkhorn", "mhc.sinkhorn_bwd": "sinkhorn",
                  "mhc.pre_split_mixes_fwd": "pre_split_mixes", "mhc.pre_split_mixes_bwd": "pre_split_mixes",
-                 "mhc.multilayer_recompute": "multilayer_recompute",
-                 "mhc._multilayer_recompute_candidate": "multilayer_recompute_candidate",
-                 "mhc._pre_split_mixes_fwd_candidate": "pre_split_mixes_candidate"}
+                 "mhc.multilayer_recompute": "multilayer_recompute"}
 
 
 def _signature_check(name: str, key: dict, args: tuple) -> None:
@@ -213,12 +203,8 @@ def _signature_check(name: str, key: dict, args: tuple) -> None:
             assert type(arg) is want, (name, var.name, type(arg))
 
 
-@pytest.mark.parametrize("candidates", [False, True], ids=["current", "candidates"])
-def test_launches_match_the_kernels_signatures(monkeypatch, candidates):
+def test_launches_match_the_kernels_signatures(monkeypatch):
     pytest.importorskip("tilelang", reason="tracing the kernels needs tilelang")
-    if candidates:  # the issue 9 speed candidates take the same arguments
-        monkeypatch.setattr(sm, "_FWD_KERNEL", "mhc._pre_split_mixes_fwd_candidate")
-        monkeypatch.setattr(rc, "_KERNEL", "mhc._multilayer_recompute_candidate")
     recorded = []
     emu = Emulator(monkeypatch)
     inner = emu.launcher

@@ -112,7 +112,6 @@ EMULATORS = {
     "mhc.norm_fn_bwd_mul": _bwd_mul,
     "mhc.norm_fn_grad_reduce": _grad_reduce,
     "mhc.pre_big_fuse": _big_fuse,
-    "mhc._pre_big_fuse_candidate": _big_fuse,  # same parameters and outputs (issue 9 speed candidate)
 }
 
 
@@ -140,9 +139,8 @@ def test_emulators_take_the_kernels_parameters_in_order():
 
     from tilebin.kernels.mhc import norm_fn as knf
     from tilebin.kernels.mhc import pre_big_fuse as kbf
-    from tilebin.kernels.mhc import pre_big_fuse_candidate as kbfc
 
-    decls = {d.name: d for d in knf.KERNELS + kbf.KERNELS + kbfc.KERNELS}
+    decls = {d.name: d for d in knf.KERNELS + kbf.KERNELS}
     assert set(decls) == set(EMULATORS)
     with Target({"kind": "cuda", "arch": "sm_90a"}):
         for name, decl in decls.items():
@@ -275,9 +273,7 @@ def test_main_grad_convention_with_norm_weight(calls):
 
 @pytest.mark.parametrize("outer,m,h,repeat", [((2, 5), 4, 128, 10), ((1, 1), 4, 64, 1), ((7,), 2, 128, 3),
                                               ((3,), 8, 64, 4)])
-@pytest.mark.parametrize("kernel", ["mhc.pre_big_fuse", "mhc._pre_big_fuse_candidate"])
-def test_big_fuse_matches_reference(calls, monkeypatch, kernel, outer, m, h, repeat):
-    monkeypatch.setattr(bf, "_KERNEL", kernel)  # TILEBIN_CANDIDATE_PRE_BIG_FUSE=1 picks the candidate at import
+def test_big_fuse_matches_reference(calls, outer, m, h, repeat):
     res, fn, _ = _inputs(outer, m, h, False, seed=9)
     g = torch.Generator().manual_seed(10)
     scale = torch.rand(3, generator=g) + 0.5
@@ -289,7 +285,7 @@ def test_big_fuse_matches_reference(calls, monkeypatch, kernel, outer, m, h, rep
     torch.testing.assert_close(post.double(), wp, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(comb.double(), wc, rtol=1e-4, atol=1e-6)
     torch.testing.assert_close(li.double(), wl, rtol=2**-7, atol=1e-6)
-    assert [c[0] for c in calls] == ["mhc.norm_fn_prep", "mhc.norm_fn_fwd_mul", kernel]
+    assert [c[0] for c in calls] == ["mhc.norm_fn_prep", "mhc.norm_fn_fwd_mul", "mhc.pre_big_fuse"]
 
 
 def test_big_fuse_zero_tokens(calls):

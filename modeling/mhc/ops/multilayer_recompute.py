@@ -28,7 +28,6 @@ captured with its host buffer, so capture this op only with tensors that outlive
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import torch
@@ -36,9 +35,7 @@ import torch
 from tilebin.ops._common import check_cuda, check_tensor, fail, launcher
 
 _OP = "mhc_multilayer_recompute"
-# Speed candidate switch (issue 9), read once at import; removed when the winner is swapped in.
-_KERNEL = ("mhc._multilayer_recompute_candidate" if os.environ.get("TILEBIN_CANDIDATE_MULTILAYER_RECOMPUTE") == "1"
-           else "mhc.multilayer_recompute")
+_KERNEL = "mhc.multilayer_recompute"
 MULTS = (2, 4, 8)
 _INT32_MAX = 2**31 - 1
 _BF16, _FP32 = (torch.bfloat16,), (torch.float32,)

@@ -11,7 +11,6 @@ equal ``mhc_pre_norm_fn`` -> ``mhc_pre_split_mixes`` -> ``sinkhorn_normalize`` -
 
 from __future__ import annotations
 
-import os
 
 import torch
 
@@ -28,9 +27,7 @@ from tilebin.ops._common import (
 from .norm_fn import check_fn, check_residual, forward_partials, prep_fn
 
 _OP = "mhc_pre_big_fuse"
-# Speed candidate switch (issue 9), read once at import; removed when the winner is swapped in.
-_KERNEL = ("mhc._pre_big_fuse_candidate" if os.environ.get("TILEBIN_CANDIDATE_PRE_BIG_FUSE") == "1"
-           else "mhc.pre_big_fuse")
+_KERNEL = "mhc.pre_big_fuse"
 
 
 def mhc_pre_big_fuse(

@@ -20,7 +20,6 @@ Bad arguments raise :class:`tilebin.runtime.ArgumentError` before any GPU work.
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import torch
@@ -29,9 +28,7 @@ from tilebin.ops._common import aligned_input, check_cuda, check_float32, check_
 from tilebin.ops.config import get_num_sms
 
 _OP = "mhc_pre_split_mixes"
-# Speed candidate switch (issue 9), read once at import; removed when the winner is swapped in.
-_FWD_KERNEL = ("mhc._pre_split_mixes_fwd_candidate" if os.environ.get("TILEBIN_CANDIDATE_PRE_SPLIT_MIXES") == "1"
-               else "mhc.pre_split_mixes_fwd")
+_FWD_KERNEL = "mhc.pre_split_mixes_fwd"
 MULTS = (2, 4, 8)
 THREADS = 128  # tokens per block of mhc.pre_split_mixes_bwd
 _INT32_MAX = 2**31 - 1
