@@ -25,7 +25,8 @@
 #                          $REPO/.tk/tk.tar.xz when present: the benches that know the peer
 #                          (engram) time it side by side
 #   GPU_CHECK_QUANT_ARGS   extra arguments of bench_quant.py, e.g. "--quick"
-#   GPU_CHECK_ENGRAM_ARGS, GPU_CHECK_MHC_ARGS  extra arguments of bench_engram.py / bench_mhc.py, e.g.
+#   GPU_CHECK_ENGRAM_ARGS, GPU_CHECK_MHC_ARGS, GPU_CHECK_MOE_ARGS  extra arguments of bench_engram.py /
+#                          bench_mhc.py / bench_moe.py, e.g.
 #                          "--candidate" (adds the rows of a kernel candidate beside the current one)
 #   GPU_CHECK_BASELINE_WHEEL  another tilebin wheel (e.g. main before a change): the host_ab bench
 #                          times eager host cost per op call of both, side by side (GPU_CHECK_AB_ROUNDS
@@ -212,7 +213,7 @@ run_bench() {
       --rounds "${GPU_CHECK_AB_ROUNDS:-6}"
   fi
   bench_one quant 240 --json "$OUT/bench-quant.json" ${GPU_CHECK_QUANT_ARGS:-}
-  bench_one moe 150 --json "$OUT/bench-moe.json"
+  bench_one moe 150 --json "$OUT/bench-moe.json" ${GPU_CHECK_MOE_ARGS:-}
   bench_one op_host 90 --profile
   bench_one launch 150
   bench_one transpose 150
