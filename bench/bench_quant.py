@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Device time, bandwidth and host cost of the ``tilebin.ops.quant`` ops on the installed wheel.
 
-    PYTHONPATH=<site with the tilebin wheel> python3 bench/bench_quant.py [--json F] [--md F] [--quick] [--candidate]
+    PYTHONPATH=<site with the tilebin wheel> python3 bench/bench_quant.py [--json F] [--md F] [--quick]
 
 Per config (tokens x hidden, op and flags):
 
@@ -15,10 +15,6 @@ Per config (tokens x hidden, op and flags):
   (4 tokens), in batches of 50 calls with a sync before each batch (bench/_common.host_us).
 
 An op missing from the wheel is reported as such, not skipped silently.
-
-``--candidate`` adds a row "swiglu_backward_and_per_token_cast (candidate)" after each swiglu
-backward row: the internal kernel ``quant._swiglu_backward_and_per_token_cast_candidate`` (what
-the op launches under TILEBIN_CANDIDATE_SWIGLU_BACKWARD=1), same inputs (same seed), same timing.
 """
 
 from __future__ import annotations
@@ -102,69 +98,11 @@ def configs(quick: bool):
 SWIGLU_BWD_LABEL = "swiglu bwd e4m3 1x32, topk 8"
 
 
-def candidate_quant(quant):
-    """``quant`` with ``swiglu_backward_and_per_token_cast`` launching the candidate kernel (issue 12)."""
-    from types import SimpleNamespace
-
-    from tilebin.ops.quant import _swiglu
-
-    def bwd(*args, **kwargs):
-        old = _swiglu._BWD_KERNEL
-        _swiglu._BWD_KERNEL = _swiglu._BWD_CANDIDATE
-        try:
-            return quant.swiglu_backward_and_per_token_cast(*args, **kwargs)
-        finally:
-            _swiglu._BWD_KERNEL = old
-
-    return SimpleNamespace(swiglu_backward_and_per_token_cast=bwd)
-
-
-def copy_gbps(nbytes: int) -> float:
-    """torch copy_ GB/s (read + write) on buffers of ``nbytes``, rotating over the working set."""
-    import torch
-
-    n = max(nbytes // 2, 1)
-    count = min(16, max(2, math.ceil(WORKING_SET_MB * 2**20 / (4 * n))))
-    pairs = [(torch.empty(n, device="cuda", dtype=torch.bfloat16), torch.empty(n, device="cuda", dtype=torch.bfloat16))
-             for _ in range(count)]
-    fns = [lambda a=a, b=b: b.copy_(a) for a, b in pairs]
-    ms = time_device_ms(fns, rounds=10, per_round=20)["median"]
-    return 2 * n * 2 / (ms * 1e-3) / 1e9
-
-
-def run_config(quant, label, op, make, t, h, copies: dict):
-    import torch
-
-    fn = getattr(quant, op, None)
-    if fn is None:
-        return [label, f"{t}x{h}", "op missing", "", "", ""]
-    args, kwargs = make(t, h)
-    in_bytes = _nbytes(args[0])
-    result = fn(*args, **kwargs)
-    moved = in_bytes + _nbytes(result)
-    count = min(8, max(2, math.ceil(WORKING_SET_MB * 2**20 / max(moved, 1))))
-    inputs = [make(t, h) for _ in range(count - 1)] + [(args, kwargs)]
-    fns = [lambda a=a, k=k: fn(*a, **k) for a, k in inputs]
-    ms = time_device_ms(fns, rounds=8, per_round=16)["median"]
-    gbps = moved / (ms * 1e-3) / 1e9
-    if in_bytes not in copies:
-        copies[in_bytes] = copy_gbps(in_bytes)
-    small = HOST_TOKENS.get(op, 4)
-    small_args, small_kwargs = make(small, h)
-    host = host_us(lambda: fn(*small_args, **small_kwargs))
-    del inputs, fns
-    torch.cuda.empty_cache()
-    return [label, f"{t}x{h}", f"{ms * 1e3:.1f}", f"{gbps:.0f}", f"{100 * gbps / copies[in_bytes]:.1f}",
-            f"{host:.1f}"]
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json")
     ap.add_argument("--md")
     ap.add_argument("--quick", action="store_true", help="8192 tokens only")
-    ap.add_argument("--candidate", action="store_true",
-                    help="also time quant._swiglu_backward_and_per_token_cast_candidate (a row after the swiglu bwd)")
     ns = ap.parse_args()
     import torch
     from tilebin.ops import quant
@@ -175,10 +113,8 @@ def main() -> None:
     runs = []
     for label, op, make, t, h in configs(ns.quick):
         runs.append((quant, label, op, make, t, h))
-        if ns.candidate and label == SWIGLU_BWD_LABEL:
-            runs.append((candidate_quant(quant), f"{op} (candidate)", op, make, t, h))
     for mod, label, op, make, t, h in runs:
-        torch.manual_seed(0)  # a candidate row gets the same inputs as the row before it
+        torch.manual_seed(0)
         try:
             rows.append(run_config(mod, label, op, make, t, h, copies))
         except Exception as exc:  # one broken op must not hide the others' numbers

@@ -23,7 +23,6 @@ ALL_MODULES = (
     "tilebin.kernels.quant.per_channel_cast_and_transpose",
     "tilebin.kernels.quant.swiglu_forward_and_per_token_cast",
     "tilebin.kernels.quant.swiglu_backward_and_per_token_cast",
-    "tilebin.kernels.quant.swiglu_backward_and_per_token_cast_candidate",
     "tilebin.kernels.quant.swiglu_forward_and_per_channel_cast_and_transpose",
     "tilebin.kernels.quant.cast_back",
     "tilebin.kernels.quant.cast_back_e5m6",

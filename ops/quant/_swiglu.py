@@ -38,10 +38,7 @@ QuantTensor = tuple[torch.Tensor, torch.Tensor]
 
 _FWD = "quant.swiglu_forward_and_per_token_cast"
 _BWD = "quant.swiglu_backward_and_per_token_cast"
-# Speed-trial switch, read once at import (removed when the lead swaps the winner in):
-# TILEBIN_CANDIDATE_SWIGLU_BACKWARD=1 makes swiglu_backward_and_per_token_cast launch the internal candidate kernel.
-_BWD_CANDIDATE = "quant._swiglu_backward_and_per_token_cast_candidate"
-_BWD_KERNEL = _BWD_CANDIDATE if os.environ.get("TILEBIN_CANDIDATE_SWIGLU_BACKWARD") == "1" else _BWD
+_BWD_KERNEL = _BWD
 _CHANNEL = "quant.swiglu_forward_and_per_channel_cast_and_transpose"
 _E4M3 = torch.float8_e4m3fn
 _IN_KEY = {torch.bfloat16: "bfloat16", torch.float32: "float32"}
