@@ -61,6 +61,8 @@ def _strip_docstrings_and_list_imports(tree: ast.AST) -> tuple[tuple[str, int, t
                 and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant)
                 and isinstance(body[0].value.value, str)):
             node.body = body[1:] or [ast.Pass()]
+        if _is_declaration(node):  # doc= goes to the manifest from the declaration, never into a cubin
+            node.keywords = [k for k in node.keywords if k.arg != "doc"]
         if isinstance(node, ast.Import):
             imports += [(alias.name, 0, ()) for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
@@ -68,6 +70,17 @@ def _strip_docstrings_and_list_imports(tree: ast.AST) -> tuple[tuple[str, int, t
         elif _is_literal_import_call(node):
             imports.append((node.args[0].value, 0, ()))
     return tuple(imports)
+
+
+def _is_declaration(node: ast.AST) -> bool:
+    """A ``KernelDecl(...)`` or ``KernelDecl.from_jit(...)`` call (however KernelDecl was imported)."""
+    if not isinstance(node, ast.Call):
+        return False
+    fn = node.func
+    if isinstance(fn, ast.Attribute) and fn.attr == "from_jit":
+        fn = fn.value
+    name = fn.id if isinstance(fn, ast.Name) else fn.attr if isinstance(fn, ast.Attribute) else ""
+    return name == "KernelDecl"
 
 
 def _tree_digest(root: pathlib.Path) -> str:

@@ -32,7 +32,8 @@ KERNEL = textwrap.dedent('''
         doc = "the doc= text is data, not a docstring"
 
 
-    KERNELS = (Decl(),)
+    KERNELS = (Decl(), KernelDecl("toy.k3", factory, ({},), doc="what toy.k3 computes"),
+               KernelDecl.from_jit("toy.k4", factory, grid=({},), doc="what toy.k4 computes"))
 ''')
 
 
@@ -61,6 +62,8 @@ EDITS_KEEPING = {
     "function docstring": lambda s: s.replace("Factory docstring.", "Says more."),
     "class docstring": lambda s: s.replace('"""Class docstring."""', "'''Other words.'''"),
     "docstring removed": lambda s: s.replace('    """Factory docstring."""\n', ""),
+    "KernelDecl doc=": lambda s: s.replace("what toy.k3 computes", "what toy.k3 computes, said better"),
+    "from_jit doc=": lambda s: s.replace('doc="what toy.k4 computes"', 'doc="reworded"'),
 }
 EDITS_CHANGING = {
     "expression": lambda s: s.replace("n * BLOCK", "n * BLOCK + 1"),
