@@ -106,7 +106,9 @@ def test_list_json_matches_the_wheel_manifest(wheel_artifacts):
     assert run.returncode == 0, run.stderr
     listed = json.loads(run.stdout)
     manifest = json.loads((wheel_artifacts / "manifest.json").read_text())
-    public = sorted(n for n in manifest["kernels"] if n.split(".")[0] != "testing")
+    from tilebin.runtime import is_internal
+
+    public = sorted(n for n in manifest["kernels"] if not is_internal(n))
     assert [k["name"] for k in listed] == public  # the internal (test, demo) kernels only with --all
     every = json.loads(cli("list", "--json", "--all", artifacts=wheel_artifacts).stdout)
     assert [k["name"] for k in every] == sorted(manifest["kernels"])
