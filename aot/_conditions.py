@@ -18,6 +18,8 @@ import ast
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from tilebin.runtime._expr import symbols_of
+
 from ._errors import AotError
 
 _BINOPS = {ast.Add: "add", ast.Sub: "sub", ast.Mult: "mul", ast.FloorDiv: "floordiv", ast.Mod: "floormod"}
@@ -106,14 +108,6 @@ def assumed_conditions(func: Any, symbols: Iterable[str], to_tree: Any, where: s
             tree = to_tree(cond, where)
         except AotError:
             continue  # reads something other than integer math over symbols
-        if _symbols(tree) <= known and tree not in trees:
+        if symbols_of(tree) <= known and tree not in trees:
             trees.append(tree)
     return trees
-
-
-def _symbols(tree: Any) -> set[str]:
-    if isinstance(tree, str):
-        return {tree}
-    if isinstance(tree, list):
-        return set().union(*(_symbols(a) for a in tree[1:]))
-    return set()

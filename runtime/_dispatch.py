@@ -118,7 +118,7 @@ def _unknown_keyword(spec: KernelSpec, k: str, keys: list[str]) -> str:
 def check_ranks(spec: KernelSpec, infos: Mapping[str, TensorInfo]) -> None:
     """Raise :class:`ArgumentError` when a tensor's rank is served by no variant at all.
 
-    (A dtype no variant serves is a :class:`NoVariantError` from :func:`select`, which lists
+    (A dtype no variant serves is a :class:`NoVariantError` from :func:`matching_variants`, which lists
     the dtypes that are served.)
     """
     for name, info in infos.items():
@@ -166,11 +166,6 @@ def _same(a: Any, b: Any) -> bool:
     if isinstance(a, bool) or isinstance(b, bool):
         return type(a) is type(b) and a == b
     return a == b
-
-
-def select(spec: KernelSpec, infos: Mapping[str, TensorInfo], key_items: tuple) -> tuple[int, VariantSpec]:
-    """The first variant (index, spec) serving the call; :class:`NoVariantError` listing the nearest."""
-    return matching_variants(spec, infos, key_items)[0]
 
 
 def matching_variants(spec: KernelSpec, infos: Mapping[str, TensorInfo],

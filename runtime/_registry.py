@@ -164,8 +164,7 @@ class KernelEntry:
                 unmet.append(exc)
         else:
             raise unmet_error(spec, unmet)
-        torch_positions = frozenset(self.tensor_pos[k] for k, info in enumerate(infos.values()) if info.is_torch)
-        plan = self.registry._make_plan(binding, torch_positions)
+        plan = self.registry._make_plan(binding, any(info.is_torch for info in infos.values()))
         if key is not None:
             self._remember(self.plans, key, plan)
         return plan
@@ -325,7 +324,7 @@ class Registry:
                 _driver.leave(restore)
         return dev, handles
 
-    def _make_plan(self, binding: Binding, torch_positions: frozenset[int]) -> Any:
+    def _make_plan(self, binding: Binding, any_torch: bool) -> Any:
         """Check the device, load functions, and build the bound Launcher (first GPU work of a signature)."""
         if not binding.launches:
             return _EmptyPlan(binding)
@@ -336,7 +335,7 @@ class Registry:
         hot = hot_module()
         if hot is not None:  # one visible device: the compiled front's recent signatures skip get_device()
             hot.single_device(_driver._STATE.get("count") == 1)
-        bound = Bound(dev, handles, binding.guard, binding.tma, bool(torch_positions))
+        bound = Bound(dev, handles, binding.guard, binding.tma, any_torch)
         return make_launcher(bound_layout(spec, binding), load, bound)
 
 

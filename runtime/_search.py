@@ -75,8 +75,9 @@ def add(own: Registry, artifacts: Any) -> Registry:
     reg = artifacts if isinstance(artifacts, Registry) else Registry(artifacts)
     with _LOCK:
         on_path = [own, *_env_registries(own), *_ADDED]
-        if any(r is reg or _same_folder(r, reg) for r in on_path):
-            return next(r for r in on_path if r is reg or _same_folder(r, reg))
+        for r in on_path:
+            if r is reg or _same_folder(r, reg):
+                return r
         _check_new(reg, on_path, f"artifacts {reg.artifacts_dir}")
         _ADDED.append(reg)
     return reg
