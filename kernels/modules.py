@@ -13,6 +13,7 @@ _MHC = Path(__file__).resolve().parent / "mhc"
 
 ALL_MODULES = (
     "tilebin.kernels.transpose.batched_transpose",
+    "tilebin.kernels.transpose.batched_transpose_candidate",
     "tilebin.kernels.testing.gemm_nt",
     "tilebin.kernels.testing.coop_sum",
     "tilebin.kernels.testing.pdl_chain",
@@ -41,6 +42,7 @@ ALL_MODULES = (
     "tilebin.kernels.moe.expand_to_fused",
     "tilebin.kernels.moe.expand_to_fused_candidate",
     "tilebin.kernels.moe.reduce_fused",
+    "tilebin.kernels.moe.reduce_fused_candidate",
     "tilebin.kernels.engram.engram_hash",
     "tilebin.kernels.engram.fused_weight",
     "tilebin.kernels.engram.engram_gate_fwd",

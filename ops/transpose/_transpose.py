@@ -22,6 +22,8 @@ Kernels run on torch's current stream.
 
 from __future__ import annotations
 
+import os
+
 import torch
 from torch.compiler import is_compiling
 
@@ -29,8 +31,11 @@ from tilebin.runtime import ArgumentError
 
 from .._common import TRACING, check_cuda, check_tensor, fail, launcher, ptr
 from .._torch import traced
+from ..config import get_num_sms
 
-_KERNEL = "transpose.batched_transpose"
+_CANDIDATE = "transpose._batched_transpose_candidate"
+# TILEBIN_CANDIDATE_TRANSPOSE=1 makes both ops launch the internal candidate kernel (issue 12).
+_KERNEL = _CANDIDATE if os.environ.get("TILEBIN_CANDIDATE_TRANSPOSE") == "1" else "transpose.batched_transpose"
 # element size in bytes -> (the kernel variant's dtype key, the torch dtype x is viewed as)
 _VARIANT_BY_SIZE = {1: ("float8_e4m3fn", torch.float8_e4m3fn), 2: ("bfloat16", torch.bfloat16),
                     4: ("float32", torch.float32)}
@@ -78,7 +83,12 @@ def _launch(op: str, x: torch.Tensor, out: torch.Tensor) -> None:
     key, view_dtype = _VARIANT_BY_SIZE[x.element_size()]
     if x.dtype != view_dtype:
         x, out = x.view(view_dtype), out.view(view_dtype)
-    fn = launcher(_KERNEL, dtype=key)
+    if _KERNEL == _CANDIDATE:  # the 2-warp tiles when the 8-warp ones give fewer than 2 blocks per SM
+        tile = 256 // x.element_size()
+        blocks = x.shape[0] * -(-x.shape[1] // tile) * -(-x.shape[2] // tile)
+        fn = launcher(_KERNEL, dtype=key, small=blocks < 2 * get_num_sms())
+    else:
+        fn = launcher(_KERNEL, dtype=key)
     batch = x.shape[0]
     try:
         if batch <= _BATCH_CHUNK:
