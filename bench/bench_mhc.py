@@ -226,10 +226,12 @@ def _peer_us(build) -> str:
         return f"error: {exc!r}"[:120]
 
 
-def device_table(ours: dict, peer, candidate: bool = False) -> tuple[list, bool]:
+def device_table(ours: dict, peer, candidate: bool = False, only_candidates: bool = False) -> tuple[list, bool]:
     out, ok = [], True
     for n1, hidden in SHAPES:
         for label, name, mine, theirs, moved in rows_for(ours, peer, n1, hidden, candidate):
+            if only_candidates and label.removesuffix(" (candidate)") not in CANDIDATES:
+                continue
             if mine is None:
                 row = [label, n1, hidden, f"skipped: tilebin.modeling.mhc.ops.{name} missing", "", ""]
             else:
@@ -275,12 +277,14 @@ def main() -> int:
     ap.add_argument("--md")
     ap.add_argument("--no-peer", action="store_true", help="skip tile_kernels even when importable")
     ap.add_argument("--candidate", action="store_true", help="add a row for each op's speed candidate kernel")
+    ap.add_argument("--only-candidates", action="store_true",
+                    help="with --candidate: only the ops that have a candidate, no host table")
     ns = ap.parse_args()
     facts = env_facts()
     ours = load_ours()
     peer = None if ns.no_peer else load_peer()
-    dev_rows, ok_dev = device_table(ours, peer, ns.candidate)
-    host_rows, ok_host = host_table(ours, peer)
+    dev_rows, ok_dev = device_table(ours, peer, ns.candidate, ns.only_candidates)
+    host_rows, ok_host = ([], True) if ns.only_candidates else host_table(ours, peer)
     md = "### tilebin.modeling.mhc.ops\n\n" + env_markdown(facts) + "\n\n"
     md += f"mhc_mult {M}, leading dims (1, n1); peer: {'tile_kernels' if peer else 'not installed'}.\n\n"
     md += markdown_table(["op", "n1", "hidden", "device us", "GB/s", "% copy (same bytes)", "tile_kernels us"],
