@@ -52,8 +52,12 @@ REQUIRED = (
     "tilebin/ops/__init__.py",
     "tilebin/ops/quant/__init__.py",
     "tilebin/ops/engram/__init__.py",
+    "tilebin/ops/moe/__init__.py",
+    "tilebin/ops/transpose/__init__.py",
     "tilebin/modeling/__init__.py",
     "tilebin/modeling/engram/__init__.py",
+    "tilebin/modeling/mhc/__init__.py",
+    "tilebin/modeling/mhc/ops/__init__.py",
     ARTIFACTS + "manifest.json",
 )
 FORBIDDEN_SUFFIXES = (".cu", ".cuh", ".c", ".cc", ".cpp", ".h", ".hpp", ".o", ".a", ".so", ".pyc", ".pyo")
