@@ -21,9 +21,11 @@ def _device_sms(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
 
 
-def get_device_num_sms() -> int:
-    """SM count of the current CUDA device."""
-    return _device_sms(torch.cuda.current_device())
+def get_device_num_sms(device: torch.device | int | None = None) -> int:
+    """SM count of ``device`` (a ``torch.device`` or an index; None: the current CUDA device)."""
+    if device is None or type(device) is int:
+        return _device_sms(torch.cuda.current_device() if device is None else device)
+    return _device_sms(torch.cuda.current_device() if device.index is None else device.index)
 
 
 def set_num_sms(num_sms: int) -> None:
@@ -36,6 +38,9 @@ def set_num_sms(num_sms: int) -> None:
     _override[0] = num_sms
 
 
-def get_num_sms() -> int:
-    """The SM count ops use: :func:`set_num_sms`'s value, else the current device's."""
-    return _override[0] or get_device_num_sms()
+def get_num_sms(device: torch.device | int | None = None) -> int:
+    """The SM count ops use on ``device`` (None: the current device): :func:`set_num_sms`'s value
+    (at most the device's own count), else the device's.  Ops pass their tensors' device, so a
+    call on ``cuda:1`` is sized by ``cuda:1`` whatever the current device."""
+    sms = get_device_num_sms(device)
+    return min(_override[0], sms) if _override[0] else sms
