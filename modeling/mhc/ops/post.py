@@ -26,6 +26,7 @@ any leading dims, 0 tokens included (nothing is launched).  ``residual`` may be 
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import torch
@@ -37,6 +38,9 @@ from ._rows import (BF16, FP32, STASH, aligned_input, check_contiguous, check_hi
                     check_shape, check_size, small_input)
 
 _OP = "mhc_post"
+# Speed candidate switch (issue 9), read once at import; removed when the winner is swapped in.
+_FWD_KERNEL = ("mhc._post_fwd_candidate" if os.environ.get("TILEBIN_CANDIDATE_MHC_POST_FWD") == "1"
+               else "mhc.post_fwd")
 
 
 def _check(op: str, x: Any, residual: Any, post_layer_mix: Any, comb_res_mix: Any) -> tuple[int, int, tuple]:
@@ -82,9 +86,9 @@ def mhc_post_fwd(x: torch.Tensor, residual: torch.Tensor, post_layer_mix: torch.
             mhc, hidden = mh
             out = torch.empty(residual.shape, dtype=torch.bfloat16, device=residual.device)
             if out.numel():
-                launcher("mhc.post_fwd", mhc=mhc)(x.view(-1, hidden), residual.view(-1, mhc, hidden),
-                                                  post_layer_mix.view(-1, mhc), comb_res_mix.view(-1, mhc, mhc),
-                                                  out.view(-1, mhc, hidden))
+                launcher(_FWD_KERNEL, mhc=mhc)(x.view(-1, hidden), residual.view(-1, mhc, hidden),
+                                               post_layer_mix.view(-1, mhc), comb_res_mix.view(-1, mhc, mhc),
+                                               out.view(-1, mhc, hidden))
             return out
     op = "mhc_post_fwd"
     mhc, hidden, lead = _check(op, x, residual, post_layer_mix, comb_res_mix)
@@ -95,7 +99,7 @@ def mhc_post_fwd(x: torch.Tensor, residual: torch.Tensor, post_layer_mix: torch.
     if out is None:
         out = torch.empty(residual.shape, dtype=torch.bfloat16, device=residual.device)
     if out.numel():
-        launcher("mhc.post_fwd", mhc=mhc)(
+        launcher(_FWD_KERNEL, mhc=mhc)(
             aligned_input(x).view(-1, hidden), aligned_input(residual.contiguous()).view(-1, mhc, hidden),
             small_input(post_layer_mix).view(-1, mhc), small_input(comb_res_mix).view(-1, mhc, mhc),
             out.view(-1, mhc, hidden))

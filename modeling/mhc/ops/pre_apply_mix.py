@@ -20,6 +20,7 @@ any leading dims, 0 tokens included (nothing is launched).  Bad arguments raise
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import torch
@@ -31,6 +32,9 @@ from ._rows import (BF16, FP32, STASH, aligned_input, check_contiguous, check_hi
                     check_shape, check_size, small_input)
 
 _OP = "mhc_pre_apply_mix"
+# Speed candidate switch (issue 9), read once at import; removed when the winner is swapped in.
+_FWD_KERNEL = ("mhc._pre_apply_mix_fwd_candidate"
+               if os.environ.get("TILEBIN_CANDIDATE_MHC_PRE_APPLY_MIX_FWD") == "1" else "mhc.pre_apply_mix_fwd")
 
 
 def _check(x: Any, mix: Any, out: Any) -> tuple[int, int, tuple]:
@@ -86,8 +90,7 @@ class MHCPreApplyMix(torch.autograd.Function):
         else:
             ctx.mark_dirty(out)
         if x.numel():
-            launcher("mhc.pre_apply_mix_fwd", mhc=mhc)(xa.view(-1, mhc, hidden), m2.view(-1, mhc),
-                                                       out.view(-1, hidden))
+            launcher(_FWD_KERNEL, mhc=mhc)(xa.view(-1, mhc, hidden), m2.view(-1, mhc), out.view(-1, hidden))
         ctx.save_for_backward(x, m2)
         return out
 
