@@ -7,7 +7,8 @@
 #
 # Environment:
 #   GPU_CHECK_STAGES       stages to run, default "tests fuzz bench sanitizer" (env facts +
-#                          install always run); e.g. GPU_CHECK_STAGES="bench"
+#                          install always run); e.g. GPU_CHECK_STAGES="bench"; also "multigpu"
+#                          (wheels/multi_gpu_procs.py: one process per GPU, NCCL + the smoke tests)
 #   GPU_CHECK_FUZZ_CALLS   calls of the GPU fuzz (wheels/fuzz_ops.py), default 10000; under
 #                          compute-sanitizer memcheck: GPU_CHECK_FUZZ_SANITIZER_CALLS, default 3000
 #   GPU_CHECK_FUZZ_SEED    its seed, default 1 (the sanitizer run uses seed + 1)
@@ -321,6 +322,18 @@ run_sanitizer() {
   RC[sanitizer]=$all
 }
 
+# One process per GPU beside torch.distributed (NCCL): wheels/multi_gpu_procs.py. With one GPU it
+# runs a world of one (the same code); issue 15's two-GPU run needs the nvidia-h200-x2 kind.
+run_multigpu() {
+  local cap
+  cap=$(limit 420 10)
+  stamp "multigpu: wheels/multi_gpu_procs.py on $("$PY" -c 'import torch; print(torch.cuda.device_count())') GPU(s) (limit ${cap}s)"
+  in_tmp env NCCL_NVLS_ENABLE=0 timeout -k 10 "$cap" "$PY" "$REPO/wheels/multi_gpu_procs.py" 2>&1 \
+    | tee "$OUT/multigpu.log" | grep -E "^multi_gpu_procs|passed|failed"
+  RC[multigpu]=${PIPESTATUS[0]}
+  stamp "multigpu: rc=${RC[multigpu]}"
+}
+
 main() {
   record_env
   install_wheel
@@ -334,6 +347,7 @@ main() {
   wants fuzz && run_fuzz
   wants bench && run_bench
   wants sanitizer && run_sanitizer
+  wants multigpu && run_multigpu
   local status=0 k
   for k in "${!RC[@]}"; do
     stamp "stage $k: rc=${RC[$k]}"
