@@ -36,6 +36,12 @@ QuantTensor = tuple[torch.Tensor, torch.Tensor]
 
 _MAPPING = "moe.get_fused_mapping"  # its meta: max_experts (the op's limit), max_blocks (its grid cap)
 ENTRIES_PER_BLOCK = 2048  # fewer entries per block than this: fewer blocks (decode batches)
+# Speed-trial switch, read once at import (removed when the lead swaps the winner in):
+# TILEBIN_CANDIDATE_GET_FUSED_MAPPING=1 makes get_fused_mapping launch the internal candidate kernel
+# (one block and a plain launch up to _CAND_ENTRIES_PER_BLOCK entries, else a cooperative grid of that many per block).
+_MAPPING_CANDIDATE = "moe._get_fused_mapping_candidate"
+_MAPPING_KERNEL = (_MAPPING_CANDIDATE if os.environ.get("TILEBIN_CANDIDATE_GET_FUSED_MAPPING") == "1" else _MAPPING)
+_CAND_ENTRIES_PER_BLOCK = 1024  # 8 warps x 128 entries: one trip per warp
 _INT32_MAX = 2**31 - 1
 _EXPAND_DTYPES = {torch.bfloat16: "bfloat16", torch.float32: "float32", torch.float8_e4m3fn: "float8_e4m3fn"}
 _EXPAND_SF_DTYPES = {torch.float8_e4m3fn: "float8_e4m3fn", torch.bfloat16: "bfloat16"}
@@ -169,7 +175,12 @@ def get_fused_mapping(
 def _fused_mapping(fn: Any, topk_idx: torch.Tensor, num_tokens: int, num_topk: int, numel: int, num_experts: int,
                    num_expanded_tokens: int, alignment: int, should_sync: bool, dev: torch.device) -> tuple:
     """Allocate, launch and (``should_sync``) trim: get_fused_mapping past its checks."""
-    blocks = max(1, min(get_num_sms(), kernel_meta(_MAPPING, "max_blocks"), _cdiv(numel, ENTRIES_PER_BLOCK)))
+    if _MAPPING_KERNEL == _MAPPING_CANDIDATE:
+        blocks = max(1, min(get_num_sms(), kernel_meta(_MAPPING_CANDIDATE, "max_blocks"),
+                            _cdiv(numel, _CAND_ENTRIES_PER_BLOCK)))
+        fn = launcher(_MAPPING_CANDIDATE, single_block=blocks == 1)
+    else:
+        blocks = max(1, min(get_num_sms(), kernel_meta(_MAPPING, "max_blocks"), _cdiv(numel, ENTRIES_PER_BLOCK)))
     slots = torch.empty((3, num_expanded_tokens), dtype=torch.int32, device=dev)
     token_topk_to_pos = torch.empty((num_tokens, num_topk), dtype=torch.int32, device=dev)
     per_expert = torch.empty((3, num_experts), dtype=torch.int32, device=dev)

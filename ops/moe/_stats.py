@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from torch.compiler import is_compiling
 
-from .._common import TRACING, check_cuda, check_int, check_tensor, fail, launcher, memo_table, typed_key
+from .._common import TRACING, check_cuda, check_int, check_tensor, fail, kernel_meta, launcher, memo_table, typed_key
 from .._torch import traced
 from ..config import get_num_sms
 
@@ -37,6 +37,10 @@ _MASK_DTYPES = {torch.int64: "int64", torch.int32: "int32"}
 _NORMALIZE_CANDIDATE = "moe._normalize_weight_candidate"
 _NORMALIZE_KERNEL = (_NORMALIZE_CANDIDATE if os.environ.get("TILEBIN_CANDIDATE_NORMALIZE_WEIGHT") == "1"
                      else "moe.normalize_weight")
+# Speed-trial switch: TILEBIN_CANDIDATE_AUX_FI=1 makes aux_fi launch the internal candidate kernel
+# (num_experts <= its max_experts; a workspace of one row per block, one grid barrier).
+_AUX_FI_CANDIDATE = "moe._aux_fi_candidate"
+_AUX_FI_KERNEL = _AUX_FI_CANDIDATE if os.environ.get("TILEBIN_CANDIDATE_AUX_FI") == "1" else "moe.aux_fi"
 
 
 
@@ -79,8 +83,20 @@ def aux_fi(topk_idx: torch.Tensor, num_experts: int, num_aux_topk: int) -> torch
     check_cuda(op, topk_idx=topk_idx)
     out = torch.empty(num_experts, dtype=torch.float32, device=topk_idx.device)
     single = topk_idx.numel() <= SINGLE_BLOCK_ENTRIES
+    if _AUX_FI_KERNEL == _AUX_FI_CANDIDATE and num_experts <= kernel_meta(_AUX_FI_CANDIDATE, "max_experts"):
+        _aux_fi_candidate(topk_idx, out, num_aux_topk, single)
+        return out
     launcher("moe.aux_fi", single_block=single)(topk_idx, out, num_aux_topk, 0 if single else get_num_sms())
     return out
+
+
+def _aux_fi_candidate(topk_idx: torch.Tensor, out: torch.Tensor, num_aux_topk: int, single: bool) -> None:
+    """Launch ``moe._aux_fi_candidate``: one block, or a co-resident grid (2 per SM) of one block
+    per 1024 entries, each with its workspace row (torch.empty: no fill kernel)."""
+    blocks = 1 if single else max(1, min(2 * get_num_sms(), kernel_meta(_AUX_FI_CANDIDATE, "max_blocks"),
+                                         -(-topk_idx.numel() // 1024)))
+    workspace = torch.empty((blocks, out.size(0)), dtype=torch.int32, device=out.device)
+    launcher(_AUX_FI_CANDIDATE, single_block=single)(topk_idx, out, workspace, num_aux_topk)
 
 
 def group_count(group_idx: torch.Tensor, num_groups: int) -> torch.Tensor:

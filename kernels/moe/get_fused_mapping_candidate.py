@@ -1,0 +1,286 @@
+"""``moe._get_fused_mapping_candidate``: ``moe.get_fused_mapping`` with a single-block fast path
+and parallel padding (speed trial of issue 12; same parameters, same layout, same bits).
+
+Parameters, layout and contract: exactly those of ``moe.get_fused_mapping`` (see its module
+docstring): ``topk_idx``, the three ``pos_to_*`` slot maps, ``token_topk_to_pos``,
+``expert_start``, ``expert_end``, ``num_tokens_per_expert``, ``workspace`` int32
+``[num_blocks + 1, num_experts]`` and ``alignment``.  The slot of every entry is defined by the
+flattened index order alone, so the outputs are bit-identical to the shipped kernel's for any
+block count and either variant.
+
+Variants (``single_block``):
+
+* ``True``: one block, a plain launch, block barriers only; the workspace is not touched (the
+  op must pass a workspace of 2 rows, i.e. one block).  Per-expert totals are the block's own
+  sums, kept in registers: no cross-block phase at all.
+* ``False``: the shipped cooperative design (phase 1 counts, ``T.sync_grid()``, phase 2
+  per-expert block prefixes spread over all warps of the grid, ``T.sync_grid()``).
+
+What differs from ``moe.get_fused_mapping`` (where its time went at decode, one block):
+
+* phase 2 there walked the experts serially per warp (32 experts per warp at 256 experts, a
+  dependent L2 load and a shuffle scan each) and two grid barriers ran even for one block;
+* its padding fill walked every expert serially in the block that owns it (256 iterations at
+  256 experts, each with two run-time integer divisions by ``alignment``).
+
+Here each thread writes the padding of the experts it owns straight from registers during the
+scan when ``alignment <= SMALL_PAD`` (at most ``SMALL_PAD - 1`` slots each, no division, no
+shared load), else one warp per expert covers its padding 32 slots at a time; the first 128
+entries of each warp's run are kept in registers between the count and the slot walk.
+"""
+
+# No ``from __future__ import annotations``: TileLang evaluates the PrimFunc's tensor
+# annotations, which name closure variables of the factory.
+import tilelang.language as T
+
+from .._declare import KernelDecl
+
+THREADS = 256
+WARPS = THREADS // 32
+MAX_EXPERTS = 1024
+EXPERTS_PER_THREAD = MAX_EXPERTS // THREADS
+MAX_BLOCKS = 256  # workspace rows a warp scans: 32 lanes x BLOCKS_PER_LANE
+BLOCKS_PER_LANE = MAX_BLOCKS // 32
+FULL = 0xFFFFFFFF
+UNROLL = 4  # index loads each lane issues before using them
+STEP = 32 * UNROLL  # entries a warp takes per trip
+SMALL_PAD = 32  # alignments up to this: padding written per owning thread from registers
+VARIANTS = ({"single_block": False}, {"single_block": True})
+
+
+def get_fused_mapping_candidate(single_block: bool):
+    """Build the PrimFunc: one block (plain launch) or a cooperative grid."""
+    num_tokens, num_topk = T.dynamic("num_tokens"), T.dynamic("num_topk")
+    num_slots = T.dynamic("num_expanded_tokens")
+    num_experts = T.dynamic("num_experts")
+    ws_rows = T.dynamic("workspace_rows")
+    numel = num_tokens * num_topk
+    nblocks = 1 if single_block else ws_rows - 1
+    # entries per warp run: a multiple of STEP, so all lanes of a warp take the same trips
+    run = T.ceildiv(T.ceildiv(numel, nblocks * WARPS), STEP) * STEP
+    per = T.ceildiv(num_experts, THREADS)  # experts each thread owns in the scan
+
+    @T.macro
+    def load_run(topk_idx, evs, first):
+        """``evs[u]`` = the expert of flat entry ``first + 32 u`` as int32, -1 when the entry is
+        past the end, -1 or out of range (all loads issued before any use)."""
+        e64 = T.alloc_local((UNROLL,), "int64")
+        for u in T.unroll(UNROLL):
+            e64[u] = T.int64(-1)
+            if first + u * 32 < numel:
+                e64[u] = T.Tensor((numel,), "int64", topk_idx.data)[first + u * 32]
+        for u in T.unroll(UNROLL):
+            evs[u] = T.if_then_else(e64[u] >= T.int64(0) and e64[u] < T.Cast("int64", num_experts),
+                                    T.Cast("int32", e64[u]), -1)
+
+    @T.macro
+    def fill(pos_to_expert, pos_to_token, pos_to_token_topk, pos):
+        pos_to_expert[pos] = -1
+        pos_to_token[pos] = -1
+        pos_to_token_topk[pos] = -1
+
+    @T.prim_func
+    def main(
+        topk_idx: T.Tensor((num_tokens, num_topk), "int64"),
+        pos_to_expert: T.Tensor((num_slots,), "int32"),
+        pos_to_token: T.Tensor((num_slots,), "int32"),
+        pos_to_token_topk: T.Tensor((num_slots,), "int32"),
+        token_topk_to_pos: T.Tensor((num_tokens, num_topk), "int32"),
+        expert_start: T.Tensor((num_experts,), "int32"),
+        expert_end: T.Tensor((num_experts,), "int32"),
+        num_tokens_per_expert: T.Tensor((num_experts,), "int32"),
+        workspace: T.Tensor((ws_rows, num_experts), "int32"),
+        alignment: T.int32,
+    ):
+        with T.Kernel(nblocks, threads=THREADS) as bx:
+            tid = T.get_thread_binding()
+            warp = tid // 32
+            lane = tid % 32
+            cnt = T.alloc_shared((WARPS, MAX_EXPERTS), "int32")  # per-warp counts, later bases
+            s_pad = T.alloc_shared((MAX_EXPERTS,), "int32")  # first padding slot of each expert
+            s_end = T.alloc_shared((MAX_EXPERTS,), "int32")  # end of each expert's slots
+            warp_sum = T.alloc_shared((WARPS,), "int32")
+            vals = T.alloc_local((BLOCKS_PER_LANE,), "int32")
+            tot = T.alloc_local((EXPERTS_PER_THREAD,), "int32")
+            pre = T.alloc_local((EXPERTS_PER_THREAD,), "int32")
+            keep = T.alloc_local((UNROLL,), "int32")
+            evs = T.alloc_local((UNROLL,), "int32")
+            acc = T.alloc_var("int32")
+            run_sum = T.alloc_var("int32")
+            incl = T.alloc_var("int32")
+            up = T.alloc_var("int32")
+            ex = T.alloc_var("int32")
+            mask = T.alloc_var("uint32")
+            pos = T.alloc_var("int32")
+            rank = T.alloc_var("int32")
+            aligned = T.alloc_var("int32")
+
+            # ---- phase 1: per-warp counts of each warp's run; per-expert block sums
+            for j in T.serial(T.ceildiv(num_experts, THREADS)):
+                if j * THREADS + tid < num_experts:
+                    for w in T.unroll(WARPS):
+                        cnt[w, j * THREADS + tid] = 0
+            T.sync_threads()
+            base = T.alloc_var("int32")
+            base = (bx * WARPS + warp) * run
+            for u in T.unroll(UNROLL):
+                keep[u] = -1
+            for it in T.serial(run // STEP):
+                load_run(topk_idx, evs, base + it * STEP + lane)
+                for u in T.unroll(UNROLL):
+                    if it == 0:
+                        keep[u] = evs[u]
+                    if evs[u] >= 0:
+                        T.atomic_add(cnt[warp, evs[u]], 1)
+            T.sync_threads()
+            # thread tid owns experts [tid * per, tid * per + per) from here to the slot bases
+            for j in T.unroll(EXPERTS_PER_THREAD):
+                tot[j] = 0
+                pre[j] = 0
+                if j < per and tid * per + j < num_experts:
+                    acc = 0
+                    for w in T.unroll(WARPS):
+                        acc = acc + cnt[w, tid * per + j]
+                    if single_block:
+                        tot[j] = acc
+                    else:
+                        workspace[bx, tid * per + j] = acc
+
+            if not single_block:
+                T.sync_grid()
+                # ---- phase 2: per expert, exclusive prefixes over blocks (in place), the total
+                for it in T.serial(T.ceildiv(num_experts, nblocks * WARPS)):
+                    if it * (nblocks * WARPS) + bx * WARPS + warp < num_experts:
+                        acc = 0
+                        for q in T.unroll(BLOCKS_PER_LANE):
+                            vals[q] = 0
+                            if lane * BLOCKS_PER_LANE + q < nblocks:
+                                vals[q] = workspace[lane * BLOCKS_PER_LANE + q,
+                                                    it * (nblocks * WARPS) + bx * WARPS + warp]
+                            acc = acc + vals[q]
+                        incl = acc
+                        for d in T.unroll(5):
+                            up = T.shfl_up(incl, 1 << d)
+                            if lane >= (1 << d):
+                                incl = incl + up
+                        run_sum = incl - acc
+                        for q in T.unroll(BLOCKS_PER_LANE):
+                            if lane * BLOCKS_PER_LANE + q < nblocks:
+                                workspace[lane * BLOCKS_PER_LANE + q,
+                                          it * (nblocks * WARPS) + bx * WARPS + warp] = run_sum
+                            run_sum = run_sum + vals[q]
+                        if lane == 31:
+                            workspace[nblocks, it * (nblocks * WARPS) + bx * WARPS + warp] = incl
+                T.sync_grid()
+                for j in T.unroll(EXPERTS_PER_THREAD):
+                    if j < per and tid * per + j < num_experts:
+                        tot[j] = workspace[nblocks, tid * per + j]
+                        pre[j] = workspace[bx, tid * per + j]
+
+            # ---- phase 3a: expert starts (scan over experts of the aligned totals), warp bases
+            acc = 0
+            for j in T.unroll(EXPERTS_PER_THREAD):
+                acc = acc + T.ceildiv(tot[j], alignment) * alignment
+            incl = acc
+            for d in T.unroll(5):
+                up = T.shfl_up(incl, 1 << d)
+                if lane >= (1 << d):
+                    incl = incl + up
+            if lane == 31:
+                warp_sum[warp] = incl
+            T.sync_threads()
+            run_sum = incl - acc
+            for w in T.unroll(WARPS):
+                if w < warp:
+                    run_sum = run_sum + warp_sum[w]
+            for j in T.unroll(EXPERTS_PER_THREAD):
+                if j < per and tid * per + j < num_experts:
+                    ex = tid * per + j
+                    aligned = T.ceildiv(tot[j], alignment) * alignment
+                    if bx == 0:
+                        expert_start[ex] = run_sum
+                        expert_end[ex] = run_sum + aligned
+                        num_tokens_per_expert[ex] = aligned
+                    s_pad[ex] = run_sum + tot[j]
+                    s_end[ex] = run_sum + aligned
+                    acc = run_sum + pre[j]
+                    for w in T.unroll(WARPS):
+                        up = cnt[w, ex]
+                        cnt[w, ex] = acc
+                        acc = acc + up
+                    # small alignments: this expert's padding (< SMALL_PAD slots), by one block
+                    if alignment <= SMALL_PAD and ex % nblocks == bx:
+                        for p in T.serial(alignment - 1):
+                            pos = run_sum + tot[j] + p
+                            if pos < run_sum + aligned and pos < num_slots:
+                                fill(pos_to_expert, pos_to_token, pos_to_token_topk, pos)
+                    run_sum = run_sum + aligned
+            T.sync_threads()
+
+            # ---- phase 3b: slots of each warp's run, in order
+            for it in T.serial(run // STEP):
+                if it == 0:
+                    for u in T.unroll(UNROLL):
+                        evs[u] = keep[u]
+                else:
+                    load_run(topk_idx, evs, base + it * STEP + lane)
+                for u in T.unroll(UNROLL):
+                    ex = evs[u]
+                    mask = T.call_extern("uint32", "__match_any_sync", T.uint32(FULL), ex)
+                    rank = T.Cast("int32", T.popcount(mask & ((T.uint32(1) << T.Cast("uint32", lane)) - T.uint32(1))))
+                    flat = base + it * STEP + u * 32 + lane
+                    if ex >= 0:
+                        pos = cnt[warp, ex] + rank
+                        T.Tensor((numel,), "int32", token_topk_to_pos.data)[flat] = pos
+                        if pos < num_slots:
+                            pos_to_expert[pos] = ex
+                            pos_to_token[pos] = flat // num_topk
+                            pos_to_token_topk[pos] = flat
+                    elif flat < numel:
+                        T.Tensor((numel,), "int32", token_topk_to_pos.data)[flat] = -1
+                    T.sync_warp()
+                    if ex >= 0 and rank == 0:
+                        cnt[warp, ex] = cnt[warp, ex] + T.Cast("int32", T.popcount(mask))
+                    T.sync_warp()
+
+            # ---- phase 3c: large alignments: one warp per expert, 32 padding slots at a time
+            if alignment > SMALL_PAD:
+                for it in T.serial(T.ceildiv(num_experts, nblocks * WARPS)):
+                    if (it * nblocks + bx) * WARPS + warp < num_experts:
+                        ex = (it * nblocks + bx) * WARPS + warp
+                        for p in T.serial(T.ceildiv(alignment - 1, 32)):
+                            pos = s_pad[ex] + p * 32 + lane
+                            if pos < s_end[ex] and pos < num_slots:
+                                fill(pos_to_expert, pos_to_token, pos_to_token_topk, pos)
+            # ---- the tail past the last expert, by all threads of the grid
+            acc = 0
+            for w in T.unroll(WARPS):
+                acc = acc + warp_sum[w]
+            for it in T.serial(T.ceildiv(T.max(num_slots - acc, 0), nblocks * THREADS)):
+                pos = acc + (it * nblocks + bx) * THREADS + tid
+                if pos < num_slots:
+                    fill(pos_to_expert, pos_to_token, pos_to_token_topk, pos)
+
+    return main
+
+
+KERNELS = (
+    KernelDecl(
+        name="moe._get_fused_mapping_candidate",
+        factory=get_fused_mapping_candidate,
+        meta={"max_experts": MAX_EXPERTS, "max_blocks": MAX_BLOCKS},  # the op's limit and its grid cap
+        grid=VARIANTS,
+        outputs=("pos_to_expert", "pos_to_token", "pos_to_token_topk", "token_topk_to_pos", "expert_start",
+                 "expert_end", "num_tokens_per_expert", "workspace"),
+        align=4,  # scalar accesses only
+        pass_configs={
+            "tl.disable_safe_memory_legalize": True,  # every access is guarded above
+            "tl.disable_thread_storage_sync": True,  # barriers placed by hand
+            "tl.disable_warp_specialized": True,
+        },
+        doc="Candidate of moe.get_fused_mapping (same layout and bits): a single-block plain-launch variant, "
+            "padding written in parallel.",
+    ),
+)
+
+__all__ = ["KERNELS", "MAX_BLOCKS", "MAX_EXPERTS", "THREADS", "VARIANTS", "get_fused_mapping_candidate"]
