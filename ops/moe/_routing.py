@@ -52,6 +52,9 @@ _EXPAND_SF_KERNEL = (_EXPAND_SF_CANDIDATE if os.environ.get("TILEBIN_CANDIDATE_E
                      else "moe.expand_to_fused_with_sf")
 _SF_DTYPES = {torch.float32: "float32", torch.int32: "int32"}
 _REDUCE_DTYPES = {torch.float32: "float32", torch.bfloat16: "bfloat16"}
+# TILEBIN_CANDIDATE_REDUCE_FUSED=1 makes reduce_fused launch the internal candidate kernel (issue 12).
+_REDUCE_KERNEL = ("moe._reduce_fused_candidate" if os.environ.get("TILEBIN_CANDIDATE_REDUCE_FUSED") == "1"
+                  else "moe.reduce_fused")
 _INT32 = (torch.int32,)
 _OUT_KEYS = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float8_e4m3fn: "float8_e4m3fn"}
 
@@ -379,7 +382,7 @@ def reduce_fused(
     if out is None:
         out = torch.empty((num_tokens, hidden), dtype=out_dtype, device=x.device)
     # absent optional tensors: stand-ins of the right rank, never read (their flag is 0)
-    fn = launcher("moe.reduce_fused", in_dtype=_REDUCE_DTYPES[x.dtype], out_dtype=_OUT_KEYS[out_dtype])
+    fn = launcher(_REDUCE_KERNEL, in_dtype=_REDUCE_DTYPES[x.dtype], out_dtype=_OUT_KEYS[out_dtype])
     flags = (int(topk_weights is not None), int(x_sf is not None), int(sf is not None))
     fn(x, token_topk_to_pos if topk_weights is None else topk_weights, token_topk_to_pos, out,
        x if sf is None else sf, x if x_sf is None else x_sf, *flags)
