@@ -139,7 +139,7 @@ class _Forward:
                            pos_to_expert if pos_to_expert is not None else _dummy(dev, torch.int32, (1,)),
                            clamped_count if clamped_count is not None else _dummy(dev, torch.int64, (3,)))
             fn(x, out, raw_sf, *dummies, clamp, sf_min, self.round_sf, int(weights is not None),
-               int(pos_to_expert is not None), min(needed, get_num_sms() * self.per_sm))
+               int(pos_to_expert is not None), min(needed, get_num_sms(dev) * self.per_sm))
         return out, (raw_sf if self.sf_cols is not None else self.layout.finish(raw_sf, rows))
 
 

@@ -35,7 +35,7 @@ class StubbedOps:
             if hasattr(mod, "kernel_meta"):
                 monkeypatch.setattr(mod, "kernel_meta", declared_meta)
             if hasattr(mod, "get_num_sms"):
-                monkeypatch.setattr(mod, "get_num_sms", lambda: 132)
+                monkeypatch.setattr(mod, "get_num_sms", lambda device=None: 132)
             for name in MEMO_NAMES:
                 if isinstance(getattr(mod, name, None), dict):
                     monkeypatch.setattr(mod, name, {})

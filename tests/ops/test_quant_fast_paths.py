@@ -36,7 +36,7 @@ class Recorder:
             monkeypatch.setattr(mod, "check_cuda", lambda op, **tensors: None)
             monkeypatch.setattr(mod, "_FAST", {})
             monkeypatch.setattr(mod, name, self._counting(mod, getattr(mod, name)))
-        monkeypatch.setattr(sw, "get_num_sms", lambda: 132)
+        monkeypatch.setattr(sw, "get_num_sms", lambda device=None: 132)
         monkeypatch.setattr(sw, "_DUMMIES", {})
 
     def _launcher(self, name, **key):
