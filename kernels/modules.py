@@ -30,6 +30,7 @@ ALL_MODULES = (
     "tilebin.kernels.quant.per_token_cast_e5m6",
     "tilebin.kernels.moe.topk_gate",
     "tilebin.kernels.moe.top2_sum_gate",
+    "tilebin.kernels.moe.top2_sum_gate_candidate",
     "tilebin.kernels.moe.topk_sum_and_topk_group_idx",
     "tilebin.kernels.moe.topk_sum_and_topk_group_idx_candidate",
     "tilebin.kernels.moe.aux_fi",

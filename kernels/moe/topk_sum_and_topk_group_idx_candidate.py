@@ -14,6 +14,14 @@ round trip), then runs ``group_rank``'s scan (same rotation, same keys, same com
 the shared copy with int32 indices: 32-bit shared addresses, ``LDS`` latency.  Rows longer
 than ``STAGE`` take the current global-memory scan (``group_rank``).  The ranking step
 (shuffles) is the current one, so the outputs are the same bits.
+
+Rows of up to ``FAST_GROUPS`` groups of exactly 32 (DeepSeek-V3: 8 x 32) skip shared memory
+and the serial scan: lane ``l`` loads ``scores[token, g, l]`` for every group ``g`` at once
+(order keys in registers), a group's top-1 key is one ``redux.sync`` max; its top-2 key a
+second max over the other lanes, or the top-1 again when a ballot shows it held twice.  The
+sum is taken of the floats the two keys stand for: keys are exact but for the sign of zero
+and NaN payloads, neither of which changes the key of the sum, so the group keys (and ranks)
+are the scan's.  Every lane then ranks its group from the (uniform) keys in registers.
 """
 
 # No ``from __future__ import annotations``: TileLang evaluates the tensor annotations.
@@ -24,6 +32,12 @@ from ._gating_common import KEY_GONE, float_key, group_rank
 from .topk_sum_and_topk_group_idx import WARPS
 
 STAGE = 512  # floats of a row staged in shared memory per warp (8 KB per block); longer rows scan global memory
+FAST_GROUPS = 8  # 32-expert groups up to this many: keys in registers, group top-2 by warp reductions
+
+
+def _key_value(key):
+    """A float32 whose order key is ``key`` (``KEY_NAN`` -> a NaN, 0 -> +0.0)."""
+    return T.reinterpret(T.if_then_else(key >= 0, key, T.bitwise_or(-key, T.int32(-(2**31)))), "float32")
 
 
 def topk_sum_and_topk_group_idx_candidate():
@@ -45,6 +59,9 @@ def topk_sum_and_topk_group_idx_candidate():
             warp = tid // 32
             token = bx * WARPS + warp
             staged = T.alloc_shared((WARPS, STAGE), "float32")
+            keys = T.alloc_local((FAST_GROUPS,), "int32")
+            gkey = T.alloc_local((FAST_GROUPS,), "int32")
+            ties = T.alloc_var("uint32", init=0)
             rank = T.alloc_var("int32", init=0)
             key1 = T.alloc_var("int32", init=KEY_GONE)
             key2 = T.alloc_var("int32", init=KEY_GONE)
@@ -56,7 +73,26 @@ def topk_sum_and_topk_group_idx_candidate():
             idx = T.alloc_var("int32", init=0)
             base = T.alloc_var("int32", init=0)
             if token < num_tokens:  # uniform over the warp
-                if num_groups * per_group <= STAGE:  # uniform over the grid
+                if per_group == 32 and num_groups <= FAST_GROUPS:  # uniform: group g is lane-slot g
+                    for g in T.unroll(FAST_GROUPS):  # unpredicated: slots past the row reload its last group
+                        keys[g] = float_key(T.Tensor((num_tokens * num_groups * per_group,), "float32", scores.data)[
+                            token * num_groups * per_group + T.min(g, num_groups - 1) * 32 + lane])
+                    for g in T.unroll(FAST_GROUPS):
+                        key1 = T.warp_reduce_max(keys[g])
+                        if num_topk_sum == 2:
+                            key2 = T.warp_reduce_max(T.if_then_else(keys[g] == key1, KEY_GONE, keys[g]))
+                            ties = T.Cast("uint32", T.ballot_sync(keys[g] == key1))
+                            if (ties & (ties - T.uint32(1))) != T.uint32(0):
+                                key2 = key1  # the largest key twice
+                            key1 = float_key(_key_value(key1) + _key_value(key2))
+                        gkey[g] = key1
+                    for g in T.unroll(FAST_GROUPS):
+                        if lane == g:
+                            group_key = gkey[g]
+                    for g in T.unroll(FAST_GROUPS):
+                        if g < num_groups and (gkey[g] > group_key or (gkey[g] == group_key and g < lane)):
+                            rank = rank + 1
+                elif num_groups * per_group <= STAGE:  # uniform over the grid
                     # No predicates: slots past the row load its last value (same line) and are never
                     # read; predicated loads made nvcc split the sweep into two round trips (7 predicate
                     # registers: the 8th load waited for the first store).

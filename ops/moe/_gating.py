@@ -41,6 +41,9 @@ _PLACEHOLDERS: dict[torch.device, tuple[torch.Tensor, ...]] = {}
 _TOPK_SUM_CANDIDATE = "moe._topk_sum_and_topk_group_idx_candidate"
 _TOPK_SUM_KERNEL = (_TOPK_SUM_CANDIDATE if os.environ.get("TILEBIN_CANDIDATE_TOPK_SUM_AND_TOPK_GROUP_IDX") == "1"
                     else "moe.topk_sum_and_topk_group_idx")
+# TILEBIN_CANDIDATE_TOP2_SUM_GATE=1 makes top2_sum_gate launch the candidate (same parameters and variants).
+_TOP2_CANDIDATE = "moe._top2_sum_gate_candidate"
+_TOP2_KERNEL = _TOP2_CANDIDATE if os.environ.get("TILEBIN_CANDIDATE_TOP2_SUM_GATE") == "1" else "moe.top2_sum_gate"
 
 
 def _launcher(name: str, slots: int | None) -> Any:
@@ -421,7 +424,7 @@ def top2_sum_gate(
     topk_weights = torch.empty((num_tokens, num_out), dtype=torch.float32, device=device)
     if num_tokens:
         ph = _placeholders(device)
-        fn = _launcher("moe.top2_sum_gate", slots)
+        fn = _launcher(_TOP2_KERNEL, slots)
         fn(
             logits, bias,
             ph[0] if mask is None else mask,
