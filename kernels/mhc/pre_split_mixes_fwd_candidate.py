@@ -10,14 +10,19 @@ dependent chains of ~110 cycles after the loads land.  And 128 tokens per block 
 uncoalesced 96-byte rows (6 ``LDG.128`` of 24 cache lines each) on each of only 32 SMs at 4096
 tokens.  tile_kernels runs one warp of 32 tokens per block (128 blocks).
 
-What changes (nothing else does): 32 tokens per block (one warp; 128 blocks at 4096 tokens),
-and the reciprocal.  For every ``d = 1 + expf(0 - z)`` the thread computes nvcc's fast path
-itself, branch-free, so the 2M chains interleave: ``r = rcp.approx(d)``, ``r + r * fma(-d, r,
-1)`` (``fma(-d, r, 1)`` is the negation of nvcc's ``fma(d, r, -1)``: round-to-nearest is
-symmetric), then ONE uniform-per-thread test of nvcc's own fast-path condition (``(bits(d) +
-0x01800000) & 0x7f800000 > 0x01ffffff`` for all 2M values); a thread with any value outside it
-(``z`` below about -87, or NaN) recomputes all 2M with the plain ``1 / d``.  So each result is
-the correctly rounded ``1 / d`` the current kernel stores, for every input.
+What changes (nothing else does):
+
+* 32 tokens per block (one warp; 128 blocks at 4096 tokens, as tile_kernels);
+* the comb rows are stored right after ``z`` is computed, before the sigmoids (stored last, their
+  ``M * M`` products/sums and address setup trailed the sigmoids: nvcc keeps them on their side
+  of a branch);
+* the reciprocal: for every ``d = 1 + expf(0 - z)`` the thread computes nvcc's own fast path
+  branch-free, so the 2M chains interleave: ``r = rcp.approx(d)`` (``MUFU.RCP``), then
+  ``fma(r, fma(-d, r, 1), r)`` (``fma(-d, r, 1)`` is the negation of nvcc's ``fma(d, r, -1)``:
+  round-to-nearest is symmetric); then ONE test per thread of nvcc's fast-path condition
+  (``(bits(d) + 0x01800000) & 0x7f800000 > 0x01ffffff``) over its 2M values; a thread with any
+  value outside it (``z`` below about -87, inf or NaN) recomputes all 2M with the plain ``1 /
+  d``.  Each result is the correctly rounded ``1 / d`` the current kernel stores, for every input.
 """
 
 # No ``from __future__ import annotations``: TileLang evaluates the PrimFunc's tensor
@@ -96,6 +101,9 @@ def pre_split_mixes_fwd_candidate(mhc_mult: int):
                     sc[i] = scale[i]
                 for c in T.unroll(k3):
                     x[c] = T.ieee_add(T.ieee_mul(x[c], sc[_seg(c, m)]), b[c])
+                for c in T.unroll(mm // 4):
+                    for i in T.vectorized(4):
+                        T.Tensor((n, mm), "float32", comb.data)[bx * THREADS + tid, c * 4 + i] = x[2 * m + c * 4 + i]
                 slow = 0
                 for c in T.unroll(2 * m):
                     den[c] = T.float32(1) + T.exp(T.float32(0) - x[c])
@@ -114,9 +122,6 @@ def pre_split_mixes_fwd_candidate(mhc_mult: int):
                 for c in T.unroll(m // vm):
                     for i in T.vectorized(vm):
                         post[bx * THREADS + tid, c * vm + i] = x[m + c * vm + i]
-                for c in T.unroll(mm // 4):
-                    for i in T.vectorized(4):
-                        T.Tensor((n, mm), "float32", comb.data)[bx * THREADS + tid, c * 4 + i] = x[2 * m + c * 4 + i]
 
     return main
 
