@@ -2,7 +2,7 @@
 """Device time, bandwidth and host cost of the ``tilebin.ops.engram`` ops (and tile_kernels' side by side).
 
     PYTHONPATH=<site with the tilebin wheel>[:<folder with tile_kernels + tilelang>] \\
-        python3 bench/bench_engram.py [--json F] [--md F] [--no-peer]
+        python3 bench/bench_engram.py [--json F] [--md F] [--no-peer] [--candidate]
 
 Two tables:
 
@@ -16,12 +16,17 @@ Two tables:
 * host us per call at 4 tokens (``_common.host_us``), next to the torch eager reference of the
   same op (fp32 math, ``tests/engram_ref``) and tile_kernels' call when importable.
 
+``--candidate`` adds a row "<op> (candidate)" after each op that has a speed candidate kernel
+(``CANDIDATES``: the op module's kernel attribute, what ``TILEBIN_CANDIDATE_<OP>=1`` sets at
+import), same inputs and timing; its tile_kernels column repeats the op's.
+
 Exit status 1 when a tilebin row could not be measured (the other rows are still reported).
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 from pathlib import Path
 
@@ -29,6 +34,10 @@ from _common import REPO, env_facts, env_markdown, host_us, markdown_table, time
 
 HC, EPS, CLAMP = 4, 1e-20, 1e-6
 SHAPES = [(t, h) for t in (4001, 8001) for h in (4096, 7168)]
+# op (row label up to " (") -> (its op module, the module's kernel attribute, a speed candidate kernel)
+CANDIDATES: dict = {
+    "grad_w_reduce": ("tilebin.ops.engram._gate", "_REDUCE_KERNEL", "engram._grad_w_reduce_candidate"),
+}
 
 
 def _nbytes(*ts) -> int:
@@ -59,6 +68,34 @@ def _inputs(tokens: int, hidden: int, sets: int = 1):
         return x, k, v, go
     wh, we = (torch.randn(HC, hidden, device="cuda").bfloat16() for _ in range(2))
     return [one() for _ in range(sets)], wh, we
+
+
+def _switched(switch: tuple[str, str, str], call):
+    """``call`` run with the op module's candidate switch set (``setattr(module, attr, kernel)``)."""
+    mod, attr, kernel = switch
+    mod = importlib.import_module(mod)
+
+    def run():
+        old = getattr(mod, attr)
+        setattr(mod, attr, kernel)
+        try:
+            return call()
+        finally:
+            setattr(mod, attr, old)
+
+    return run
+
+
+def with_candidates(rows: list) -> list:
+    """``rows`` with a "<label> (candidate)" row after each op in ``CANDIDATES`` (same inputs,
+    the tilebin calls switched to the candidate kernel, the peer calls repeated)."""
+    out = []
+    for label, fns, peer_fns, moved in rows:
+        out.append((label, fns, peer_fns, moved))
+        switch = CANDIDATES.get(label.split(" (")[0])
+        if switch is not None:
+            out.append((f"{label} (candidate)", [_switched(switch, fn) for fn in fns], peer_fns, moved))
+    return out
 
 
 def rows_for(eg, peer, tokens: int, hidden: int):
@@ -117,11 +154,13 @@ def copy_gbps(nbytes: int) -> float:
     return _COPY[n]
 
 
-def device_table(eg, peer) -> tuple[list, bool]:
+def device_table(eg, peer, candidate: bool = False) -> tuple[list, bool]:
     out, ok = [], True
     for tokens, hidden in SHAPES:
-        for label, fns, peer_fns, moved in rows_for(eg, peer, tokens, hidden):
+        rows = rows_for(eg, peer, tokens, hidden)
+        for label, fns, peer_fns, moved in with_candidates(rows) if candidate else rows:
             try:
+                fns[0]()  # a first call loads the kernel outside the timed rounds
                 ms = time_device_ms(fns, rounds=5, per_round=20)["median"]
                 gbps = moved / (ms * 1e-3) / 1e9
                 row = [label, tokens, hidden, f"{ms * 1e3:.1f}", f"{gbps:.0f}", f"{100 * gbps / copy_gbps(moved):.1f}"]
@@ -192,12 +231,13 @@ def main() -> int:
     ap.add_argument("--json")
     ap.add_argument("--md")
     ap.add_argument("--no-peer", action="store_true", help="skip tile_kernels even when importable")
+    ap.add_argument("--candidate", action="store_true", help="add a row for each op's speed candidate kernel")
     ns = ap.parse_args()
     from tilebin.ops import engram as eg
 
     facts = env_facts()
     peer = None if ns.no_peer else load_peer()
-    dev_rows, ok_dev = device_table(eg, peer)
+    dev_rows, ok_dev = device_table(eg, peer, ns.candidate)
     host_rows, ok_host = host_table(eg, peer)
     md = "### tilebin.ops.engram\n\n" + env_markdown(facts) + "\n\n"
     md += f"hc_mult {HC}, eps {EPS}, clamp {CLAMP}; peer: {'tile_kernels' if peer else 'not installed'}.\n\n"
