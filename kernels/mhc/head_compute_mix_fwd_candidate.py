@@ -10,12 +10,13 @@ then the floor-mod sign selects: ~35 dependent instructions) placed before BOTH 
 issues the ``input_mix`` load beside the ``base`` load, so every thread's first global load
 waited for the division.  tile_kernels compiles ``mhc`` in (a constant modulo).
 
-What changes: the stream index is ``e & (mhc - 1)`` when ``mhc`` is a power of two (1, 2, 4, 8:
-a uniform branch on the run-time value), else a 32-bit unsigned ``e % mhc`` (``e >= 0``, so the
-same value); the ``input_mix`` load needs neither.  128 threads per block (tile_kernels' block:
-128 blocks at 4096 tokens, mhc 4).  The reciprocal of ``sigmoid`` takes nvcc's fast path
-branch-free with one rare fix-up (see ``pre_split_mixes_fwd_candidate.py``): the correctly
-rounded ``1 / d`` for every input, as the current kernel stores.
+What changes: no division at all.  A thread takes (token ``t``, stream ``j``) with ``j = tid %
+8`` and ``t = bx * 16 + tid / 8`` (compile-time divisors: a mask and a shift), so its element
+``e = t * mhc + j`` and both loads' addresses are ready a few instructions after launch; lanes
+with ``j >= mhc`` idle (a warp reads 4 tokens' ``4 * mhc`` contiguous floats).  128 threads per
+block, ``ceil(num_tokens / 16)`` blocks (256 at 4096 tokens).  The reciprocal of ``sigmoid``
+takes nvcc's fast path branch-free with one rare fix-up (see ``pre_split_mixes_fwd_candidate.py``):
+the correctly rounded ``1 / d`` for every input, as the current kernel stores.
 """
 
 # No ``from __future__ import annotations``: TileLang evaluates the PrimFunc's tensor
@@ -26,6 +27,8 @@ from .._declare import KernelDecl
 from .pre_split_mixes_fwd_candidate import _rcp_approx, _rcp_refine, _rcp_slow
 
 THREADS = 128
+MAX_MHC = 8  # lanes per token (mhc_mult 1 to 8; lanes past mhc_mult idle)
+TOKENS = THREADS // MAX_MHC  # tokens per block
 
 
 def head_compute_mix_fwd_candidate():
@@ -40,21 +43,15 @@ def head_compute_mix_fwd_candidate():
         output_mix: T.Tensor((num_tokens, mhc), "float32"),
         pre_eps: T.float32,
     ):
-        with T.Kernel(T.ceildiv(num_tokens * mhc, THREADS), threads=THREADS) as bx:
+        with T.Kernel(T.ceildiv(num_tokens, TOKENS), threads=THREADS) as bx:
             tid = T.get_thread_binding()
             e = T.alloc_var("int32")
-            j = T.alloc_var("int32")
-            v = T.alloc_var("float32")
             d = T.alloc_var("float32")
             y = T.alloc_var("float32")
-            e = bx * THREADS + tid
-            if e < num_tokens * mhc:
-                v = T.Tensor((num_tokens * mhc,), "float32", input_mix.data)[e]
-                if T.bitwise_and(mhc, mhc - 1) == 0:
-                    j = T.bitwise_and(e, mhc - 1)
-                else:
-                    j = T.Cast("int32", T.truncmod(T.Cast("uint32", e), T.Cast("uint32", mhc)))
-                d = T.float32(1) + T.exp(T.float32(0) - T.ieee_fmaf(v, scale[0], base[j]))
+            if tid % MAX_MHC < mhc and bx * TOKENS + tid // MAX_MHC < num_tokens:
+                e = (bx * TOKENS + tid // MAX_MHC) * mhc + tid % MAX_MHC
+                d = T.float32(1) + T.exp(T.float32(0) - T.ieee_fmaf(
+                    T.Tensor((num_tokens * mhc,), "float32", input_mix.data)[e], scale[0], base[tid % MAX_MHC]))
                 y = _rcp_approx(d)
                 y = _rcp_refine(d, y)
                 if _rcp_slow(d) != 0:
@@ -72,8 +69,8 @@ KERNELS = (
         outputs=("output_mix",),
         align=4,
         pass_configs={"tl.disable_safe_memory_legalize": True},  # every access is guarded
-        doc="candidate mhc.head_compute_mix_fwd (internal): no run-time division before the loads.",
+        doc="candidate mhc.head_compute_mix_fwd (internal): 8 lanes per token, no run-time division.",
     ),
 )
 
-__all__ = ["KERNELS", "THREADS", "head_compute_mix_fwd_candidate"]
+__all__ = ["KERNELS", "MAX_MHC", "THREADS", "TOKENS", "head_compute_mix_fwd_candidate"]
