@@ -18,9 +18,11 @@ ALL_MODULES = (
     "tilebin.kernels.testing.coop_sum",
     "tilebin.kernels.testing.pdl_chain",
     "tilebin.kernels.quant.per_token_cast",
+    "tilebin.kernels.quant.per_token_cast_candidate",
     "tilebin.kernels.quant.per_block_cast",
     "tilebin.kernels.quant.per_block_cast_lossless",
     "tilebin.kernels.quant.per_channel_cast_fused",
+    "tilebin.kernels.quant.per_channel_cast_candidate",
     "tilebin.kernels.quant.per_channel_cast_and_transpose",
     "tilebin.kernels.quant.swiglu_forward_and_per_token_cast",
     "tilebin.kernels.quant.swiglu_backward_and_per_token_cast",
@@ -30,7 +32,6 @@ ALL_MODULES = (
     "tilebin.kernels.quant.per_token_cast_e5m6",
     "tilebin.kernels.moe.topk_gate",
     "tilebin.kernels.moe.top2_sum_gate",
-    "tilebin.kernels.moe.top2_sum_gate_candidate",
     "tilebin.kernels.moe.topk_sum_and_topk_group_idx",
     "tilebin.kernels.moe.topk_sum_and_topk_group_idx_candidate",
     "tilebin.kernels.moe.aux_fi",
@@ -51,7 +52,6 @@ ALL_MODULES = (
     "tilebin.kernels.engram.engram_gate_fwd",
     "tilebin.kernels.engram.engram_gate_bwd",
     "tilebin.kernels.engram.grad_w_reduce",
-    "tilebin.kernels.engram.grad_w_reduce_candidate",
 ) + tuple(
     f"tilebin.kernels.mhc.{p.stem}" for p in sorted(_MHC.glob("*.py")) if not p.name.startswith("_")
 )

@@ -16,6 +16,7 @@ row of zeros, like a negative one, instead of reading out of bounds.
 
 from __future__ import annotations
 
+import os
 from typing import Any, Optional, Union
 
 import torch
@@ -29,6 +30,12 @@ QuantTensor = tuple[torch.Tensor, torch.Tensor]
 
 _FUSED = "quant.per_channel_cast_fused"
 _TRANSPOSE = "quant.per_channel_cast_and_transpose"
+# Speed-trial switch, read once at import (removed when the lead swaps the winner in):
+# TILEBIN_CANDIDATE_PER_CHANNEL_CAST=1 makes per_channel_cast / per_channel_cast_fused launch the internal
+# candidate kernel for plain bf16 input without pos_to_token (same parameters; other inputs keep _FUSED).
+_PLAIN_BF16_CANDIDATE = "quant._per_channel_cast_candidate"
+_PLAIN_BF16_KERNEL = (_PLAIN_BF16_CANDIDATE if os.environ.get("TILEBIN_CANDIDATE_PER_CHANNEL_CAST") == "1"
+                      else _FUSED)
 _E4M3 = torch.float8_e4m3fn
 _PLAIN_DTYPES = (torch.bfloat16, torch.float32)
 _DTYPE_KEY = {torch.bfloat16: "bfloat16", torch.float32: "float32", _E4M3: "float8_e4m3fn"}
@@ -121,7 +128,10 @@ def _fused(op: str, x: Any, fmt: Any, num_per_tokens: Any, round_sf: Any, num_pe
     out = torch.empty((num_out, hidden), dtype=_E4M3, device=data.device)
     out_sf = torch.empty((_cdiv(num_out, 128), hidden), dtype=torch.float32, device=data.device)
     if num_out and hidden:
-        fn = launcher(_FUSED, in_dtype=_DTYPE_KEY[data.dtype], expand=pos_to_token is not None)
+        if _PLAIN_BF16_KERNEL != _FUSED and sf is None and pos_to_token is None and data.dtype == torch.bfloat16:
+            fn = launcher(_PLAIN_BF16_KERNEL, in_dtype="bfloat16", expand=False)
+        else:
+            fn = launcher(_FUSED, in_dtype=_DTYPE_KEY[data.dtype], expand=pos_to_token is not None)
         fn(data, out, out_sf,
            aligned_input(sf) if sf is not None else _dummy(data.device, torch.float32, 2),
            aligned_input(pos_to_token) if pos_to_token is not None else _dummy(data.device, torch.int32, 1),

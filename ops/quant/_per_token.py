@@ -32,6 +32,7 @@ not 16-byte aligned costs a copy of x.  Kernels run on torch's current stream.
 
 from __future__ import annotations
 
+import os
 from typing import Any, Optional, Union
 
 import torch
@@ -45,6 +46,12 @@ QuantTensor = tuple[torch.Tensor, torch.Tensor]
 
 _KERNEL = {"cast": "quant.per_token_cast", "quantized": "quant.per_token_cast_quantized",
            "sf_only": "quant.per_token_cast_sf_only", "precomputed": "quant.per_token_cast_precomputed"}
+# Speed-trial switch, read once at import (removed when the lead swaps the winner in):
+# TILEBIN_CANDIDATE_PER_TOKEN_CAST=1 makes per_token_cast launch the internal candidate kernel (same
+# parameters) for plain bf16/fp32 -> e4m3 with fp32 scales (row- or column-major), 16..128 channels per
+# scale, up to its meta "max_tokens" tokens (decode); anything else keeps the shipped kernel.
+_CAST_CANDIDATE = "quant._per_token_cast_candidate"
+_CAST_TRIAL = os.environ.get("TILEBIN_CANDIDATE_PER_TOKEN_CAST") == "1"
 _PLAIN = {torch.bfloat16: "bfloat16", torch.float32: "float32"}
 _QUANTIZED = {torch.float8_e4m3fn: "float8_e4m3fn", torch.int8: "int8"}
 _GROUPS = (16, 32, 64, 128)
@@ -187,7 +194,7 @@ class _Plain:
     both paths allocate and launch through this one piece of code.
     """
 
-    __slots__ = ("hidden", "out_cols", "out_dtype", "layout", "sf_cols", "key", "args", "fn")
+    __slots__ = ("hidden", "out_cols", "out_dtype", "layout", "sf_cols", "key", "args", "fn", "cand")
 
     def __init__(self, fmt: str, key_in: str, hidden: int, layout: SfLayout, group_shift: int, whole_row: bool,
                  rnd: bool) -> None:
@@ -202,6 +209,11 @@ class _Plain:
         col_blocks = 1 if whole_row else _cdiv(hidden, _chunk(key_in))
         self.args = (group_shift, int(whole_row), int(rnd), int(layout.col_major), col_blocks)
         self.fn = None  # the launcher, looked up at the first launch
+        # the decode candidate (TILEBIN_CANDIDATE_PER_TOKEN_CAST=1): [launcher or None, its args, max tokens]
+        self.cand = None
+        if _CAST_TRIAL and fmt == "e4m3" and not layout.packed_ue8m0 and not whole_row:
+            chunk = kernel_meta(_CAST_CANDIDATE, f"chunk_{key_in}")
+            self.cand = [None, self.args[:4] + (_cdiv(hidden, chunk),), kernel_meta(_CAST_CANDIDATE, "max_tokens")]
 
     def __call__(self, x: torch.Tensor) -> QuantTensor:
         """``(out, out_sf)`` for ``x`` (already validated for this configuration)."""
@@ -217,10 +229,16 @@ class _Plain:
         if tokens and self.hidden and not TRACING.on:  # fake tensors (tracing): nothing to read or launch
             # contiguous and 16-byte aligned: what _kernel_input passes through as is (hidden % 16 == 0)
             x_in = x if x.is_contiguous() and not x.data_ptr() & 15 else _kernel_input(x)
-            fn = self.fn
-            if fn is None:
-                fn = self.fn = launcher(_KERNEL["cast"], **self.key)
-            fn(x_in, out, raw_sf, *self.args)
+            cand = self.cand
+            if cand is not None and tokens <= cand[2]:
+                if cand[0] is None:
+                    cand[0] = launcher(_CAST_CANDIDATE, **self.key)
+                cand[0](x_in, out, raw_sf, *cand[1])
+            else:
+                fn = self.fn
+                if fn is None:
+                    fn = self.fn = launcher(_KERNEL["cast"], **self.key)
+                fn(x_in, out, raw_sf, *self.args)
         return out, (raw_sf if self.sf_cols is not None else self.layout.finish(raw_sf, tokens))
 
 

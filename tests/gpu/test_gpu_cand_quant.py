@@ -1,0 +1,166 @@
+"""Speed-trial candidates of the quant casts on the GPU, each run as the shipped kernel and as
+the candidate (the module constant its ``TILEBIN_CANDIDATE_*`` switch sets at import,
+monkeypatched), bit-exact against ``quant_ref`` and with every output element written.
+
+* ``quant._per_channel_cast_candidate`` (``TILEBIN_CANDIDATE_PER_CHANNEL_CAST``): per_channel_cast
+  and per_channel_cast_fused (plain) on bf16 at 0, 1, odd, partial-tile and benchmark sizes,
+  round_sf on and off, special values; each trial variant (``min_blocks``) pinned in turn;
+* ``quant._per_token_cast_candidate`` (``TILEBIN_CANDIDATE_PER_TOKEN_CAST``): per_token_cast
+  e4m3 bf16 / fp32 at decode sizes (1-256 tokens, where the op takes the candidate) and past
+  them (257, 4001: the shipped kernel), 16..128 channels per scale, row / column-major scales,
+  round_sf, and the layouts the candidate leaves to the shipped kernel (UE8M0, one scale per row).
+"""
+
+from __future__ import annotations
+
+import zlib
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import quant_ref  # noqa: E402
+from quant_ref import per_channel as pc_ref  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+E4M3 = torch.float8_e4m3fn
+PC_SHIPPED, PC_CAND = "quant.per_channel_cast_fused", "quant._per_channel_cast_candidate"
+PT_SHIPPED, PT_CAND = "quant.per_token_cast", "quant._per_token_cast_candidate"
+
+
+def _seed(*key) -> None:
+    torch.manual_seed(zlib.crc32(repr(key).encode()))
+
+
+def _poison_cache(nbytes: int) -> None:
+    """Fill free blocks of torch's caching allocator with 0xFF (outputs reuse them)."""
+    blob = torch.empty(max(nbytes, 1 << 20), dtype=torch.uint8, device="cuda")
+    blob.fill_(0xFF)
+    del blob
+
+
+def _check(got, want, name: str) -> None:
+    for g, w, part in zip(got, want, ("out", "out_sf")):
+        quant_ref.assert_equal(g, w, f"{name}: {part}")
+        if g.numel():
+            quant_ref.assert_all_written(g, f"{name}: {part}")
+
+
+# ------------------------------------------------------------------------------ per_channel_cast
+@pytest.fixture(params=["shipped", "candidate-4", "candidate-5"])
+def pc_kernel(request, require, monkeypatch):
+    """Which kernel per_channel_cast launches for plain bf16 (TILEBIN_CANDIDATE_PER_CHANNEL_CAST=1
+    picks the candidate at import); the candidate's trial variants pinned by ``min_blocks``."""
+    from tilebin.ops.quant import _per_channel
+
+    require(PC_SHIPPED)
+    if request.param == "shipped":
+        return request.param
+    require(PC_CAND)
+    blocks = int(request.param.rsplit("-", 1)[1])
+    plain = _per_channel.launcher
+    monkeypatch.setattr(_per_channel, "_PLAIN_BF16_KERNEL", PC_CAND)
+    monkeypatch.setattr(_per_channel, "launcher",
+                        lambda name, **key: plain(name, **(dict(key, min_blocks=blocks) if name == PC_CAND else key)))
+    return request.param
+
+
+PC_CASES = [(0, 2048), (1, 576), (1, 7168), (33, 2048), (127, 160), (128, 2048), (129, 576), (300, 3072),
+            (4001, 2560), (4096, 2048), (8064, 2048), (4096, 6144), (8064, 6144), (4096, 4096), (8001, 7168)]
+
+
+@pytest.mark.parametrize("round_sf", [False, True], ids=["exact", "round"])
+@pytest.mark.parametrize("case", PC_CASES, ids=lambda c: f"{c[0]}x{c[1]}")
+def test_per_channel_cast_candidate(pc_kernel, case, round_sf):
+    from tilebin.ops import quant
+
+    tokens, hidden = case
+    name = f"per_channel_cast {tokens}x{hidden} bf16 round_sf={round_sf} ({pc_kernel})"
+    _seed("pc", case, round_sf)
+    x = (torch.randn((tokens, hidden), device="cuda") * 3).to(torch.bfloat16)
+    if tokens > 3:  # zeros, -0.0, tiny values, an outlier
+        x[:, 0] = 0
+        x[:, 1] = -0.0
+        x[2, 2:40] *= 1e-30
+        x[3, 5] = 3e4
+    want = pc_ref.per_channel_cast(x, 128, round_sf)
+    _poison_cache(4 * x.numel())
+    _check(quant.per_channel_cast(x, "e4m3", 128, round_sf), want, name)
+    _poison_cache(4 * x.numel())
+    _check(quant.per_channel_cast_fused(x, "e4m3", 128, round_sf), want, name + " fused")
+
+
+def test_per_channel_cast_candidate_huge_columns(pc_kernel):
+    """Column magnitudes over the bf16 range (subnormal e4m3 results, clamped amax, inf scales off)."""
+    from tilebin.ops import quant
+
+    _seed("pc-huge")
+    tokens, hidden = 300, 576
+    col_scale = torch.pow(10.0, torch.linspace(-30, 30, hidden, device="cuda"))
+    x = (torch.randn((tokens, hidden), device="cuda") * col_scale).to(torch.bfloat16)
+    for round_sf in (False, True):
+        _check(quant.per_channel_cast(x, "e4m3", 128, round_sf), pc_ref.per_channel_cast(x, 128, round_sf),
+               f"huge columns round_sf={round_sf} ({pc_kernel})")
+
+
+# ------------------------------------------------------------------------------ per_token_cast
+@pytest.fixture(params=["shipped", "candidate"])
+def pt_kernel(request, require, monkeypatch):
+    """Whether per_token_cast takes the decode candidate (TILEBIN_CANDIDATE_PER_TOKEN_CAST=1)."""
+    from tilebin.ops.quant import _per_token
+
+    require(PT_SHIPPED)
+    if request.param == "candidate":
+        require(PT_CAND)
+    monkeypatch.setattr(_per_token, "_CAST_TRIAL", request.param == "candidate")
+    _per_token._FAST.clear()  # memoized plans were built under the other setting
+    yield request.param
+    _per_token._FAST.clear()
+
+
+PT_CASES = [(t, h, d) for t in (1, 2, 4, 16, 64, 128, 256) for h, d in ((7168, "bfloat16"), (576, "float32"))]
+PT_CASES += [(3, 2080, "bfloat16"), (5, 160, "float32"), (128, 2048, "float32"), (257, 7168, "bfloat16"),
+             (4001, 7168, "bfloat16"), (0, 7168, "bfloat16")]
+# (channels per scale, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0)
+PT_LAYOUTS = [(128, False, False, False), (128, True, True, False), (16, False, True, False),
+              (32, True, False, False), (64, False, False, False), (128, True, True, True), ("hidden", False, False, False)]
+
+
+@pytest.mark.parametrize("layout", PT_LAYOUTS, ids=lambda lay: "-".join(str(v) for v in lay))
+@pytest.mark.parametrize("case", PT_CASES, ids=lambda c: f"{c[0]}x{c[1]}-{c[2]}")
+def test_per_token_cast_candidate(pt_kernel, case, layout):
+    from tilebin.ops import quant
+
+    tokens, hidden, dtype = case
+    group, col, rnd, packed = layout
+    group = hidden if group == "hidden" else group
+    flags = dict(use_tma_aligned_col_major_sf=col, round_sf=rnd, use_packed_ue8m0=packed)
+    name = f"per_token_cast {tokens}x{hidden} {dtype} n{group} {flags} ({pt_kernel})"
+    _seed("pt", case, layout)
+    x = torch.randn((tokens, hidden), device="cuda", dtype=getattr(torch, dtype))
+    if tokens > 3:
+        x[0, :64] = 0
+        x[1, :32] = -0.0
+        x[2, -48:] *= 1e-20
+        x[3, 5] = 1e4
+    want = quant_ref.cast(x, "e4m3", (1, group), **flags)
+    for _ in range(2):  # the second call takes the memoized plan
+        _poison_cache(4 * x.numel() + (1 << 20))
+        out, sf = quant.per_token_cast(x, "e4m3", group, **flags)
+        quant_ref.assert_equal(out, want[0], f"{name}: out")
+        quant_ref.assert_equal(sf, want[1], f"{name}: sf")
+        if out.numel():
+            quant_ref.assert_all_written(out, f"{name}: out")
+
+
+def test_per_token_cast_candidate_strided_rows(pt_kernel):
+    """A row stride past hidden (aligned: no copy) at a decode size."""
+    from tilebin.ops import quant
+
+    _seed("pt-strided")
+    base = torch.randn((8, 7168 + 64), device="cuda", dtype=torch.bfloat16)
+    x = base[:, :7168]
+    want = quant_ref.cast(x.contiguous(), "e4m3", (1, 128))
+    out, sf = quant.per_token_cast(x, "e4m3", 128)
+    quant_ref.assert_equal(out, want[0], f"strided rows: out ({pt_kernel})")
+    quant_ref.assert_equal(sf, want[1], f"strided rows: sf ({pt_kernel})")
