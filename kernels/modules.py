@@ -32,6 +32,7 @@ ALL_MODULES = (
     "tilebin.kernels.quant.per_token_cast_e5m6",
     "tilebin.kernels.moe.topk_gate",
     "tilebin.kernels.moe.top2_sum_gate",
+    "tilebin.kernels.moe.top2_sum_gate_candidate",
     "tilebin.kernels.moe.topk_sum_and_topk_group_idx",
     "tilebin.kernels.moe.topk_sum_and_topk_group_idx_candidate",
     "tilebin.kernels.moe.aux_fi",
@@ -52,6 +53,7 @@ ALL_MODULES = (
     "tilebin.kernels.engram.engram_gate_fwd",
     "tilebin.kernels.engram.engram_gate_bwd",
     "tilebin.kernels.engram.grad_w_reduce",
+    "tilebin.kernels.engram.grad_w_reduce_candidate",
 ) + tuple(
     f"tilebin.kernels.mhc.{p.stem}" for p in sorted(_MHC.glob("*.py")) if not p.name.startswith("_")
 )
