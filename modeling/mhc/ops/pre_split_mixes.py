@@ -30,7 +30,8 @@ from tilebin.ops.config import get_num_sms
 
 _OP = "mhc_pre_split_mixes"
 # Speed-trial switch, read once at import (removed when the lead swaps the winner in):
-# TILEBIN_CANDIDATE_MHC_PRE_SPLIT_MIXES_FWD=1 launches the internal candidate forward (issue 9; same arguments and grid rule).
+# TILEBIN_CANDIDATE_MHC_PRE_SPLIT_MIXES_FWD=1 launches the internal candidate forward
+# (issue 9; same arguments, its own grid rule from the manifest).
 _FWD_KERNEL = ("mhc._pre_split_mixes_fwd_candidate" if os.environ.get("TILEBIN_CANDIDATE_MHC_PRE_SPLIT_MIXES_FWD") == "1"
                else "mhc.pre_split_mixes_fwd")
 MULTS = (2, 4, 8)
