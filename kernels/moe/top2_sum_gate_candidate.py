@@ -1,6 +1,6 @@
 """``moe._top2_sum_gate_candidate``: ``moe.top2_sum_gate`` with its loads in flight together.
 
-Internal (issue 12): same parameters, same variants (``slots``), same outputs bit for bit as
+Internal (issue 12): same parameters, same outputs bit for bit as
 ``moe.top2_sum_gate`` (``tilebin.ops.moe.top2_sum_gate`` launches it when
 ``TILEBIN_CANDIDATE_TOP2_SUM_GATE=1``); see that module for the contract.
 
@@ -22,7 +22,8 @@ runs 64-bit divisions even with one TP rank.  Here:
   groups from registers.  Other group sizes take ``group_rank`` (as shipped);
 * selection: the lane's best key is a max tree, the lowest index holding the warp max a min
   tree (same winner as ``pick_next``: largest key, lowest index);
-* with ``num_tp_ranks == 1`` the EP/TP renumbering is the identity and is skipped.
+* with ``num_tp_ranks == 1`` the EP/TP renumbering is the identity and is skipped;
+* a ``slots = 4`` variant (65-128 experts, e.g. 108) halves the padding slots of ``slots = 8``.
 Every float operation on the outputs' path is the shipped kernel's, in the same order.
 """
 
@@ -31,7 +32,9 @@ import tilelang.language as T
 
 from .._declare import KernelDecl
 from ._gating_common import INDEX_NONE, KEY_GONE, KEY_NEG_INF, float_key, group_rank
-from .top2_sum_gate import HAS_FIX, HAS_MAP, HAS_MASK, HAS_UNMAPPED, HASH_PRIME, SIGMOID, SLOTS, SOFTMAX, WARPS
+from .top2_sum_gate import HAS_FIX, HAS_MAP, HAS_MASK, HAS_UNMAPPED, HASH_PRIME, SIGMOID, SOFTMAX, WARPS
+
+SLOTS = (2, 4, 8)  # experts <= 64, 128, 256 (the op picks 4 for 65-128 experts: half the slots of 8)
 
 
 def _key_value(key):

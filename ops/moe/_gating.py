@@ -44,6 +44,7 @@ _TOPK_SUM_KERNEL = (_TOPK_SUM_CANDIDATE if os.environ.get("TILEBIN_CANDIDATE_TOP
 # TILEBIN_CANDIDATE_TOP2_SUM_GATE=1 makes top2_sum_gate launch the candidate (same parameters and variants).
 _TOP2_CANDIDATE = "moe._top2_sum_gate_candidate"
 _TOP2_KERNEL = _TOP2_CANDIDATE if os.environ.get("TILEBIN_CANDIDATE_TOP2_SUM_GATE") == "1" else "moe.top2_sum_gate"
+_TOP2_CAND_SLOTS = (2, 4, 8)  # the candidate also has a 128-expert variant
 
 
 def _launcher(name: str, slots: int | None) -> Any:
@@ -385,7 +386,7 @@ def top2_sum_gate(
     num_tokens, num_experts = logits.shape
     if bias.shape[0] != num_experts:
         raise fail(op, f"bias has {bias.shape[0]} elements; want one per routed expert ({num_experts})")
-    slots = _slots(op, num_experts, _TOP2_SLOTS)
+    slots = _slots(op, num_experts, _TOP2_CAND_SLOTS if _TOP2_KERNEL == _TOP2_CANDIDATE else _TOP2_SLOTS)
     num_shared = _check_routing(op, num_experts, num_topk, num_topk_groups, num_groups,
                                 use_shared_as_routed, num_shared_experts)
     scoring = _SCORING.get(scoring_func) if isinstance(scoring_func, str) else None

@@ -132,20 +132,26 @@ def test_top2_sum_gate_candidate_ties_and_specials(moe, gen, cfg):
             _check_top2(moe, args, kw, f"ties {cfg} {scoring} case {case}", against_ref=case < 2)
 
 
+@pytest.mark.parametrize("groups", (8, 2, 5, 9))  # 32 experts per group: <= 8 groups is the register path
 @pytest.mark.parametrize("tokens", (1, 4, 16, 64, 128, 1001, 4001, 8001))
-def test_topk_sum_candidate_bits(moe, gen, tokens):
+def test_topk_sum_candidate_bits(moe, gen, tokens, groups):
     from tilebin.ops.moe import _gating
 
-    scores = torch.randn(tokens, 8, 32, device="cuda", generator=gen)
-    scores[:, :, ::7] = torch.randint(-1, 2, (tokens, 8, 5), device="cuda", generator=gen).float()
-    for s, k in ((1, 4), (2, 4), (2, 8)):
+    scores = torch.randn(tokens, groups, 32, device="cuda", generator=gen)
+    scores[:, :, ::7] = torch.randint(-1, 2, (tokens, groups, 5), device="cuda", generator=gen).float()
+    if tokens >= 8:
+        scores[0, 0, 3] = float("nan")
+        scores[1] = -0.0
+        scores[2, -1] = float("inf")
+        scores[3, :, 0] = float("-inf")
+    for s, k in ((1, 2), (2, 2), (2, groups)):
         outs = []
         for name in TOPK_SUM:
             base._poison_cache()
             outs.append(_with_kernel(_gating, "_TOPK_SUM_KERNEL", name,
                                      lambda: moe.topk_sum_and_topk_group_idx(scores, s, k)))
         assert_bits_equal(outs[1], outs[0], f"topk_sum tokens={tokens} sum={s} k={k}")
-        base._equal(outs[1], ref.topk_sum_and_topk_group_idx(scores, s, k), f"topk_sum vs reference {tokens}")
+        base._equal(outs[1], ref.topk_sum_and_topk_group_idx(scores.cpu(), s, k), f"topk_sum vs reference {tokens}")
 
 
 @pytest.mark.parametrize("topk", (1, 2, 6, 8, 9, 16, 17))
