@@ -30,6 +30,7 @@ ALL_MODULES = (
     "tilebin.kernels.quant.cast_back",
     "tilebin.kernels.quant.cast_back_e5m6",
     "tilebin.kernels.quant.per_token_cast_e5m6",
+    "tilebin.kernels.quant.per_token_cast_e5m6_candidate",
     "tilebin.kernels.moe.topk_gate",
     "tilebin.kernels.moe.top2_sum_gate",
     "tilebin.kernels.moe.top2_sum_gate_candidate",

@@ -18,18 +18,24 @@ x.  The kernel runs on torch's current stream.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import torch
 from torch.compiler import is_compiling
 
-from .._common import TRACING, ptr, check_cuda, check_flag, check_tensor, fail, launcher
+from .._common import TRACING, ptr, check_cuda, check_flag, check_tensor, fail, kernel_meta, launcher
 from .._torch import traced
 from ._sf import output_layout
 
 QuantTensor = tuple[torch.Tensor, torch.Tensor]
 
 _KERNEL = "quant.per_token_cast_e5m6"
+# Speed-trial switch, read once at import (removed when the lead swaps the winner in):
+# TILEBIN_CANDIDATE_PER_TOKEN_CAST_E5M6=1 makes fp32 inputs launch the internal candidate kernel (same
+# parameters; tokens_per_block sized by its meta "cached_units"); bf16 keeps _KERNEL.
+_FP32_CANDIDATE = "quant._per_token_cast_e5m6_candidate"
+_FP32_KERNEL = _FP32_CANDIDATE if os.environ.get("TILEBIN_CANDIDATE_PER_TOKEN_CAST_E5M6") == "1" else _KERNEL
 _DTYPE_KEY = {torch.bfloat16: "bfloat16", torch.float32: "float32"}
 _INT32_MAX = 2**31 - 1
 
@@ -38,6 +44,14 @@ def _tokens_per_block(hidden: int) -> int:
     """Tokens sharing a 128-thread block: each thread keeps up to 8 units of 8 values."""
     units = hidden // 8
     return 4 if units <= 256 else (2 if units <= 512 else 1)
+
+
+def _candidate_tokens_per_block(hidden: int) -> int:
+    """Tokens per 128-thread block for the fp32 candidate: as many as keep every unit of a thread
+    cached (``cached_units`` per thread), at least 1."""
+    per_block = 128 * kernel_meta(_FP32_CANDIDATE, "cached_units")  # units one block keeps cached
+    units = hidden // 8
+    return 4 if 4 * units <= per_block else (2 if 2 * units <= per_block else 1)
 
 
 def _kernel_input(x: torch.Tensor) -> torch.Tensor:
@@ -86,8 +100,12 @@ def per_token_cast_to_e5m6(
     out = torch.empty((tokens, hidden * 3 // 2), dtype=torch.uint8, device=x.device)
     raw_sf = layout.alloc(tokens, hidden, x.device)
     if tokens:
-        fn = launcher(_KERNEL, in_dtype=_DTYPE_KEY[x.dtype], sf_kind=layout.kind)
-        fn(_kernel_input(x), out, raw_sf, int(rnd), _tokens_per_block(hidden))
+        if _FP32_KERNEL != _KERNEL and x.dtype == torch.float32:
+            fn = launcher(_FP32_KERNEL, in_dtype="float32", sf_kind=layout.kind)
+            fn(_kernel_input(x), out, raw_sf, int(rnd), _candidate_tokens_per_block(hidden))
+        else:
+            fn = launcher(_KERNEL, in_dtype=_DTYPE_KEY[x.dtype], sf_kind=layout.kind)
+            fn(_kernel_input(x), out, raw_sf, int(rnd), _tokens_per_block(hidden))
     return out, layout.finish(raw_sf, tokens)
 
 

@@ -4,11 +4,14 @@ monkeypatched), bit-exact against ``quant_ref`` and with every output element wr
 
 * ``quant._per_channel_cast_candidate`` (``TILEBIN_CANDIDATE_PER_CHANNEL_CAST``): per_channel_cast
   and per_channel_cast_fused (plain) on bf16 at 0, 1, odd, partial-tile and benchmark sizes,
-  round_sf on and off, special values; each trial variant (``min_blocks``) pinned in turn;
+  round_sf on and off, special values;
 * ``quant._per_token_cast_candidate`` (``TILEBIN_CANDIDATE_PER_TOKEN_CAST``): per_token_cast
   e4m3 bf16 / fp32 at decode sizes (1-256 tokens, where the op takes the candidate) and past
   them (257, 4001: the shipped kernel), 16..128 channels per scale, row / column-major scales,
-  round_sf, and the layouts the candidate leaves to the shipped kernel (UE8M0, one scale per row).
+  round_sf, and the layouts the candidate leaves to the shipped kernel (UE8M0, one scale per row);
+* ``quant._per_token_cast_e5m6_candidate`` (``TILEBIN_CANDIDATE_PER_TOKEN_CAST_E5M6``): fp32
+  E5M6 at 0, 1, odd and benchmark sizes, hidden 8..7168 (every tokens_per_block, and units past
+  the cached ones), the row, column-major and UE8M0 scale layouts, round_sf.
 """
 
 from __future__ import annotations
@@ -47,21 +50,16 @@ def _check(got, want, name: str) -> None:
 
 
 # ------------------------------------------------------------------------------ per_channel_cast
-@pytest.fixture(params=["shipped", "candidate-4", "candidate-5"])
+@pytest.fixture(params=["shipped", "candidate"])
 def pc_kernel(request, require, monkeypatch):
     """Which kernel per_channel_cast launches for plain bf16 (TILEBIN_CANDIDATE_PER_CHANNEL_CAST=1
-    picks the candidate at import); the candidate's trial variants pinned by ``min_blocks``."""
+    picks the candidate at import)."""
     from tilebin.ops.quant import _per_channel
 
     require(PC_SHIPPED)
-    if request.param == "shipped":
-        return request.param
-    require(PC_CAND)
-    blocks = int(request.param.rsplit("-", 1)[1])
-    plain = _per_channel.launcher
-    monkeypatch.setattr(_per_channel, "_PLAIN_BF16_KERNEL", PC_CAND)
-    monkeypatch.setattr(_per_channel, "launcher",
-                        lambda name, **key: plain(name, **(dict(key, min_blocks=blocks) if name == PC_CAND else key)))
+    if request.param == "candidate":
+        require(PC_CAND)
+        monkeypatch.setattr(_per_channel, "_PLAIN_BF16_KERNEL", PC_CAND)
     return request.param
 
 
@@ -164,3 +162,49 @@ def test_per_token_cast_candidate_strided_rows(pt_kernel):
     out, sf = quant.per_token_cast(x, "e4m3", 128)
     quant_ref.assert_equal(out, want[0], f"strided rows: out ({pt_kernel})")
     quant_ref.assert_equal(sf, want[1], f"strided rows: sf ({pt_kernel})")
+
+
+# ------------------------------------------------------------------------------ per_token_cast e5m6
+E5_SHIPPED, E5_CAND = "quant.per_token_cast_e5m6", "quant._per_token_cast_e5m6_candidate"
+
+
+@pytest.fixture(params=["shipped", "candidate"])
+def e5_kernel(request, require, monkeypatch):
+    """Which kernel per_token_cast(fmt='e5m6') launches for fp32 (TILEBIN_CANDIDATE_PER_TOKEN_CAST_E5M6=1)."""
+    from tilebin.ops.quant import _e5m6
+
+    require(E5_SHIPPED)
+    if request.param == "candidate":
+        require(E5_CAND)
+        monkeypatch.setattr(_e5m6, "_FP32_KERNEL", E5_CAND)
+    return request.param
+
+
+# hidden sizes: all units cached with 4 / 2 / 1 tokens per block, and past the cache (re-read)
+E5_CASES = [(0, 2048), (1, 2048), (3, 576), (4001, 2048), (8001, 2048), (130, 1024), (77, 4096), (33, 7168),
+            (4001, 7168), (5, 8)]
+E5_LAYOUTS = [(False, False, False), (True, True, False), (True, True, True), (False, True, False)]
+
+
+@pytest.mark.parametrize("layout", E5_LAYOUTS, ids=lambda lay: "-".join(str(v) for v in lay))
+@pytest.mark.parametrize("case", E5_CASES, ids=lambda c: f"{c[0]}x{c[1]}")
+def test_per_token_cast_e5m6_candidate(e5_kernel, case, layout):
+    from tilebin.ops import quant
+
+    tokens, hidden = case
+    col, rnd, packed = layout
+    flags = dict(use_tma_aligned_col_major_sf=col, round_sf=rnd, use_packed_ue8m0=packed)
+    name = f"e5m6 {tokens}x{hidden} fp32 {flags} ({e5_kernel})"
+    _seed("e5", case, layout)
+    k = torch.randint(-30, 30, (tokens, hidden), device="cuda").float()
+    x = torch.randn((tokens, hidden), device="cuda") * torch.exp2(k)  # subnormal codes, underflow
+    if tokens:
+        x[::7] = 0.0  # zero rows: amax clamped
+        x[1::5, ::3] = -0.0
+    want = quant_ref.cast_to_e5m6(x, hidden, **flags)
+    _poison_cache(4 * x.numel() + (1 << 20))
+    data, sf = quant.per_token_cast(x, "e5m6", hidden, **flags)
+    quant_ref.assert_equal(data, want[0], f"{name}: data")
+    quant_ref.assert_equal(sf, want[1], f"{name}: sf")
+    if data.numel():
+        quant_ref.assert_all_written(data, f"{name}: data")
