@@ -19,10 +19,12 @@ stream (10 ``LDG.E.128``, 40 load registers) plus 20 scalar loads of the mixes, 
 fourth block of every token half idle (896 vectors).  Here a thread owns ``U`` = 1 vector for
 M >= 4 (2 for M = 2): grid ``(num_tokens, ceil(hidden / (8 * 128 * U)))``, every slot full for
 hidden a multiple of 1024; the mixes come in as 16-byte vectors (M = 4: 4 + 1 loads instead of
-20), addresses are int32 vector indices, and each output stream is computed and stored before
-the next (4 bf16 registers of output).  M = 4 under ``__launch_bounds__(128, 8)``: 32 warps per
-SM, the same ~80 KB of loads in flight per SM as before with twice the warps to overlap the
-arithmetic and stores of one block with the loads of the others.
+20), addresses are int32 vector indices.  SASS (nvcc 13.0), no spills: M = 4 64 registers under ``__launch_bounds__(128, 8)``
+(a cap of 48 for 10 blocks spilled 72 bytes), 10 ``LDG.E.128`` issued back to back (4 comb + 1
+post + 1 x + 4 residual), 4 ``STG.E.128``: 32 warps per SM, the same ~80 KB of loads in flight
+per SM as before with twice the warps to overlap one block's arithmetic and stores with the
+others' loads.  M = 2: 48 registers (was 78), M = 8: 167 (as before), 27 ``LDG.E.128`` (was 9
++ 72 scalar).
 """
 
 # No ``from __future__ import annotations``: TileLang evaluates the PrimFunc's tensor
