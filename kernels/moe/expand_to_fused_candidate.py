@@ -27,7 +27,8 @@ from .expand_to_fused import _PASS_CONFIGS, _VEC, GRID_SF
 
 THREADS = 64  # two warps: 32 resident blocks per SM
 U = 8  # 16-byte vectors per thread per chunk (prefetched together)
-ZR = 2  # slots each block checks for padding
+ZR = 2  # slots each block checks for padding (from ZR_SLOTS slots on; 1 below: decode)
+ZR_SLOTS = 8192
 WARP = 32
 
 
@@ -41,7 +42,8 @@ def expand_to_fused_with_sf_candidate(dtype: str, sf: str):
     nvec = hidden // _VEC[dtype]
     x_words = (num_tokens, nvec * 4)
     out_words = (num_slots, nvec * 4)
-    grid = T.max(num_tokens, T.ceildiv(num_slots, ZR))
+    zr = T.min(ZR, 1 + num_slots // ZR_SLOTS)
+    grid = T.max(num_tokens, T.ceildiv(num_slots, zr))
 
     @T.prim_func
     def main_sf(
@@ -75,19 +77,19 @@ def expand_to_fused_with_sf_candidate(dtype: str, sf: str):
                             words[u * 4 + w] = T.Tensor(x_words, "uint32", x.data)[bx, (u * THREADS + tid) * 4 + w]
             # last: nvcc waits for this load where its branch closes
             expert = 0
-            if lane < ZR and bx * ZR + lane < num_slots:
-                expert = pos_to_expert[bx * ZR + lane]
+            if lane < zr and bx * zr + lane < num_slots:
+                expert = pos_to_expert[bx * zr + lane]
             mask = T.Cast("int32", T.ballot_sync(T.Cast("int32", expert < 0)))
             for r in T.unroll(ZR):
                 if (mask >> r) & 1 != 0:
                     for c in T.serial(T.ceildiv(nvec, THREADS)):
                         if c * THREADS + tid < nvec:
                             for w in T.vectorized(4):
-                                T.Tensor(out_words, "uint32", out.data)[bx * ZR + r,
+                                T.Tensor(out_words, "uint32", out.data)[bx * zr + r,
                                                                         (c * THREADS + tid) * 4 + w] = T.uint32(0)
                     for c in T.serial(T.ceildiv(sf_cols, THREADS)):
                         if c * THREADS + tid < sf_cols:
-                            out_sf[bx * ZR + r, c * THREADS + tid] = T.Cast(sf, 0)
+                            out_sf[bx * zr + r, c * THREADS + tid] = T.Cast(sf, 0)
             if bx < num_tokens:
                 for c in T.serial(T.ceildiv(nvec, THREADS * U)):
                     if c > 0:

@@ -112,6 +112,19 @@ def test_reduce_fused_topk(moe, reduce_kernel, topk):
         _reduce_check(moe, x, None, None, ttp, "", None, f"topk {topk}")
 
 
+@pytest.mark.parametrize("tokens, topk, hidden", [(600, 9, 7168), (1100, 6, 3080), (1600, 17, 2048),
+                                                  (4000, 8, 7168), (9000, 3, 1032)])
+def test_reduce_fused_chunk_loop(moe, reduce_kernel, tokens, topk, hidden):
+    """Token counts where a candidate block walks several chunks of its row (from 512 tokens on),
+    some past the row's end, with top-k batches reloaded per chunk (top-k > 8) or kept."""
+    seed("cand_reduce_chunks", tokens, topk, hidden)
+    idx = topk_idx(tokens, topk, 64, 1)
+    for dtype in (torch.bfloat16, torch.float32):
+        x, w, x_sf, ttp = _reduce_inputs(idx, 64, 8, hidden, dtype)
+        _reduce_check(moe, x, w, x_sf, ttp, "", None, "chunks")
+        _reduce_check(moe, x, None, None, ttp, "e4m3", torch.rand((1,), device="cuda") + 0.5, "chunks")
+
+
 def test_reduce_fused_empty_and_single(moe, reduce_kernel):
     """0 tokens (nothing launched) and 1 token with a single valid slot."""
     seed("cand_reduce_small")
@@ -197,7 +210,8 @@ def test_expand_sf_hidden(moe, expand_kernel, hidden, dtype):
 
 
 @pytest.mark.parametrize("tokens, topk, slots", [(0, 4, 0), (0, 4, 77), (1, 1, 0), (1, 9, 300), (5, 40, 0),
-                                                 (33, 33, 0), (3, 2, 1000)])
+                                                 (33, 33, 0), (3, 2, 1000),
+                                                 (3, 2, 8191), (3, 2, 8192), (700, 3, 9001)])
 def test_expand_sf_edges(moe, expand_kernel, tokens, topk, slots):
     """Empty inputs, slots past the tokens (blocks that only zero-fill), top-k wider than a warp."""
     seed("cand_expand_edges", tokens, topk, slots)
