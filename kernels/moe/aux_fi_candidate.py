@@ -18,8 +18,8 @@ global warp ``g`` owns experts ``g, g + G, ...``: its lanes load the expert's co
 workspace (all rows at once, ``ROWS_PER_LANE`` per lane), a shuffle reduction sums it and lane
 0 writes ``out[e]``.  ``moe.aux_fi`` zeroes ``out`` under a first grid barrier, adds per-block
 bins with global atomics and converts after a second barrier.  The ``single_block`` variant (a
-plain launch, ``workspace`` unused) converts straight from the shared histogram, with
-``SB_UNROLL`` loads in flight per thread.
+plain launch, ``workspace`` unused) converts straight from the shared histogram.  ``unroll``:
+the loads each thread has in flight per sweep of the grid.
 """
 
 # No ``from __future__ import annotations``: TileLang evaluates the PrimFunc's tensor
@@ -30,23 +30,22 @@ from .._declare import KernelDecl
 
 THREADS = 256
 WARPS = THREADS // 32
-UNROLL = 4  # flat entries each thread loads per sweep (cooperative grid)
-SB_UNROLL = 8  # the same, single block
 BLOCKS_PER_SM = 2
 MAX_BLOCKS = 512  # workspace rows a warp sums: 32 lanes x ROWS_PER_LANE
 ROWS_PER_LANE = MAX_BLOCKS // 32
 SHARED_BINS = 4096  # the largest num_experts (16 KB of shared memory)
-VARIANTS = ({"single_block": False}, {"single_block": True})
+# unroll: flat entries each thread loads per sweep (the op sizes the grid to one sweep where it can)
+VARIANTS = ({"single_block": False, "unroll": 4}, {"single_block": False, "unroll": 8},
+            {"single_block": True, "unroll": 8})
 
 
-def aux_fi_candidate(single_block: bool):
+def aux_fi_candidate(single_block: bool, unroll: int):
     """Build the PrimFunc: one block (plain launch) or a cooperative grid of workspace-row blocks."""
     num_tokens, num_topk = T.dynamic("num_tokens"), T.dynamic("num_topk")
     num_experts = T.dynamic("num_experts")
     ws_rows = T.dynamic("workspace_rows")
     entries = num_tokens * num_topk
     nblocks = 1 if single_block else ws_rows
-    unroll = SB_UNROLL if single_block else UNROLL
     sweep = THREADS * unroll
 
     @T.prim_func

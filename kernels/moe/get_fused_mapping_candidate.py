@@ -1,5 +1,5 @@
-"""``moe._get_fused_mapping_candidate``: ``moe.get_fused_mapping`` with a single-block fast path
-and parallel padding (speed trial of issue 12; same parameters, same layout, same bits).
+"""``moe._get_fused_mapping_candidate``: ``moe.get_fused_mapping`` with a barrier-free path for
+small inputs and coalesced padding (speed trial of issue 12; same parameters, layout and bits).
 
 Parameters, layout and contract: exactly those of ``moe.get_fused_mapping`` (see its module
 docstring): ``topk_idx``, the three ``pos_to_*`` slot maps, ``token_topk_to_pos``,
@@ -8,25 +8,28 @@ docstring): ``topk_idx``, the three ``pos_to_*`` slot maps, ``token_topk_to_pos`
 flattened index order alone, so the outputs are bit-identical to the shipped kernel's for any
 block count and either variant.
 
-Variants (``single_block``):
+Variants (``redundant``):
 
-* ``True``: one block, a plain launch, block barriers only; the workspace is not touched (the
-  op must pass a workspace of 2 rows, i.e. one block).  Per-expert totals are the block's own
-  sums, kept in registers: no cross-block phase at all.
+* ``True``: a plain launch of ``num_blocks`` blocks (no grid barrier) in which every block
+  counts all entries and scans the experts itself (the op takes it for decode-sized inputs,
+  where a second read of a few KB of indices is cheaper than a grid barrier); warp ``w``'s run
+  is walked by block ``w % num_blocks``, and padding and the tail are spread over all blocks
+  (one SM writes only about one sector per cycle: 390 KB of -1 at alignment 128 take ~6 us in
+  one block).  The workspace is not touched.
 * ``False``: the shipped cooperative design (phase 1 counts, ``T.sync_grid()``, phase 2
   per-expert block prefixes spread over all warps of the grid, ``T.sync_grid()``).
 
-What differs from ``moe.get_fused_mapping`` (where its time went at decode, one block):
+Where ``moe.get_fused_mapping``'s time went at decode (one block of 8 warps, 68 us at 256
+experts): phase 2 walked the experts serially per warp (32 per warp: a dependent L2 load and a
+160-instruction body each), two grid barriers ran for one block, and the padding fill walked
+the 256 experts one after another in that block (a 123-instruction body with two run-time
+divisions by ``alignment`` each).  Only 8 warps: every dependent latency is exposed.
 
-* phase 2 there walked the experts serially per warp (32 experts per warp at 256 experts, a
-  dependent L2 load and a shuffle scan each) and two grid barriers ran even for one block;
-* its padding fill walked every expert serially in the block that owns it (256 iterations at
-  256 experts, each with two run-time integer divisions by ``alignment``).
-
-Here each thread writes the padding of the experts it owns straight from registers during the
-scan when ``alignment <= SMALL_PAD`` (at most ``SMALL_PAD - 1`` slots each, no division, no
-shared load), else one warp per expert covers its padding 32 slots at a time; the first 128
-entries of each warp's run are kept in registers between the count and the slot walk.
+Here padding is written by groups of ``2**gs`` lanes (the smallest power of two >= ``alignment
+- 1``, at most 32), one expert per group and consecutive slots per lane, so each store
+instruction covers whole sectors (one thread per expert would scatter 32 sectors per store, and
+one SM issues about one sector per cycle); the first 128 entries of each warp's run stay in
+registers between the count and the slot walk.
 """
 
 # No ``from __future__ import annotations``: TileLang evaluates the PrimFunc's tensor
@@ -35,7 +38,7 @@ import tilelang.language as T
 
 from .._declare import KernelDecl
 
-THREADS = 256
+THREADS = 256  # threads per block
 WARPS = THREADS // 32
 MAX_EXPERTS = 1024
 EXPERTS_PER_THREAD = MAX_EXPERTS // THREADS
@@ -44,21 +47,22 @@ BLOCKS_PER_LANE = MAX_BLOCKS // 32
 FULL = 0xFFFFFFFF
 UNROLL = 4  # index loads each lane issues before using them
 STEP = 32 * UNROLL  # entries a warp takes per trip
-SMALL_PAD = 32  # alignments up to this: padding written per owning thread from registers
-VARIANTS = ({"single_block": False}, {"single_block": True})
+VARIANTS = ({"redundant": False}, {"redundant": True})
 
 
-def get_fused_mapping_candidate(single_block: bool):
-    """Build the PrimFunc: one block (plain launch) or a cooperative grid."""
+def get_fused_mapping_candidate(redundant: bool):
+    """Build the PrimFunc: blocks that each count every entry (plain launch) or a cooperative grid."""
     num_tokens, num_topk = T.dynamic("num_tokens"), T.dynamic("num_topk")
     num_slots = T.dynamic("num_expanded_tokens")
     num_experts = T.dynamic("num_experts")
     ws_rows = T.dynamic("workspace_rows")
     numel = num_tokens * num_topk
-    nblocks = 1 if single_block else ws_rows - 1
+    nblocks = ws_rows - 1
+    counting = 1 if redundant else nblocks  # the blocks the runs are spread over
     # entries per warp run: a multiple of STEP, so all lanes of a warp take the same trips
-    run = T.ceildiv(T.ceildiv(numel, nblocks * WARPS), STEP) * STEP
+    run = T.ceildiv(T.ceildiv(numel, counting * WARPS), STEP) * STEP
     per = T.ceildiv(num_experts, THREADS)  # experts each thread owns in the scan
+    walkers = nblocks if redundant else 1  # redundant: warp w's run is walked by block w % nblocks
 
     @T.macro
     def load_run(topk_idx, evs, first):
@@ -114,6 +118,7 @@ def get_fused_mapping_candidate(single_block: bool):
             pos = T.alloc_var("int32")
             rank = T.alloc_var("int32")
             aligned = T.alloc_var("int32")
+            gs = T.alloc_var("int32")
 
             # ---- phase 1: per-warp counts of each warp's run; per-expert block sums
             for j in T.serial(T.ceildiv(num_experts, THREADS)):
@@ -122,7 +127,7 @@ def get_fused_mapping_candidate(single_block: bool):
                         cnt[w, j * THREADS + tid] = 0
             T.sync_threads()
             base = T.alloc_var("int32")
-            base = (bx * WARPS + warp) * run
+            base = ((0 if redundant else bx) * WARPS + warp) * run
             for u in T.unroll(UNROLL):
                 keep[u] = -1
             for it in T.serial(run // STEP):
@@ -141,12 +146,12 @@ def get_fused_mapping_candidate(single_block: bool):
                     acc = 0
                     for w in T.unroll(WARPS):
                         acc = acc + cnt[w, tid * per + j]
-                    if single_block:
+                    if redundant:
                         tot[j] = acc
                     else:
                         workspace[bx, tid * per + j] = acc
 
-            if not single_block:
+            if not redundant:
                 T.sync_grid()
                 # ---- phase 2: per expert, exclusive prefixes over blocks (in place), the total
                 for it in T.serial(T.ceildiv(num_experts, nblocks * WARPS)):
@@ -208,50 +213,50 @@ def get_fused_mapping_candidate(single_block: bool):
                         up = cnt[w, ex]
                         cnt[w, ex] = acc
                         acc = acc + up
-                    # small alignments: this expert's padding (< SMALL_PAD slots), by one block
-                    if alignment <= SMALL_PAD and ex % nblocks == bx:
-                        for p in T.serial(alignment - 1):
-                            pos = run_sum + tot[j] + p
-                            if pos < run_sum + aligned and pos < num_slots:
-                                fill(pos_to_expert, pos_to_token, pos_to_token_topk, pos)
                     run_sum = run_sum + aligned
             T.sync_threads()
 
-            # ---- phase 3b: slots of each warp's run, in order
-            for it in T.serial(run // STEP):
-                if it == 0:
+            # ---- phase 3b: slots of each warp's run, in order (redundant: warp w's by block w % nblocks)
+            if warp % walkers == bx % walkers:
+                for it in T.serial(run // STEP):
+                    if it == 0:
+                        for u in T.unroll(UNROLL):
+                            evs[u] = keep[u]
+                    else:
+                        load_run(topk_idx, evs, base + it * STEP + lane)
                     for u in T.unroll(UNROLL):
-                        evs[u] = keep[u]
-                else:
-                    load_run(topk_idx, evs, base + it * STEP + lane)
-                for u in T.unroll(UNROLL):
-                    ex = evs[u]
-                    mask = T.call_extern("uint32", "__match_any_sync", T.uint32(FULL), ex)
-                    rank = T.Cast("int32", T.popcount(mask & ((T.uint32(1) << T.Cast("uint32", lane)) - T.uint32(1))))
-                    flat = base + it * STEP + u * 32 + lane
-                    if ex >= 0:
-                        pos = cnt[warp, ex] + rank
-                        T.Tensor((numel,), "int32", token_topk_to_pos.data)[flat] = pos
-                        if pos < num_slots:
-                            pos_to_expert[pos] = ex
-                            pos_to_token[pos] = flat // num_topk
-                            pos_to_token_topk[pos] = flat
-                    elif flat < numel:
-                        T.Tensor((numel,), "int32", token_topk_to_pos.data)[flat] = -1
-                    T.sync_warp()
-                    if ex >= 0 and rank == 0:
-                        cnt[warp, ex] = cnt[warp, ex] + T.Cast("int32", T.popcount(mask))
-                    T.sync_warp()
+                        ex = evs[u]
+                        mask = T.call_extern("uint32", "__match_any_sync", T.uint32(FULL), ex)
+                        rank = T.Cast("int32", T.popcount(mask & ((T.uint32(1) << T.Cast("uint32", lane))
+                                                                  - T.uint32(1))))
+                        flat = base + it * STEP + u * 32 + lane
+                        if ex >= 0:
+                            pos = cnt[warp, ex] + rank
+                            T.Tensor((numel,), "int32", token_topk_to_pos.data)[flat] = pos
+                            if pos < num_slots:
+                                pos_to_expert[pos] = ex
+                                pos_to_token[pos] = flat // num_topk
+                                pos_to_token_topk[pos] = flat
+                        elif flat < numel:
+                            T.Tensor((numel,), "int32", token_topk_to_pos.data)[flat] = -1
+                        T.sync_warp()
+                        if ex >= 0 and rank == 0:
+                            cnt[warp, ex] = cnt[warp, ex] + T.Cast("int32", T.popcount(mask))
+                        T.sync_warp()
 
-            # ---- phase 3c: large alignments: one warp per expert, 32 padding slots at a time
-            if alignment > SMALL_PAD:
-                for it in T.serial(T.ceildiv(num_experts, nblocks * WARPS)):
-                    if (it * nblocks + bx) * WARPS + warp < num_experts:
-                        ex = (it * nblocks + bx) * WARPS + warp
-                        for p in T.serial(T.ceildiv(alignment - 1, 32)):
-                            pos = s_pad[ex] + p * 32 + lane
-                            if pos < s_end[ex] and pos < num_slots:
-                                fill(pos_to_expert, pos_to_token, pos_to_token_topk, pos)
+            # ---- phase 3c: padding, by groups of 2**gs lanes (the smallest power of two >= alignment - 1,
+            # at most 32): one expert per group, consecutive slots per lane (coalesced stores)
+            gs = 0
+            for d in T.unroll(5):
+                if (1 << gs) < alignment - 1:
+                    gs = gs + 1
+            for it in T.serial(T.ceildiv(num_experts, (nblocks * WARPS) * (32 >> gs))):
+                ex = (it * (nblocks * WARPS) + bx * WARPS + warp) * (32 >> gs) + (lane >> gs)
+                if ex < num_experts:
+                    for p in T.serial((alignment - 1 + (1 << gs) - 1) >> gs):
+                        pos = s_pad[ex] + (p << gs) + (lane & ((1 << gs) - 1))
+                        if pos < s_end[ex] and pos < num_slots:
+                            fill(pos_to_expert, pos_to_token, pos_to_token_topk, pos)
             # ---- the tail past the last expert, by all threads of the grid
             acc = 0
             for w in T.unroll(WARPS):
@@ -278,8 +283,8 @@ KERNELS = (
             "tl.disable_thread_storage_sync": True,  # barriers placed by hand
             "tl.disable_warp_specialized": True,
         },
-        doc="Candidate of moe.get_fused_mapping (same layout and bits): a single-block plain-launch variant, "
-            "padding written in parallel.",
+        doc="Candidate of moe.get_fused_mapping (same layout and bits): a plain-launch variant whose blocks "
+            "each count every entry (small inputs), coalesced padding.",
     ),
 )
 

@@ -41,6 +41,7 @@ _NORMALIZE_KERNEL = (_NORMALIZE_CANDIDATE if os.environ.get("TILEBIN_CANDIDATE_N
 # (num_experts <= its max_experts; a workspace of one row per block, one grid barrier).
 _AUX_FI_CANDIDATE = "moe._aux_fi_candidate"
 _AUX_FI_KERNEL = _AUX_FI_CANDIDATE if os.environ.get("TILEBIN_CANDIDATE_AUX_FI") == "1" else "moe.aux_fi"
+_AUX_FI_WIDE = 65536  # above this many indices the candidate's grid loads 8 per thread (fewer blocks), else 4
 
 
 
@@ -91,12 +92,13 @@ def aux_fi(topk_idx: torch.Tensor, num_experts: int, num_aux_topk: int) -> torch
 
 
 def _aux_fi_candidate(topk_idx: torch.Tensor, out: torch.Tensor, num_aux_topk: int, single: bool) -> None:
-    """Launch ``moe._aux_fi_candidate``: one block, or a co-resident grid (2 per SM) of one block
-    per 1024 entries, each with its workspace row (torch.empty: no fill kernel)."""
+    """Launch ``moe._aux_fi_candidate``: one block, or a co-resident grid (2 per SM at most) of one
+    block per 256 x unroll entries, each with its workspace row (torch.empty: no fill kernel)."""
+    unroll = 8 if single or topk_idx.numel() > _AUX_FI_WIDE else 4
     blocks = 1 if single else max(1, min(2 * get_num_sms(), kernel_meta(_AUX_FI_CANDIDATE, "max_blocks"),
-                                         -(-topk_idx.numel() // 1024)))
+                                         -(-topk_idx.numel() // (256 * unroll))))
     workspace = torch.empty((blocks, out.size(0)), dtype=torch.int32, device=out.device)
-    launcher(_AUX_FI_CANDIDATE, single_block=single)(topk_idx, out, workspace, num_aux_topk)
+    launcher(_AUX_FI_CANDIDATE, single_block=single, unroll=unroll)(topk_idx, out, workspace, num_aux_topk)
 
 
 def group_count(group_idx: torch.Tensor, num_groups: int) -> torch.Tensor:

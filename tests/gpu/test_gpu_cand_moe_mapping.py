@@ -1,13 +1,14 @@
 """GPU tests of the issue-12 speed candidates ``moe._get_fused_mapping_candidate`` and
 ``moe._aux_fi_candidate`` beside the shipped kernels, bit-exact against ``moe_ref``.
 
-Each test runs the op twice over: with the shipped kernel ("current") and with the candidate
-(what ``TILEBIN_CANDIDATE_GET_FUSED_MAPPING=1`` / ``TILEBIN_CANDIDATE_AUX_FI=1`` pick at import;
-here the op module's constant is monkeypatched).  Sizes: 0 and 1 token, odd counts, decode
-batches of 1-128 tokens at 256 experts (the candidate's single-block path), the benchmark's
-4001 x 8 EP ranks shapes (its cooperative path), caller-sized slot buffers (larger and too
-small), large alignments, ids out of range, several SM counts; free memory is poisoned before
-each call so an unwritten element shows up.
+Each test runs the op with the shipped kernel ("current") and with the candidate (what
+``TILEBIN_CANDIDATE_GET_FUSED_MAPPING=1`` / ``TILEBIN_CANDIDATE_AUX_FI=1`` pick at import; here
+the op module's constant is monkeypatched).  Sizes: 0 and 1 token, odd counts, decode batches
+of 1-512 tokens at 256 experts (the mapping candidate's barrier-free path, up to 2048 entries),
+the benchmark's 4001 x 8 EP ranks shapes (its cooperative path; aux_fi's grid with 4 and with 8
+loads per thread), caller-sized slot buffers (larger and too small), large alignments, ids out
+of range, several SM counts; free memory is poisoned before each call so an unwritten element
+shows up.
 """
 
 from __future__ import annotations
@@ -36,6 +37,9 @@ MAP_CASES = (
     (64, 8, 256, 1, 16),
     (128, 8, 256, 1, 16),
     (129, 8, 256, 1, 16),
+    (256, 8, 256, 1, 16),
+    (257, 8, 256, 1, 16),
+    (512, 8, 256, 1, 16),
     (128, 8, 256, 1, 128),
     (37, 6, 72, 1, 32),
     (33, 9, 1024, 1, 33),
@@ -68,13 +72,18 @@ def mapping_kernel(request, require, monkeypatch):
     return request.param
 
 
-@pytest.fixture(params=AUX_FI_KERNELS, ids=("current", "candidate"))
+@pytest.fixture(params=[(AUX_FI_KERNELS[0], None), (AUX_FI_KERNELS[1], None), (AUX_FI_KERNELS[1], 0)],
+                ids=("current", "candidate", "candidate-wide"))
 def aux_fi_kernel(request, require, monkeypatch):
+    """The kernel aux_fi launches; "candidate-wide": the candidate's 8-loads-per-thread grid at every size."""
     from tilebin.ops.moe import _stats
 
-    require(request.param)
-    monkeypatch.setattr(_stats, "_AUX_FI_KERNEL", request.param)
-    return request.param
+    name, wide = request.param
+    require(name)
+    monkeypatch.setattr(_stats, "_AUX_FI_KERNEL", name)
+    if wide is not None:
+        monkeypatch.setattr(_stats, "_AUX_FI_WIDE", wide)
+    return name
 
 
 def _check_mapping(got, want, what: str) -> None:
@@ -93,7 +102,7 @@ def _decode_idx(tokens: int, topk: int, experts: int) -> torch.Tensor:
 def test_mapping(moe, mapping_kernel, sm_counts, case):
     tokens, topk, experts, ep_ranks, alignment = case
     seed("cand_gfm", case)
-    idx = _decode_idx(tokens, topk, experts) if ep_ranks == 1 and tokens <= 129 else topk_idx(
+    idx = _decode_idx(tokens, topk, experts) if ep_ranks == 1 and tokens <= 512 else topk_idx(
         tokens, topk, experts, ep_ranks)
     sized = idx.numel() + experts * (alignment - 1)  # the benchmark's caller-given size (a tail of -1)
     counts, set_num_sms = sm_counts
