@@ -25,6 +25,9 @@ runs 64-bit divisions even with one TP rank.  Here:
 * with ``num_tp_ranks == 1`` the EP/TP renumbering is the identity and is skipped;
 * a ``slots = 4`` variant (65-128 experts, e.g. 108) halves the padding slots of ``slots = 8``.
 Every float operation on the outputs' path is the shipped kernel's, in the same order.
+SASS (nvcc 13.0): slots 8: 56 registers (shipped: 39), no spills, the 16 row/bias ``LDG``s and
+the two mask ``LDG.U8``s issued back to back, 16 ``REDUX`` + 8 ``VOTE`` for the group sums, ~45
+instructions per selection step; slots 4 / 2: 40 / 32 registers; shared 8 / 4 / 2 KB per block.
 """
 
 # No ``from __future__ import annotations``: TileLang evaluates the tensor annotations.
