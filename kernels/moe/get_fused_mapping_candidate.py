@@ -17,7 +17,9 @@ Variants (``redundant``):
   (one SM writes only about one sector per cycle: 390 KB of -1 at alignment 128 take ~6 us in
   one block).  The workspace is not touched.
 * ``False``: the shipped cooperative design (phase 1 counts, ``T.sync_grid()``, phase 2
-  per-expert block prefixes spread over all warps of the grid, ``T.sync_grid()``).
+  per-expert block prefixes spread over all warps of the grid, ``T.sync_grid()``); up to
+  ``SMALL_E`` experts, phase 2 is instead done by every block for itself (each warp sums its
+  experts' workspace columns, all rows at once) and the second grid barrier is skipped.
 
 Where ``moe.get_fused_mapping``'s time went at decode (one block of 8 warps, 68 us at 256
 experts): phase 2 walked the experts serially per warp (32 per warp: a dependent L2 load and a
@@ -47,6 +49,8 @@ BLOCKS_PER_LANE = MAX_BLOCKS // 32
 FULL = 0xFFFFFFFF
 UNROLL = 4  # index loads each lane issues before using them
 STEP = 32 * UNROLL  # entries a warp takes per trip
+SMALL_E = 64  # up to this many experts the cooperative variant needs one grid barrier, not two
+QUAD = 4  # experts whose workspace columns a warp loads at once (then QUAD shuffle reductions)
 VARIANTS = ({"redundant": False}, {"redundant": True})
 
 
@@ -104,6 +108,9 @@ def get_fused_mapping_candidate(redundant: bool):
             s_pad = T.alloc_shared((MAX_EXPERTS,), "int32")  # first padding slot of each expert
             s_end = T.alloc_shared((MAX_EXPERTS,), "int32")  # end of each expert's slots
             warp_sum = T.alloc_shared((WARPS,), "int32")
+            s_tot = T.alloc_shared((SMALL_E,), "int32")  # few experts: totals and this block's prefixes
+            s_pre = T.alloc_shared((SMALL_E,), "int32")
+            cols = T.alloc_local((QUAD * BLOCKS_PER_LANE,), "int32")
             vals = T.alloc_local((BLOCKS_PER_LANE,), "int32")
             tot = T.alloc_local((EXPERTS_PER_THREAD,), "int32")
             pre = T.alloc_local((EXPERTS_PER_THREAD,), "int32")
@@ -153,34 +160,63 @@ def get_fused_mapping_candidate(redundant: bool):
 
             if not redundant:
                 T.sync_grid()
-                # ---- phase 2: per expert, exclusive prefixes over blocks (in place), the total
-                for it in T.serial(T.ceildiv(num_experts, nblocks * WARPS)):
-                    if it * (nblocks * WARPS) + bx * WARPS + warp < num_experts:
-                        acc = 0
-                        for q in T.unroll(BLOCKS_PER_LANE):
-                            vals[q] = 0
-                            if lane * BLOCKS_PER_LANE + q < nblocks:
-                                vals[q] = workspace[lane * BLOCKS_PER_LANE + q,
-                                                    it * (nblocks * WARPS) + bx * WARPS + warp]
-                            acc = acc + vals[q]
-                        incl = acc
-                        for d in T.unroll(5):
-                            up = T.shfl_up(incl, 1 << d)
-                            if lane >= (1 << d):
-                                incl = incl + up
-                        run_sum = incl - acc
-                        for q in T.unroll(BLOCKS_PER_LANE):
-                            if lane * BLOCKS_PER_LANE + q < nblocks:
-                                workspace[lane * BLOCKS_PER_LANE + q,
-                                          it * (nblocks * WARPS) + bx * WARPS + warp] = run_sum
-                            run_sum = run_sum + vals[q]
-                        if lane == 31:
-                            workspace[nblocks, it * (nblocks * WARPS) + bx * WARPS + warp] = incl
-                T.sync_grid()
-                for j in T.unroll(EXPERTS_PER_THREAD):
-                    if j < per and tid * per + j < num_experts:
-                        tot[j] = workspace[nblocks, tid * per + j]
-                        pre[j] = workspace[bx, tid * per + j]
+                if num_experts <= SMALL_E:
+                    # ---- phase 2, few experts: every block sums each expert's column of the workspace
+                    # (warp w: experts w, w + WARPS, ..., QUAD at a time; lanes over rows) -- no 2nd barrier
+                    for c in T.serial(T.ceildiv(num_experts, WARPS * QUAD)):
+                        for q in T.unroll(QUAD):
+                            for r in T.unroll(BLOCKS_PER_LANE):
+                                cols[q * BLOCKS_PER_LANE + r] = 0
+                                if (c * QUAD + q) * WARPS + warp < num_experts and lane * BLOCKS_PER_LANE + r < nblocks:
+                                    cols[q * BLOCKS_PER_LANE + r] = workspace[lane * BLOCKS_PER_LANE + r,
+                                                                              (c * QUAD + q) * WARPS + warp]
+                        for q in T.unroll(QUAD):
+                            acc = 0
+                            run_sum = 0
+                            for r in T.unroll(BLOCKS_PER_LANE):
+                                acc = acc + cols[q * BLOCKS_PER_LANE + r]
+                                if lane * BLOCKS_PER_LANE + r < bx:
+                                    run_sum = run_sum + cols[q * BLOCKS_PER_LANE + r]
+                            for d in T.unroll(5):
+                                acc = acc + T.shfl_xor(acc, 16 >> d)
+                                run_sum = run_sum + T.shfl_xor(run_sum, 16 >> d)
+                            if lane == 0 and (c * QUAD + q) * WARPS + warp < num_experts:
+                                s_tot[(c * QUAD + q) * WARPS + warp] = acc
+                                s_pre[(c * QUAD + q) * WARPS + warp] = run_sum
+                    T.sync_threads()
+                    for j in T.unroll(EXPERTS_PER_THREAD):
+                        if j < per and tid * per + j < num_experts:
+                            tot[j] = s_tot[tid * per + j]
+                            pre[j] = s_pre[tid * per + j]
+                else:
+                    # ---- phase 2: per expert, exclusive prefixes over blocks (in place), the total
+                    for it in T.serial(T.ceildiv(num_experts, nblocks * WARPS)):
+                        if it * (nblocks * WARPS) + bx * WARPS + warp < num_experts:
+                            acc = 0
+                            for q in T.unroll(BLOCKS_PER_LANE):
+                                vals[q] = 0
+                                if lane * BLOCKS_PER_LANE + q < nblocks:
+                                    vals[q] = workspace[lane * BLOCKS_PER_LANE + q,
+                                                        it * (nblocks * WARPS) + bx * WARPS + warp]
+                                acc = acc + vals[q]
+                            incl = acc
+                            for d in T.unroll(5):
+                                up = T.shfl_up(incl, 1 << d)
+                                if lane >= (1 << d):
+                                    incl = incl + up
+                            run_sum = incl - acc
+                            for q in T.unroll(BLOCKS_PER_LANE):
+                                if lane * BLOCKS_PER_LANE + q < nblocks:
+                                    workspace[lane * BLOCKS_PER_LANE + q,
+                                              it * (nblocks * WARPS) + bx * WARPS + warp] = run_sum
+                                run_sum = run_sum + vals[q]
+                            if lane == 31:
+                                workspace[nblocks, it * (nblocks * WARPS) + bx * WARPS + warp] = incl
+                    T.sync_grid()
+                    for j in T.unroll(EXPERTS_PER_THREAD):
+                        if j < per and tid * per + j < num_experts:
+                            tot[j] = workspace[nblocks, tid * per + j]
+                            pre[j] = workspace[bx, tid * per + j]
 
             # ---- phase 3a: expert starts (scan over experts of the aligned totals), warp bases
             acc = 0

@@ -49,6 +49,8 @@ MAP_CASES = (
     (4001, 8, 32, 8, 128),
     (4001, 9, 32, 8, 128),
     (4001, 9, 144, 1, 64),
+    (4001, 8, 64, 4, 16),  # the cooperative variant's one-barrier path up to 64 experts, and just past it
+    (3000, 4, 65, 1, 8),
     (8001, 6, 256, 1, 16),
     (2000, 8, 1024, 1, 128),
 )
