@@ -154,11 +154,13 @@ def copy_gbps(nbytes: int) -> float:
     return _COPY[n]
 
 
-def device_table(eg, peer, candidate: bool = False) -> tuple[list, bool]:
+def device_table(eg, peer, candidate: bool = False, only_candidates: bool = False) -> tuple[list, bool]:
     out, ok = [], True
     for tokens, hidden in SHAPES:
         rows = rows_for(eg, peer, tokens, hidden)
         for label, fns, peer_fns, moved in with_candidates(rows) if candidate else rows:
+            if only_candidates and label.split(" (")[0] not in CANDIDATES:
+                continue
             try:
                 fns[0]()  # a first call loads the kernel outside the timed rounds
                 ms = time_device_ms(fns, rounds=5, per_round=20)["median"]
@@ -232,13 +234,15 @@ def main() -> int:
     ap.add_argument("--md")
     ap.add_argument("--no-peer", action="store_true", help="skip tile_kernels even when importable")
     ap.add_argument("--candidate", action="store_true", help="add a row for each op's speed candidate kernel")
+    ap.add_argument("--only-candidates", action="store_true",
+                    help="with --candidate: only the ops that have a candidate, no host table")
     ns = ap.parse_args()
     from tilebin.ops import engram as eg
 
     facts = env_facts()
     peer = None if ns.no_peer else load_peer()
-    dev_rows, ok_dev = device_table(eg, peer, ns.candidate)
-    host_rows, ok_host = host_table(eg, peer)
+    dev_rows, ok_dev = device_table(eg, peer, ns.candidate, ns.only_candidates)
+    host_rows, ok_host = ([], True) if ns.only_candidates else host_table(eg, peer)
     md = "### tilebin.ops.engram\n\n" + env_markdown(facts) + "\n\n"
     md += f"hc_mult {HC}, eps {EPS}, clamp {CLAMP}; peer: {'tile_kernels' if peer else 'not installed'}.\n\n"
     md += markdown_table(["op", "tokens", "hidden", "device us", "GB/s", "% copy (same bytes)", "tile_kernels us"],
