@@ -24,6 +24,11 @@ the amax alone: a bf16 -> fp32 conversion, PRMT + IMAD for an upper half, and an
 * the source stays in registers as 32 words; ``__launch_bounds__(256, 4)``: 62 registers, no
   spills, 8 ``LDG.E.128`` issued before the first use, 616 SASS instructions (shipped: 984).
 
+Measured (H200, CUPTI kernel time, L2 flushed, median of 30, same process; shipped -> this;
+tile_kernels 1.0.0 from the issue): 4096x2048 10.2 -> 8.8 (8.5), 8064x2048 18.5 -> 15.5 (15.0),
+4096x6144 25.3 -> 21.8 (21.4), 8064x6144 44.4 -> 39.8 (39.5), 4096x4096 19.0 -> 15.5 (15.3) us;
+outputs bit-equal to the shipped kernel's.
+
 The scale arithmetic (``sf_from_amax``) and the scaling ``e4m3(v * sf_inv)`` are the shipped
 expressions on the same fp32 values, so ``out`` and ``out_sf`` are bit-identical.  A NaN input
 differs (the integer maximum lets a NaN win; the shipped fmax ignores it): neither matches the

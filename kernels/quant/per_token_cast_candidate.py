@@ -19,6 +19,11 @@ the same loads spread over 4x the lanes, one group per lane, a chain of one load
 reduction and one store.  Grid ``(num_tokens, col_blocks)``.  The fp32 expressions (the max
 order within a lane, the xor-shuffle order, ``sf_from_amax``, ``v * sf_inv``) are the shipped
 ones, so the results are bit-identical.
+
+Measured (H200, CUPTI kernel time, L2 flushed, median of 30; shipped -> this; tile_kernels
+1.0.0 from the issue), bf16 x 7168, 1x128 scales: 1 token 2.21 -> 1.60 (1.8), 4: 2.34 -> 1.73
+(1.9), 16: 2.50 -> 1.86 (2.0), 64: 2.75 -> 2.11 (2.3), 128: 3.20 -> 2.59 (2.7), 256: 4.19 ->
+3.42 us; fp32 x 2048 and bf16 x 576 gain the same ~0.6 us; outputs bit-equal.
 """
 
 # No ``from __future__ import annotations``: TileLang evaluates the PrimFunc's tensor

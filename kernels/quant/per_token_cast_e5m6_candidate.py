@@ -14,7 +14,12 @@ Here a thread caches 4 units (32 words, the bf16 variants' register budget) unde
 ``__launch_bounds__(128, 8)``, and the op gives each token twice the threads
 (``tokens_per_block`` 2 at hidden 2048: the op sizes it by ``meta["cached_units"]``): half the work per
 thread, twice the blocks, 8 blocks (32 warps) per SM, the same bytes in flight per SM.  Units
-past the cached ones are read a second time (from L1/L2), as in the shipped kernel.
+past the cached ones are read a second time (from L1/L2), as in the shipped kernel.  56-58
+registers, no spills, the 8 ``LDG.E.128`` of the cached units issued before the first use.
+
+Measured (H200, CUPTI kernel time, L2 flushed, median of 30; shipped -> this; tile_kernels
+1.0.0 from the issue), fp32 x 2048: 4001 tokens 17.25 -> 14.50 (14.3), 8001: 30.42 -> 25.52
+(25.1) us; outputs bit-equal (row, column-major and UE8M0 scales).
 """
 
 # No ``from __future__ import annotations``: TileLang evaluates the tensor annotations.
