@@ -121,7 +121,8 @@ PT_CASES += [(3, 2080, "bfloat16"), (5, 160, "float32"), (128, 2048, "float32"),
              (4001, 7168, "bfloat16"), (0, 7168, "bfloat16")]
 # (channels per scale, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0)
 PT_LAYOUTS = [(128, False, False, False), (128, True, True, False), (16, False, True, False),
-              (32, True, False, False), (64, False, False, False), (128, True, True, True), ("hidden", False, False, False)]
+              (32, True, False, False), (64, False, False, False), (128, True, True, True),
+              ("hidden", False, False, False)]
 
 
 @pytest.mark.parametrize("layout", PT_LAYOUTS, ids=lambda lay: "-".join(str(v) for v in lay))
