@@ -12,9 +12,12 @@ tile_kernels compiles for the exact top-k and hidden, so its unrolled loop issue
 loads at once.
 The candidate: grid ``(num_tokens, ceil(hidden / (THREADS * ELEMS)))``, every thread owning
 ``ELEMS`` = 8 channels of one token; per batch of ``KB`` = 8 top-k slots it loads the slots and
-weights (one round trip), then all ``KB`` rows' vectors and their ``x_sf`` (one round trip), then
-runs the FMAs in top-k order.  Top-k <= 8 is two round trips whatever the hidden size; at decode
-the token's channels spread over ``hidden / 1024`` blocks (7 at hidden 7168).
+weights (one round trip), then all ``KB`` rows' vectors (one round trip, 8 back-to-back
+``LDG.E.128``, row addresses from a flat view: ~10 instructions per row), then runs the FMAs in
+top-k order.  H200: 2.2-7.6 us at 1-128 tokens (shipped 20.0-23.4), still ahead at 1024 tokens
+(38.7 vs 42.3).  At ~17k tokens (hidden 2048-7168, top-k 6) it moves bytes 1.6x slower than the
+shipped kernel, whose block reads one row at a time: the op (``_REDUCE_SPLIT_TOKENS``) launches
+this kernel below 1024 tokens only.
 """
 
 # No ``from __future__ import annotations``: TileLang evaluates the PrimFunc's tensor
@@ -38,7 +41,7 @@ def reduce_fused_candidate(in_dtype: str, out_dtype: str):
     num_tokens, hidden, num_topk = T.dynamic("num_tokens"), T.dynamic("hidden"), T.dynamic("num_topk")
     num_slots, x_sf_len = T.dynamic("num_expanded_tokens"), T.dynamic("x_sf_len")
     nvec = hidden // V
-    x_vec = (num_slots, nvec * V)  # row length a multiple of V: every vector is 16-byte aligned
+    x_flat = (num_slots * nvec * V,)  # row length a multiple of V: every vector is 16-byte aligned
     out_vec = (num_tokens, nvec * V)
 
     @T.prim_func
@@ -53,14 +56,17 @@ def reduce_fused_candidate(in_dtype: str, out_dtype: str):
         with_x_sf: T.int32,
         with_sf: T.int32,
     ):
-        with T.Kernel(num_tokens, T.ceildiv(nvec, THREADS * U), threads=THREADS) as (bx, by):
+        with T.Kernel(num_tokens, T.ceildiv(nvec, U * THREADS), threads=THREADS) as (bx, by):
             tid = T.get_thread_binding()
             acc = T.alloc_local((ELEMS,), "float32")
             xin = T.alloc_local((KB * ELEMS,), in_dtype)
             res = T.alloc_local((ELEMS,), out_dtype)
             pos = T.alloc_local((KB,), "int32")
-            s = T.alloc_local((KB,), "float32")
+            w = T.alloc_local((KB,), "float32")
+            s = T.alloc_var("float32")
             sfv = T.alloc_var("float32")
+            col = T.alloc_var("int32")  # the thread's first vector
+            col = by * (U * THREADS) + tid
             sfv = T.float32(1)
             if with_sf != 0:
                 sfv = sf[0]
@@ -70,39 +76,39 @@ def reduce_fused_candidate(in_dtype: str, out_dtype: str):
                 # the batch's slots and weights: independent loads, one round trip
                 for j in T.unroll(KB):
                     pos[j] = -1
-                    s[j] = T.float32(1)
+                    w[j] = T.float32(1)
                     if kc * KB + j < num_topk:
                         pos[j] = token_topk_to_pos[bx, kc * KB + j]
                         if with_weights != 0:
-                            s[j] = topk_weights[bx, kc * KB + j]
-                # every valid slot's row (and x_sf): all in flight before the first FMA
+                            w[j] = topk_weights[bx, kc * KB + j]
+                # every valid slot's row: all in flight before the first FMA
                 for j in T.unroll(KB):
                     if pos[j] >= 0 and pos[j] < num_slots:
-                        if with_x_sf != 0:
-                            s[j] = T.ieee_mul(s[j], x_sf[pos[j]])
                         for u in T.unroll(U):
-                            if (by * U + u) * THREADS + tid < nvec:
+                            if col + u * THREADS < nvec:
                                 for v in T.vectorized(V):
-                                    xin[(j * U + u) * V + v] = T.Tensor(x_vec, in_dtype, x.data)[
-                                        pos[j], ((by * U + u) * THREADS + tid) * V + v]
+                                    xin[(j * U + u) * V + v] = T.Tensor(x_flat, in_dtype, x.data)[
+                                        (T.Cast("int64", pos[j]) * nvec + col + u * THREADS) * V + v]
                 # the FMAs in top-k order (the shipped kernel's rounding sequence)
                 for j in T.unroll(KB):
                     if pos[j] >= 0 and pos[j] < num_slots:
+                        s = w[j]
+                        if with_x_sf != 0:
+                            s = T.ieee_mul(s, x_sf[pos[j]])
                         for u in T.unroll(U):
-                            if (by * U + u) * THREADS + tid < nvec:
+                            if col + u * THREADS < nvec:
                                 for v in T.unroll(V):
-                                    acc[u * V + v] = T.ieee_fmaf(T.Cast("float32", xin[(j * U + u) * V + v]), s[j],
+                                    acc[u * V + v] = T.ieee_fmaf(T.Cast("float32", xin[(j * U + u) * V + v]), s,
                                                                  acc[u * V + v])
             for u in T.unroll(U):
-                if (by * U + u) * THREADS + tid < nvec:
+                if col + u * THREADS < nvec:
                     for v in T.unroll(V):
                         if with_sf != 0:
                             acc[u * V + v] = T.ieee_mul(acc[u * V + v], sfv)
                     for v in T.vectorized(V):
                         res[u * V + v] = T.Cast(out_dtype, acc[u * V + v])
                     for v in T.vectorized(V):
-                        T.Tensor(out_vec, out_dtype, out.data)[bx, ((by * U + u) * THREADS + tid) * V + v] = \
-                            res[u * V + v]
+                        T.Tensor(out_vec, out_dtype, out.data)[bx, (col + u * THREADS) * V + v] = res[u * V + v]
 
     return main
 

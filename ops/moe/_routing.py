@@ -55,8 +55,12 @@ _EXPAND_SF_KERNEL = (_EXPAND_SF_CANDIDATE if os.environ.get("TILEBIN_CANDIDATE_E
 _SF_DTYPES = {torch.float32: "float32", torch.int32: "int32"}
 _REDUCE_DTYPES = {torch.float32: "float32", torch.bfloat16: "bfloat16"}
 # TILEBIN_CANDIDATE_REDUCE_FUSED=1 makes reduce_fused launch the internal candidate kernel (issue 12).
+# The candidate spreads a token over hidden / 1024 blocks (decode: 2.2 us vs 20.0 at 1 token, 38.7 vs 42.3 at
+# 1024, H200); from _REDUCE_SPLIT_TOKENS tokens on the shipped kernel (a block per token, one row in flight)
+# runs instead: at ~17k tokens it moves 1.6x the bytes per second of the candidate.
 _REDUCE_KERNEL = ("moe._reduce_fused_candidate" if os.environ.get("TILEBIN_CANDIDATE_REDUCE_FUSED") == "1"
                   else "moe.reduce_fused")
+_REDUCE_SPLIT_TOKENS = 1024
 _INT32 = (torch.int32,)
 _OUT_KEYS = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float8_e4m3fn: "float8_e4m3fn"}
 
@@ -396,21 +400,25 @@ def reduce_fused(
     if out is None:
         out = torch.empty((num_tokens, hidden), dtype=out_dtype, device=x.device)
     # absent optional tensors: stand-ins of the right rank, never read (their flag is 0)
-    fn = launcher(_REDUCE_KERNEL, in_dtype=_REDUCE_DTYPES[x.dtype], out_dtype=_OUT_KEYS[out_dtype])
+    variant = {"in_dtype": _REDUCE_DTYPES[x.dtype], "out_dtype": _OUT_KEYS[out_dtype]}
+    fn = launcher("moe.reduce_fused", **variant)
+    fn_few = None if _REDUCE_KERNEL == "moe.reduce_fused" else launcher(_REDUCE_KERNEL, **variant)
     flags = (int(topk_weights is not None), int(x_sf is not None), int(sf is not None))
-    fn(x, token_topk_to_pos if topk_weights is None else topk_weights, token_topk_to_pos, out,
-       x if sf is None else sf, x if x_sf is None else x_sf, *flags)
-    _remember(key, _Reduce(fn, out_dtype, flags))
+    (fn if fn_few is None or num_tokens >= _REDUCE_SPLIT_TOKENS else fn_few)(
+        x, token_topk_to_pos if topk_weights is None else topk_weights, token_topk_to_pos, out,
+        x if sf is None else sf, x if x_sf is None else x_sf, *flags)
+    _remember(key, _Reduce(fn, out_dtype, flags, fn_few))
     return out
 
 
 class _Reduce:
     """A validated reduce_fused configuration (all but the token/slot counts, pointers and strides)."""
 
-    __slots__ = ("fn", "out_dtype", "flags")
+    __slots__ = ("fn", "out_dtype", "flags", "fn_few")
 
-    def __init__(self, fn: Any, out_dtype: torch.dtype, flags: tuple) -> None:
-        self.fn, self.out_dtype, self.flags = fn, out_dtype, flags
+    def __init__(self, fn: Any, out_dtype: torch.dtype, flags: tuple, fn_few: Any = None) -> None:
+        """``fn_few``: the candidate kernel, launched below ``_REDUCE_SPLIT_TOKENS`` tokens (None: never)."""
+        self.fn, self.out_dtype, self.flags, self.fn_few = fn, out_dtype, flags, fn_few
 
     def __call__(self, x: torch.Tensor, x_sf: Any, shape: Any, dev: torch.device, topk_weights: Any,
                  token_topk_to_pos: torch.Tensor, sf: Any, out: Any) -> Optional[torch.Tensor]:
@@ -431,7 +439,8 @@ class _Reduce:
             out = torch.empty((num_tokens, shape[1]), dtype=self.out_dtype, device=dev)
         elif out.shape[0] != num_tokens or not out.is_contiguous() or out.data_ptr() & 15:
             return None
-        self.fn(x, topk_weights, token_topk_to_pos, out, x if sf is None else sf, x_sf, *self.flags)
+        fn = self.fn if self.fn_few is None or num_tokens >= _REDUCE_SPLIT_TOKENS else self.fn_few
+        fn(x, topk_weights, token_topk_to_pos, out, x if sf is None else sf, x_sf, *self.flags)
         return out
 
 

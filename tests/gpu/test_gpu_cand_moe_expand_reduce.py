@@ -32,12 +32,14 @@ def moe(require):
 
 @pytest.fixture(params=REDUCE_KERNELS, ids=("current", "candidate"))
 def reduce_kernel(request, require, monkeypatch):
-    """Which kernel reduce_fused launches; the op's memo of validated calls starts empty (its
-    entries hold the launcher of the kernel they were made with)."""
+    """Which kernel reduce_fused launches, the candidate at every token count (the op hands
+    _REDUCE_SPLIT_TOKENS tokens and more to the shipped kernel); the op's memo of validated calls
+    starts empty (its entries hold the launchers they were made with)."""
     from tilebin.ops.moe import _routing
 
     require(request.param)
     monkeypatch.setattr(_routing, "_REDUCE_KERNEL", request.param)
+    monkeypatch.setattr(_routing, "_REDUCE_SPLIT_TOKENS", 1 << 40)
     monkeypatch.setattr(_routing, "_FAST", {})
     return request.param
 
@@ -123,6 +125,22 @@ def test_reduce_fused_chunk_loop(moe, reduce_kernel, tokens, topk, hidden):
         x, w, x_sf, ttp = _reduce_inputs(idx, 64, 8, hidden, dtype)
         _reduce_check(moe, x, w, x_sf, ttp, "", None, "chunks")
         _reduce_check(moe, x, None, None, ttp, "e4m3", torch.rand((1,), device="cuda") + 0.5, "chunks")
+
+
+@pytest.mark.parametrize("tokens", [1023, 1024, 1100])
+def test_reduce_fused_split_by_tokens(moe, require, monkeypatch, tokens):
+    """TILEBIN_CANDIDATE_REDUCE_FUSED=1 as shipped to the lead: the candidate below
+    _REDUCE_SPLIT_TOKENS tokens, the shipped kernel from there on; same bits either side."""
+    from tilebin.ops.moe import _routing
+
+    require(REDUCE_KERNELS[1])
+    monkeypatch.setattr(_routing, "_REDUCE_KERNEL", REDUCE_KERNELS[1])
+    monkeypatch.setattr(_routing, "_FAST", {})
+    seed("cand_reduce_split", tokens)
+    idx = topk_idx(tokens, 8, 256, 1)[:tokens]
+    x, w, _, ttp = _reduce_inputs(idx, 256, 16, 7168, torch.bfloat16)
+    for _ in range(2):  # the validating call, then the memoized one
+        _reduce_check(moe, x, w, None, ttp, "", None, "split")
 
 
 def test_reduce_fused_empty_and_single(moe, reduce_kernel):
