@@ -117,8 +117,8 @@ def test_reduce_fused_topk(moe, reduce_kernel, topk):
 @pytest.mark.parametrize("tokens, topk, hidden", [(600, 9, 7168), (1100, 6, 3080), (1600, 17, 2048),
                                                   (4000, 8, 7168), (9000, 3, 1032)])
 def test_reduce_fused_chunk_loop(moe, reduce_kernel, tokens, topk, hidden):
-    """Token counts where a candidate block walks several chunks of its row (from 512 tokens on),
-    some past the row's end, with top-k batches reloaded per chunk (top-k > 8) or kept."""
+    """Hundreds to thousands of tokens (the candidate forced past the op's split), hidden sizes
+    ending inside a block, top-k in one batch of 8 or several."""
     seed("cand_reduce_chunks", tokens, topk, hidden)
     idx = topk_idx(tokens, topk, 64, 1)
     for dtype in (torch.bfloat16, torch.float32):
