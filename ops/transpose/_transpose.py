@@ -86,7 +86,7 @@ def _launch(op: str, x: torch.Tensor, out: torch.Tensor) -> None:
     if _KERNEL == _CANDIDATE:  # the 2-warp tiles when the 8-warp ones give fewer than 2 blocks per SM
         tile = 256 // x.element_size()
         blocks = x.shape[0] * -(-x.shape[1] // tile) * -(-x.shape[2] // tile)
-        fn = launcher(_KERNEL, dtype=key, small=blocks < 2 * get_num_sms())
+        fn = launcher(_KERNEL, dtype=key, small=blocks < 2 * get_num_sms(x.device))
     else:
         fn = launcher(_KERNEL, dtype=key)
     batch = x.shape[0]
