@@ -45,7 +45,6 @@ ALL_MODULES = (
     "tilebin.kernels.moe.inplace_unique_group_indices",
     "tilebin.kernels.moe.get_fused_mapping",
     "tilebin.kernels.moe.expand_to_fused",
-    "tilebin.kernels.moe.get_fused_mapping_candidate",
     "tilebin.kernels.moe.expand_to_fused_candidate",
     "tilebin.kernels.moe.reduce_fused",
     "tilebin.kernels.moe.reduce_fused_candidate",

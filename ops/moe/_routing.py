@@ -35,15 +35,9 @@ from ..config import get_num_sms
 QuantTensor = tuple[torch.Tensor, torch.Tensor]
 
 _MAPPING = "moe.get_fused_mapping"  # its meta: max_experts (the op's limit), max_blocks (its grid cap)
-ENTRIES_PER_BLOCK = 2048  # fewer entries per block than this: fewer blocks (decode batches)
-# Speed-trial switch, read once at import (removed when the lead swaps the winner in):
-# TILEBIN_CANDIDATE_GET_FUSED_MAPPING=1 makes get_fused_mapping launch the internal candidate kernel
-# (grid and variant: _candidate_grid).
-_MAPPING_CANDIDATE = "moe._get_fused_mapping_candidate"
-_MAPPING_KERNEL = (_MAPPING_CANDIDATE if os.environ.get("TILEBIN_CANDIDATE_GET_FUSED_MAPPING") == "1" else _MAPPING)
-_CAND_ENTRIES_PER_BLOCK = 1024  # 8 warps x 128 entries: one trip per warp
-_CAND_REDUNDANT_ENTRIES = 2048  # up to this many entries: the candidate's barrier-free (redundant) variant
-_CAND_REDUNDANT_BLOCKS = 32
+_ENTRIES_PER_BLOCK = 1024  # 8 warps x 128 entries: one trip per warp
+_REDUNDANT_ENTRIES = 2048  # up to this many entries: the barrier-free (redundant) variant
+_REDUNDANT_BLOCKS = 32
 _INT32_MAX = 2**31 - 1
 _EXPAND_DTYPES = {torch.bfloat16: "bfloat16", torch.float32: "float32", torch.float8_e4m3fn: "float8_e4m3fn"}
 _EXPAND_SF_DTYPES = {torch.float8_e4m3fn: "float8_e4m3fn", torch.bfloat16: "bfloat16"}
@@ -171,7 +165,7 @@ def get_fused_mapping(
     should_sync = num_expanded_tokens == 0 and not force_no_sync
     if should_sync:
         num_expanded_tokens = (numel + (alignment - 1) * num_experts) // alignment * alignment
-    fn = launcher("moe.get_fused_mapping")
+    fn = {redundant: launcher(_MAPPING, redundant=redundant) for redundant in (False, True)}
     result = _fused_mapping(fn, topk_idx, num_tokens, num_topk, numel, num_experts, num_expanded_tokens, alignment,
                             should_sync, topk_idx.device)
     # memoized only when the call's raw arguments are exactly the validated values (types included)
@@ -183,20 +177,17 @@ def get_fused_mapping(
 
 def _fused_mapping(fn: Any, topk_idx: torch.Tensor, num_tokens: int, num_topk: int, numel: int, num_experts: int,
                    num_expanded_tokens: int, alignment: int, should_sync: bool, dev: torch.device) -> tuple:
-    """Allocate, launch and (``should_sync``) trim: get_fused_mapping past its checks."""
-    if _MAPPING_KERNEL == _MAPPING_CANDIDATE:
-        blocks, redundant = _candidate_grid(numel, num_experts, num_expanded_tokens)
-        fn = launcher(_MAPPING_CANDIDATE, redundant=redundant)
-    else:
-        blocks = max(1, min(get_num_sms(), kernel_meta(_MAPPING, "max_blocks"), _cdiv(numel, ENTRIES_PER_BLOCK)))
+    """Allocate, launch and (``should_sync``) trim: get_fused_mapping past its checks (``fn``: the
+    launcher per ``redundant`` variant)."""
+    blocks, redundant = _mapping_grid(numel, num_experts, num_expanded_tokens)
     slots = torch.empty((3, num_expanded_tokens), dtype=torch.int32, device=dev)
     token_topk_to_pos = torch.empty((num_tokens, num_topk), dtype=torch.int32, device=dev)
     per_expert = torch.empty((3, num_experts), dtype=torch.int32, device=dev)
     workspace = torch.empty((blocks + 1, num_experts), dtype=torch.int32, device=dev)
     pos_to_expert, pos_to_token, pos_to_token_topk = slots.unbind(0)
     expert_start, expert_end, num_tokens_per_expert = per_expert.unbind(0)
-    fn(topk_idx, pos_to_expert, pos_to_token, pos_to_token_topk, token_topk_to_pos, expert_start, expert_end,
-       num_tokens_per_expert, workspace, alignment)
+    fn[redundant](topk_idx, pos_to_expert, pos_to_token, pos_to_token_topk, token_topk_to_pos, expert_start,
+                  expert_end, num_tokens_per_expert, workspace, alignment)
     counts: list[int] = []
     if should_sync:
         counts = num_tokens_per_expert.tolist()
@@ -207,16 +198,16 @@ def _fused_mapping(fn: Any, topk_idx: torch.Tensor, num_tokens: int, num_topk: i
             num_tokens_per_expert, counts)
 
 
-def _candidate_grid(numel: int, num_experts: int, slots: int) -> tuple[int, bool]:
-    """(blocks, redundant) of moe._get_fused_mapping_candidate: up to _CAND_REDUNDANT_ENTRIES entries, a plain
-    launch whose blocks each count everything (one per 128-entry warp run to walk, one per 2048 slots to fill);
+def _mapping_grid(numel: int, num_experts: int, slots: int) -> tuple[int, bool]:
+    """(blocks, redundant) of moe.get_fused_mapping: up to _REDUNDANT_ENTRIES entries, a plain launch
+    whose blocks each count everything (one per 128-entry warp run to walk, one per 2048 slots to fill);
     else a cooperative grid of as few blocks as give the fewest trips per warp, and at least one warp per expert
     for phase 2."""
-    cap = min(get_num_sms(), kernel_meta(_MAPPING_CANDIDATE, "max_blocks"))
-    if numel <= _CAND_REDUNDANT_ENTRIES:
-        return max(1, min(cap, _CAND_REDUNDANT_BLOCKS, max(_cdiv(numel, 128), _cdiv(slots, 2048)))), True
-    per_trip = cap * _CAND_ENTRIES_PER_BLOCK
-    blocks = _cdiv(numel, _cdiv(numel, per_trip) * _CAND_ENTRIES_PER_BLOCK)
+    cap = min(get_num_sms(), kernel_meta(_MAPPING, "max_blocks"))
+    if numel <= _REDUNDANT_ENTRIES:
+        return max(1, min(cap, _REDUNDANT_BLOCKS, max(_cdiv(numel, 128), _cdiv(slots, 2048)))), True
+    per_trip = cap * _ENTRIES_PER_BLOCK
+    blocks = _cdiv(numel, _cdiv(numel, per_trip) * _ENTRIES_PER_BLOCK)
     return max(1, blocks, min(cap, _cdiv(num_experts, 8))), False
 
 

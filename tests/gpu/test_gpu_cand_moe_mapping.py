@@ -1,14 +1,13 @@
-"""GPU tests of the issue-12 speed candidates ``moe._get_fused_mapping_candidate`` and
-``moe._aux_fi_candidate`` beside the shipped kernels, bit-exact against ``moe_ref``.
+"""GPU tests of ``moe.get_fused_mapping`` and of the issue-12 speed candidate ``moe._aux_fi_candidate``
+beside the shipped ``moe.aux_fi``, bit-exact against ``moe_ref``.
 
-Each test runs the op with the shipped kernel ("current") and with the candidate (what
-``TILEBIN_CANDIDATE_GET_FUSED_MAPPING=1`` / ``TILEBIN_CANDIDATE_AUX_FI=1`` pick at import; here
-the op module's constant is monkeypatched).  Sizes: 0 and 1 token, odd counts, decode batches
-of 1-512 tokens at 256 experts (the mapping candidate's barrier-free path, up to 2048 entries),
-the benchmark's 4001 x 8 EP ranks shapes (its cooperative path; aux_fi's grid with 4 and with 8
-loads per thread), caller-sized slot buffers (larger and too small), large alignments, ids out
-of range, several SM counts; free memory is poisoned before each call so an unwritten element
-shows up.
+The aux_fi tests run the op with the shipped kernel ("current") and with the candidate (what
+``TILEBIN_CANDIDATE_AUX_FI=1`` picks at import; here the op module's constant is monkeypatched).
+Sizes: 0 and 1 token, odd counts, decode batches of 1-512 tokens at 256 experts (the mapping's
+barrier-free variant, up to 2048 entries), the benchmark's 4001 x 8 EP ranks shapes (its
+cooperative variant; aux_fi's grid with 4 and with 8 loads per thread), caller-sized slot
+buffers (larger and too small), large alignments, ids out of range, several SM counts; free
+memory is poisoned before each call so an unwritten element shows up.
 """
 
 from __future__ import annotations
@@ -22,7 +21,6 @@ from moe_ref import routing as ref
 from moe_ref import stats as stats_ref
 
 OPS = ("get_fused_mapping", "aux_fi")
-MAPPING_KERNELS = ("moe.get_fused_mapping", "moe._get_fused_mapping_candidate")
 AUX_FI_KERNELS = ("moe.aux_fi", "moe._aux_fi_candidate")
 NAMES = ("pos_to_expert", "pos_to_token", "pos_to_token_topk", "token_topk_to_pos", "expert_start", "expert_end",
          "num_tokens_per_expert")
@@ -65,15 +63,6 @@ def moe(require):
     return load_moe_ops(require, OPS, "ops/moe/_routing.py, ops/moe/_stats.py")
 
 
-@pytest.fixture(params=MAPPING_KERNELS, ids=("current", "candidate"))
-def mapping_kernel(request, require, monkeypatch):
-    from tilebin.ops.moe import _routing
-
-    require(request.param)
-    monkeypatch.setattr(_routing, "_MAPPING_KERNEL", request.param)
-    return request.param
-
-
 @pytest.fixture(params=[(AUX_FI_KERNELS[0], None), (AUX_FI_KERNELS[1], None), (AUX_FI_KERNELS[1], 0)],
                 ids=("current", "candidate", "candidate-wide"))
 def aux_fi_kernel(request, require, monkeypatch):
@@ -101,7 +90,7 @@ def _decode_idx(tokens: int, topk: int, experts: int) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("case", MAP_CASES, ids=_case_id)
-def test_mapping(moe, mapping_kernel, sm_counts, case):
+def test_mapping(moe, sm_counts, case):
     tokens, topk, experts, ep_ranks, alignment = case
     seed("cand_gfm", case)
     idx = _decode_idx(tokens, topk, experts) if ep_ranks == 1 and tokens <= 512 else topk_idx(
@@ -114,7 +103,7 @@ def test_mapping(moe, mapping_kernel, sm_counts, case):
             set_num_sms(sms)
             poison_cache(idx.numel() * 16 + sized * 12 + (1 << 20))
             got = moe.get_fused_mapping(idx, experts, size, alignment)
-            what = f"{mapping_kernel}({tuple(idx.shape)}, E={experts}, size={size}, alignment={alignment}, {sms} SMs)"
+            what = f"get_fused_mapping({tuple(idx.shape)}, E={experts}, size={size}, alignment={alignment}, {sms} SMs)"
             _check_mapping(got, want, what)
             if size == 0:
                 ref.check_mapping_invariants(got, idx, experts, alignment)
@@ -123,7 +112,7 @@ def test_mapping(moe, mapping_kernel, sm_counts, case):
 
 @pytest.mark.parametrize("tokens, experts, alignment", [(64, 256, 16), (4001, 32, 64)])
 @pytest.mark.parametrize("extra", [5, -3])
-def test_mapping_caller_sized(moe, mapping_kernel, sm_counts, tokens, experts, alignment, extra):
+def test_mapping_caller_sized(moe, sm_counts, tokens, experts, alignment, extra):
     """A larger buffer (the tail is -1) or a too small one (slots past the end are not written)."""
     seed("cand_gfm_fixed", tokens, experts, extra)
     idx = _decode_idx(tokens, 8, experts) if tokens <= 128 else topk_idx(tokens, 8, experts, 8)
@@ -135,12 +124,12 @@ def test_mapping_caller_sized(moe, mapping_kernel, sm_counts, tokens, experts, a
         set_num_sms(sms)
         poison_cache(1 << 22)
         got = moe.get_fused_mapping(idx, experts, size, alignment, force_no_sync=True)
-        _check_mapping(got, want, f"{mapping_kernel}(size={size} of {need}, {sms} SMs)")
+        _check_mapping(got, want, f"get_fused_mapping(size={size} of {need}, {sms} SMs)")
     set_num_sms(0)
 
 
 @pytest.mark.parametrize("rows", [7, 3001])
-def test_mapping_out_of_range_ids(moe, mapping_kernel, sm_counts, rows):
+def test_mapping_out_of_range_ids(moe, sm_counts, rows):
     seed("cand_gfm_range", rows)
     idx = torch.randint(-3, 40, (rows, 9), dtype=torch.int64, device="cuda")
     want = ref.get_fused_mapping(idx, 33, 0, 16)
@@ -148,7 +137,7 @@ def test_mapping_out_of_range_ids(moe, mapping_kernel, sm_counts, rows):
     for sms in counts:
         set_num_sms(sms)
         poison_cache(1 << 22)
-        _check_mapping(moe.get_fused_mapping(idx, 33, 0, 16), want, f"{mapping_kernel}(ids in [-3, 40), {sms} SMs)")
+        _check_mapping(moe.get_fused_mapping(idx, 33, 0, 16), want, f"get_fused_mapping(ids in [-3, 40), {sms} SMs)")
     set_num_sms(0)
 
 
