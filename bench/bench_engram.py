@@ -35,9 +35,7 @@ from _common import REPO, env_facts, env_markdown, host_us, markdown_table, time
 HC, EPS, CLAMP = 4, 1e-20, 1e-6
 SHAPES = [(t, h) for t in (4001, 8001) for h in (4096, 7168)]
 # op (row label up to " (") -> (its op module, the module's kernel attribute, a speed candidate kernel)
-CANDIDATES: dict = {
-    "grad_w_reduce": ("tilebin.ops.engram._gate", "_REDUCE_KERNEL", "engram._grad_w_reduce_candidate"),
-}
+CANDIDATES: dict = {}  # none at present
 
 
 def _nbytes(*ts) -> int:

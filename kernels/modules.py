@@ -53,7 +53,6 @@ ALL_MODULES = (
     "tilebin.kernels.engram.engram_gate_fwd",
     "tilebin.kernels.engram.engram_gate_bwd",
     "tilebin.kernels.engram.grad_w_reduce",
-    "tilebin.kernels.engram.grad_w_reduce_candidate",
 ) + tuple(
     f"tilebin.kernels.mhc.{p.stem}" for p in sorted(_MHC.glob("*.py")) if not p.name.startswith("_")
 )

@@ -14,7 +14,6 @@ place); launches go on torch's current stream, asynchronously.
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import torch
@@ -28,11 +27,7 @@ from ._checks import (BF16, FP32, MAX_ELEMENTS, check_bool, check_contiguous, ch
 
 
 _BWD_KERNEL = "engram.engram_gate_bwd"
-# Speed-trial switch, read once at import (removed when the lead swaps the winner in):
-# TILEBIN_CANDIDATE_GRAD_W_REDUCE=1 makes grad_w_reduce launch the internal candidate kernel.
-_REDUCE_CANDIDATE = "engram._grad_w_reduce_candidate"
-_REDUCE_KERNEL = (_REDUCE_CANDIDATE if os.environ.get("TILEBIN_CANDIDATE_GRAD_W_REDUCE") == "1"
-                  else "engram.grad_w_reduce")
+_REDUCE_KERNEL = "engram.grad_w_reduce"
 
 
 def _check_gate_inputs(op: str, hidden_states, k, v, weight_fused) -> tuple[int, int, int]:
