@@ -37,13 +37,8 @@ from _common import env_facts, env_markdown, host_us, markdown_table, time_devic
 
 M = 4
 SHAPES = [(n1, h) for n1 in (4096, 8192) for h in (4096, 7168)]
-CANDIDATES: dict = {  # op row label -> (the op module's kernel attribute, a speed candidate kernel) (issue 9)
-    "expand_to_mhc bwd": ("_BWD_KERNEL", "mhc._expand_bwd_candidate"),
-    "mhc_post_fwd": ("_FWD_KERNEL", "mhc._post_fwd_candidate"),
-    "mhc_pre_apply_mix fwd": ("_FWD_KERNEL", "mhc._pre_apply_mix_fwd_candidate"),
-    "mhc_pre_split_mixes fwd": ("_FWD_KERNEL", "mhc._pre_split_mixes_fwd_candidate"),
-    "mhc_head_compute_mix fwd": ("_FWD_KERNEL", "mhc._head_compute_mix_fwd_candidate"),
-}
+# op row label -> (the op module's kernel attribute, a speed candidate kernel) (issue 9); none at present
+CANDIDATES: dict = {}
 MODULES = ("expand", "pre_apply_mix", "post", "head_compute_mix", "sinkhorn", "pre_split_mixes",
            "multilayer_recompute", "norm_fn", "pre_big_fuse")
 

@@ -10,7 +10,6 @@ Bad arguments raise :class:`tilebin.runtime.ArgumentError` before any GPU work.
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import torch
@@ -21,9 +20,6 @@ from . import _rows
 from ._rows import BF16, MAX_ELEMENTS, aligned_input, check_contiguous, check_hidden, check_out
 
 _OP = "expand_to_mhc"
-# Speed candidate switch (issue 9), read once at import; removed when the winner is swapped in.
-_BWD_KERNEL = ("mhc._expand_bwd_candidate" if os.environ.get("TILEBIN_CANDIDATE_EXPAND_TO_MHC_BWD") == "1"
-               else "mhc.expand_bwd")
 
 
 def _check(hidden: Any, mhc_mult: Any, out: Any) -> tuple[torch.Tensor, int, tuple]:
@@ -77,7 +73,7 @@ class ExpandToMHCFn(torch.autograd.Function):
         g = aligned_input(out_grad.contiguous())  # autograd may hand an expanded or offset view
         grad = torch.empty((*lead, h), dtype=torch.bfloat16, device=g.device)
         if g.numel():
-            launcher(_BWD_KERNEL)(g.view(-1, mhc, h), grad.view(-1, h))
+            launcher("mhc.expand_bwd")(g.view(-1, mhc, h), grad.view(-1, h))
         return grad, None, None
 
 

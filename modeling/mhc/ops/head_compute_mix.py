@@ -17,7 +17,6 @@ raise :class:`tilebin.runtime.ArgumentError` before any GPU work.
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import torch
@@ -27,11 +26,7 @@ from tilebin.ops._common import check_cuda, check_float32, check_tensor, fail, k
 from ._rows import FP32, check_shape, check_size
 
 _OP = "mhc_head_compute_mix"
-# Speed-trial switch, read once at import (removed when the lead swaps the winner in):
-# TILEBIN_CANDIDATE_MHC_HEAD_COMPUTE_MIX_FWD=1 launches the internal candidate forward
-# (issue 9; same arguments, its own grid rule from the manifest).
-_FWD_KERNEL = ("mhc._head_compute_mix_fwd_candidate" if os.environ.get("TILEBIN_CANDIDATE_MHC_HEAD_COMPUTE_MIX_FWD") == "1"
-               else "mhc.head_compute_mix_fwd")
+_FWD_KERNEL = "mhc.head_compute_mix_fwd"
 _BWD = "mhc.head_compute_mix_bwd"  # its meta: max_mhc (the op's limit), parts (rows of the backward's scratch)
 
 

@@ -26,7 +26,6 @@ any leading dims, 0 tokens included (nothing is launched).  ``residual`` may be 
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import torch
@@ -38,9 +37,7 @@ from ._rows import (BF16, FP32, STASH, aligned_input, check_contiguous, check_hi
                     check_shape, check_size, small_input)
 
 _OP = "mhc_post"
-# Speed candidate switch (issue 9), read once at import; removed when the winner is swapped in.
-_FWD_KERNEL = ("mhc._post_fwd_candidate" if os.environ.get("TILEBIN_CANDIDATE_MHC_POST_FWD") == "1"
-               else "mhc.post_fwd")
+_FWD_KERNEL = "mhc.post_fwd"
 
 
 def _check(op: str, x: Any, residual: Any, post_layer_mix: Any, comb_res_mix: Any) -> tuple[int, int, tuple]:

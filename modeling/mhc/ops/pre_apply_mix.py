@@ -20,7 +20,6 @@ any leading dims, 0 tokens included (nothing is launched).  Bad arguments raise
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import torch
@@ -32,9 +31,7 @@ from ._rows import (BF16, FP32, STASH, aligned_input, check_contiguous, check_hi
                     check_shape, check_size, small_input)
 
 _OP = "mhc_pre_apply_mix"
-# Speed candidate switch (issue 9), read once at import; removed when the winner is swapped in.
-_FWD_KERNEL = ("mhc._pre_apply_mix_fwd_candidate"
-               if os.environ.get("TILEBIN_CANDIDATE_MHC_PRE_APPLY_MIX_FWD") == "1" else "mhc.pre_apply_mix_fwd")
+_FWD_KERNEL = "mhc.pre_apply_mix_fwd"
 
 
 def _check(x: Any, mix: Any, out: Any) -> tuple[int, int, tuple]:

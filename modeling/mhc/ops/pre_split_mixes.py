@@ -20,7 +20,6 @@ Bad arguments raise :class:`tilebin.runtime.ArgumentError` before any GPU work.
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import torch
@@ -29,11 +28,7 @@ from tilebin.ops._common import aligned_input, check_cuda, check_float32, check_
 from tilebin.ops.config import get_num_sms
 
 _OP = "mhc_pre_split_mixes"
-# Speed-trial switch, read once at import (removed when the lead swaps the winner in):
-# TILEBIN_CANDIDATE_MHC_PRE_SPLIT_MIXES_FWD=1 launches the internal candidate forward
-# (issue 9; same arguments, its own grid rule from the manifest).
-_FWD_KERNEL = ("mhc._pre_split_mixes_fwd_candidate" if os.environ.get("TILEBIN_CANDIDATE_MHC_PRE_SPLIT_MIXES_FWD") == "1"
-               else "mhc.pre_split_mixes_fwd")
+_FWD_KERNEL = "mhc.pre_split_mixes_fwd"
 MULTS = (2, 4, 8)
 THREADS = 128  # tokens per block of mhc.pre_split_mixes_bwd
 _INT32_MAX = 2**31 - 1
