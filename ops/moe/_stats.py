@@ -10,8 +10,10 @@ Token counts, top-k sizes and expert/group counts are all run-time values (one c
 ``aux_fi`` and ``group_count`` count in one block up to ``SINGLE_BLOCK_ENTRIES`` indices
 (decode batches: a plain launch) and otherwise in a cooperative grid sized by
 :func:`tilebin.ops.config.get_num_sms`; their counts are integers (bit-exact) and the results
-do not depend on the SM count.  Index entries outside ``[0, num_experts)`` / ``[0, num_groups)`` are not
-counted (tile_kernels asserts on the device instead).
+do not depend on the SM count.  ``aux_fi`` launches ``moe.aux_fi`` up to its ``max_experts``
+shared bins (4096) and ``moe.aux_fi_many_experts`` past them.  Index entries outside
+``[0, num_experts)`` / ``[0, num_groups)`` are not counted (tile_kernels asserts on the device
+instead).
 """
 
 from __future__ import annotations
@@ -37,11 +39,8 @@ _MASK_DTYPES = {torch.int64: "int64", torch.int32: "int32"}
 _NORMALIZE_CANDIDATE = "moe._normalize_weight_candidate"
 _NORMALIZE_KERNEL = (_NORMALIZE_CANDIDATE if os.environ.get("TILEBIN_CANDIDATE_NORMALIZE_WEIGHT") == "1"
                      else "moe.normalize_weight")
-# Speed-trial switch: TILEBIN_CANDIDATE_AUX_FI=1 makes aux_fi launch the internal candidate kernel
-# (num_experts <= its max_experts; a workspace of one row per block, one grid barrier).
-_AUX_FI_CANDIDATE = "moe._aux_fi_candidate"
-_AUX_FI_KERNEL = _AUX_FI_CANDIDATE if os.environ.get("TILEBIN_CANDIDATE_AUX_FI") == "1" else "moe.aux_fi"
-_AUX_FI_WIDE = 65536  # above this many indices the candidate's grid loads 8 per thread (fewer blocks), else 4
+_AUX_FI = "moe.aux_fi"  # its meta: max_experts (its shared bins; more: moe.aux_fi_many_experts), max_blocks
+_AUX_FI_WIDE = 65536  # above this many indices aux_fi's grid loads 8 per thread (fewer blocks), else 4
 
 
 
@@ -84,21 +83,22 @@ def aux_fi(topk_idx: torch.Tensor, num_experts: int, num_aux_topk: int) -> torch
     check_cuda(op, topk_idx=topk_idx)
     out = torch.empty(num_experts, dtype=torch.float32, device=topk_idx.device)
     single = topk_idx.numel() <= SINGLE_BLOCK_ENTRIES
-    if _AUX_FI_KERNEL == _AUX_FI_CANDIDATE and num_experts <= kernel_meta(_AUX_FI_CANDIDATE, "max_experts"):
-        _aux_fi_candidate(topk_idx, out, num_aux_topk, single)
-        return out
-    launcher("moe.aux_fi", single_block=single)(topk_idx, out, num_aux_topk, 0 if single else get_num_sms())
+    if num_experts <= kernel_meta(_AUX_FI, "max_experts"):
+        _aux_fi(topk_idx, out, num_aux_topk, single)
+    else:
+        launcher("moe.aux_fi_many_experts", single_block=single)(topk_idx, out, num_aux_topk,
+                                                                 0 if single else get_num_sms())
     return out
 
 
-def _aux_fi_candidate(topk_idx: torch.Tensor, out: torch.Tensor, num_aux_topk: int, single: bool) -> None:
-    """Launch ``moe._aux_fi_candidate``: one block, or a co-resident grid (2 per SM at most) of one
+def _aux_fi(topk_idx: torch.Tensor, out: torch.Tensor, num_aux_topk: int, single: bool) -> None:
+    """Launch ``moe.aux_fi``: one block, or a co-resident grid (2 per SM at most) of one
     block per 256 x unroll entries, each with its workspace row (torch.empty: no fill kernel)."""
     unroll = 8 if single or topk_idx.numel() > _AUX_FI_WIDE else 4
-    blocks = 1 if single else max(1, min(2 * get_num_sms(), kernel_meta(_AUX_FI_CANDIDATE, "max_blocks"),
+    blocks = 1 if single else max(1, min(2 * get_num_sms(), kernel_meta(_AUX_FI, "max_blocks"),
                                          -(-topk_idx.numel() // (256 * unroll))))
     workspace = torch.empty((blocks, out.size(0)), dtype=torch.int32, device=out.device)
-    launcher(_AUX_FI_CANDIDATE, single_block=single, unroll=unroll)(topk_idx, out, workspace, num_aux_topk)
+    launcher(_AUX_FI, single_block=single, unroll=unroll)(topk_idx, out, workspace, num_aux_topk)
 
 
 def group_count(group_idx: torch.Tensor, num_groups: int) -> torch.Tensor:

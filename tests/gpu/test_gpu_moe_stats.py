@@ -97,8 +97,10 @@ def test_aux_fi_reference_is_torchs_cuda_rounding():
 
 
 @pytest.mark.parametrize("experts", [4097, 9000])
-def test_aux_fi_many_experts(moe, sm_counts, experts):
-    """More bins than the shared histogram holds: the global-atomic path; out-of-range entries skipped."""
+def test_aux_fi_many_experts(moe, require, sm_counts, experts):
+    """More bins than moe.aux_fi's shared histogram holds: the op launches moe.aux_fi_many_experts
+    (its global-atomic path); out-of-range entries skipped."""
+    require("moe.aux_fi_many_experts")
     seed("aux_fi_many", experts)
     idx = torch.randint(-2, experts + 3, (3001, 8), dtype=torch.int64, device="cuda")
     want = ref.aux_fi(idx, experts, 8)
@@ -126,15 +128,15 @@ def test_group_count_any_range(moe, sm_counts, groups):
 
 @pytest.mark.parametrize("single_block", [False, True], ids=["grid", "single"])
 @pytest.mark.parametrize("shape", [(0, 8), (1, 1), (37, 6), (4001, 9)], ids=lambda s: f"{s[0]}x{s[1]}")
-@pytest.mark.parametrize("kernel", ["moe.aux_fi", "moe.group_count"])
+@pytest.mark.parametrize("kernel", ["moe.aux_fi_many_experts", "moe.group_count"])
 def test_count_variants_on_any_size(rt, require, sm_counts, kernel, shape, single_block):
-    """Both variants (cooperative grid, single block) at sizes the op would not pick them for,
-    through the checked ``runtime.launch`` (an unchecked-path failure then stands out)."""
+    """Both variants (cooperative grid, single block) at sizes and expert counts the op would not
+    pick them for, through the checked ``runtime.launch`` (an unchecked-path failure then stands out)."""
     require(kernel)
     seed("variants", kernel, shape)
     bins = 72
     idx = torch.randint(-1, bins + 1, shape, dtype=torch.int64, device="cuda")
-    aux = kernel == "moe.aux_fi"
+    aux = kernel == "moe.aux_fi_many_experts"
     want = ref.aux_fi(idx, bins, 3) if aux else ref.group_count(idx, bins)
     counts, set_num_sms = sm_counts
     for sms in (counts[0], counts[-1]):

@@ -1,13 +1,12 @@
-"""GPU tests of ``moe.get_fused_mapping`` and of the issue-12 speed candidate ``moe._aux_fi_candidate``
-beside the shipped ``moe.aux_fi``, bit-exact against ``moe_ref``.
+"""GPU tests of ``moe.get_fused_mapping`` and ``moe.aux_fi`` (with ``moe.aux_fi_many_experts`` past
+4096 experts), bit-exact against ``moe_ref``.
 
-The aux_fi tests run the op with the shipped kernel ("current") and with the candidate (what
-``TILEBIN_CANDIDATE_AUX_FI=1`` picks at import; here the op module's constant is monkeypatched).
 Sizes: 0 and 1 token, odd counts, decode batches of 1-512 tokens at 256 experts (the mapping's
-barrier-free variant, up to 2048 entries), the benchmark's 4001 x 8 EP ranks shapes (its
-cooperative variant; aux_fi's grid with 4 and with 8 loads per thread), caller-sized slot
-buffers (larger and too small), large alignments, ids out of range, several SM counts; free
-memory is poisoned before each call so an unwritten element shows up.
+barrier-free ``redundant`` variant, up to 2048 entries), the benchmark's 4001 x 8 EP ranks shapes
+(its cooperative variant, with one grid barrier up to 64 experts and two past them; aux_fi's grid
+with 4 and, forced, with 8 loads per thread), caller-sized slot buffers (larger and too small),
+large alignments, ids out of range, several SM counts; free memory is poisoned before each call
+so an unwritten element shows up.
 """
 
 from __future__ import annotations
@@ -21,7 +20,6 @@ from moe_ref import routing as ref
 from moe_ref import stats as stats_ref
 
 OPS = ("get_fused_mapping", "aux_fi")
-AUX_FI_KERNELS = ("moe.aux_fi", "moe._aux_fi_candidate")
 NAMES = ("pos_to_expert", "pos_to_token", "pos_to_token_topk", "token_topk_to_pos", "expert_start", "expert_end",
          "num_tokens_per_expert")
 
@@ -63,18 +61,15 @@ def moe(require):
     return load_moe_ops(require, OPS, "ops/moe/_routing.py, ops/moe/_stats.py")
 
 
-@pytest.fixture(params=[(AUX_FI_KERNELS[0], None), (AUX_FI_KERNELS[1], None), (AUX_FI_KERNELS[1], 0)],
-                ids=("current", "candidate", "candidate-wide"))
-def aux_fi_kernel(request, require, monkeypatch):
-    """The kernel aux_fi launches; "candidate-wide": the candidate's 8-loads-per-thread grid at every size."""
+@pytest.fixture(params=[None, 0], ids=("default", "wide"))
+def aux_fi_grid(request, require, monkeypatch):
+    """aux_fi's grid: the op's choice, or "wide": moe.aux_fi's 8-loads-per-thread grid at every size."""
     from tilebin.ops.moe import _stats
 
-    name, wide = request.param
-    require(name)
-    monkeypatch.setattr(_stats, "_AUX_FI_KERNEL", name)
-    if wide is not None:
-        monkeypatch.setattr(_stats, "_AUX_FI_WIDE", wide)
-    return name
+    require("moe.aux_fi_many_experts")  # past 4096 experts
+    if request.param is not None:
+        monkeypatch.setattr(_stats, "_AUX_FI_WIDE", request.param)
+    return "aux_fi" if request.param is None else "aux_fi (wide grid)"
 
 
 def _check_mapping(got, want, what: str) -> None:
@@ -155,12 +150,12 @@ AUX_CASES = (
     (4001, 9, 144, 1),
     (8001, 8, 4, 64),
     (2000, 8, 4096, 1),
-    (300, 8, 5000, 1),  # past the candidate's bins: the op launches moe.aux_fi
+    (300, 8, 5000, 1),  # past moe.aux_fi's bins: the op launches moe.aux_fi_many_experts
 )
 
 
 @pytest.mark.parametrize("case", AUX_CASES, ids=lambda c: "t{}-k{}-e{}-ep{}".format(*c))
-def test_aux_fi(moe, aux_fi_kernel, sm_counts, case):
+def test_aux_fi(moe, aux_fi_grid, sm_counts, case):
     tokens, topk, experts, ep_ranks = case
     seed("cand_aux_fi", case)
     idx = topk_idx(tokens, topk, experts, ep_ranks)
@@ -172,12 +167,12 @@ def test_aux_fi(moe, aux_fi_kernel, sm_counts, case):
             poison_cache(idx.numel() * 8 + (1 << 20))
             got = moe.aux_fi(idx, experts, num_aux_topk)
             assert got.is_cuda and got.is_contiguous() and tuple(got.shape) == (experts,)
-            assert_bits_equal(got, want, f"{aux_fi_kernel}({tuple(idx.shape)}, E={experts}, A={num_aux_topk}, "
+            assert_bits_equal(got, want, f"{aux_fi_grid}({tuple(idx.shape)}, E={experts}, A={num_aux_topk}, "
                                          f"{sms} SMs)")
     set_num_sms(0)
 
 
-def test_aux_fi_out_of_range_ids(moe, aux_fi_kernel):
+def test_aux_fi_out_of_range_ids(moe, aux_fi_grid):
     seed("cand_aux_fi_range")
     idx = torch.randint(-3, 40, (3001, 9), dtype=torch.int64, device="cuda")
-    assert_bits_equal(moe.aux_fi(idx, 33, 9), stats_ref.aux_fi(idx, 33, 9), f"{aux_fi_kernel}(ids in [-3, 40))")
+    assert_bits_equal(moe.aux_fi(idx, 33, 9), stats_ref.aux_fi(idx, 33, 9), f"{aux_fi_grid}(ids in [-3, 40))")
