@@ -93,26 +93,9 @@ def calls(moe, t: int, candidate: bool = False):
             ("expand_to_fused bf16", lambda: moe.expand_to_fused(x, token_topk_to_pos, pos_to_expert), x),
             ("expand_to_fused_with_sf e4m3 1x128",
              lambda: moe.expand_to_fused_with_sf(xq, 128, token_topk_to_pos, pos_to_expert), xq),
-        ] + ([("expand_to_fused_with_sf (candidate)",
-               _expand_sf_candidate(moe, xq, token_topk_to_pos, pos_to_expert), xq)] if candidate else []) + [
             ("reduce_fused bf16", lambda: moe.reduce_fused(expanded, weights, token_topk_to_pos), expanded),
         ]
     return rows
-
-
-def _expand_sf_candidate(moe, xq, token_topk_to_pos, pos_to_expert):
-    """expand_to_fused_with_sf launching moe._expand_to_fused_with_sf_candidate (issue 12): the op's
-    switch set around the call, so checks and allocation are the op's own."""
-    from tilebin.ops.moe import _routing
-
-    def call():
-        old = _routing._EXPAND_SF_KERNEL
-        _routing._EXPAND_SF_KERNEL = _routing._EXPAND_SF_CANDIDATE
-        try:
-            return moe.expand_to_fused_with_sf(xq, 128, token_topk_to_pos, pos_to_expert)
-        finally:
-            _routing._EXPAND_SF_KERNEL = old
-    return call
 
 
 def main() -> None:

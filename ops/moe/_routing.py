@@ -41,11 +41,6 @@ _REDUNDANT_BLOCKS = 32
 _INT32_MAX = 2**31 - 1
 _EXPAND_DTYPES = {torch.bfloat16: "bfloat16", torch.float32: "float32", torch.float8_e4m3fn: "float8_e4m3fn"}
 _EXPAND_SF_DTYPES = {torch.float8_e4m3fn: "float8_e4m3fn", torch.bfloat16: "bfloat16"}
-# Speed-trial switch, read once at import (removed when the lead swaps the winner in):
-# TILEBIN_CANDIDATE_EXPAND_TO_FUSED_WITH_SF=1 makes expand_to_fused_with_sf launch the internal candidate kernel.
-_EXPAND_SF_CANDIDATE = "moe._expand_to_fused_with_sf_candidate"
-_EXPAND_SF_KERNEL = (_EXPAND_SF_CANDIDATE if os.environ.get("TILEBIN_CANDIDATE_EXPAND_TO_FUSED_WITH_SF") == "1"
-                     else "moe.expand_to_fused_with_sf")
 _SF_DTYPES = {torch.float32: "float32", torch.int32: "int32"}
 _REDUCE_DTYPES = {torch.float32: "float32", torch.bfloat16: "bfloat16"}
 # TILEBIN_CANDIDATE_REDUCE_FUSED=1 makes reduce_fused launch the internal candidate kernel (issue 12).
@@ -293,7 +288,7 @@ def expand_to_fused_with_sf(
         out_sf = torch.empty((sf_cols, _cdiv(slots, 4) * 4), dtype=x_sf.dtype, device=data.device)[:, :slots].T
     else:
         out_sf = torch.empty((slots, sf_cols), dtype=x_sf.dtype, device=data.device)
-    launcher(_EXPAND_SF_KERNEL, dtype=_EXPAND_SF_DTYPES[data.dtype], sf=_SF_DTYPES[x_sf.dtype])(
+    launcher("moe.expand_to_fused_with_sf", dtype=_EXPAND_SF_DTYPES[data.dtype], sf=_SF_DTYPES[x_sf.dtype])(
         data, x_sf, out, out_sf, token_topk_to_pos, pos_to_expert)
     return out, out_sf
 

@@ -1,8 +1,6 @@
 """GPU tests of the issue-12 MoE candidates: ``tilebin.ops.moe.reduce_fused`` launching the shipped
-``moe.reduce_fused`` and ``moe._reduce_fused_candidate`` (``TILEBIN_CANDIDATE_REDUCE_FUSED=1``), and
-``expand_to_fused_with_sf`` launching ``moe.expand_to_fused_with_sf`` and
-``moe._expand_to_fused_with_sf_candidate`` (``TILEBIN_CANDIDATE_EXPAND_TO_FUSED_WITH_SF=1``), bit for
-bit against ``moe_ref.routing`` with poisoned outputs.
+``moe.reduce_fused`` and ``moe._reduce_fused_candidate`` (``TILEBIN_CANDIDATE_REDUCE_FUSED=1``), and ``expand_to_fused_with_sf``
+(``moe.expand_to_fused_with_sf``), bit for bit against ``moe_ref.routing`` with poisoned outputs.
 
 The shapes aim at what the candidates change: decode batches (1-128 tokens, 256 experts, top-k 8,
 hidden 7168: mostly padding slots), hidden sizes that leave partial blocks / chunks, top-k wider
@@ -20,7 +18,6 @@ from _moe_util import load_moe_ops, poison_cache, seed, topk_idx
 from moe_ref import routing as ref
 
 REDUCE_KERNELS = ("moe.reduce_fused", "moe._reduce_fused_candidate")
-EXPAND_KERNELS = ("moe.expand_to_fused_with_sf", "moe._expand_to_fused_with_sf_candidate")
 DECODE = (1, 4, 16, 64, 128)
 
 
@@ -41,15 +38,6 @@ def reduce_kernel(request, require, monkeypatch):
     monkeypatch.setattr(_routing, "_REDUCE_KERNEL", request.param)
     monkeypatch.setattr(_routing, "_REDUCE_SPLIT_TOKENS", 1 << 40)
     monkeypatch.setattr(_routing, "_FAST", {})
-    return request.param
-
-
-@pytest.fixture(params=EXPAND_KERNELS, ids=("current", "candidate"))
-def expand_kernel(request, require, monkeypatch):
-    from tilebin.ops.moe import _routing
-
-    require(request.param)
-    monkeypatch.setattr(_routing, "_EXPAND_SF_KERNEL", request.param)
     return request.param
 
 
@@ -201,7 +189,7 @@ def _expand_check(moe, idx, experts: int, alignment: int, hidden: int, npc: int,
 
 @pytest.mark.parametrize("layout", ["row", "col", "ue8m0"])
 @pytest.mark.parametrize("tokens", DECODE)
-def test_expand_sf_decode(moe, expand_kernel, tokens, layout):
+def test_expand_sf_decode(moe, tokens, layout):
     """Decode: 256 experts, top-k 8, alignment 16 (mostly padding slots), hidden 7168, 1x128 and 1x32."""
     seed("cand_expand_decode", tokens, layout)
     idx = topk_idx(tokens, 8, 256, 1)
@@ -210,7 +198,7 @@ def test_expand_sf_decode(moe, expand_kernel, tokens, layout):
 
 
 @pytest.mark.parametrize("topk", [2, 6, 8, 9])
-def test_expand_sf_bench_shapes(moe, expand_kernel, topk):
+def test_expand_sf_bench_shapes(moe, topk):
     """compare_peer's shapes: 4001 tokens x 8 EP ranks, 32 experts, alignment 128, hidden 3072."""
     seed("cand_expand_big", topk)
     _expand_check(moe, topk_idx(4001, topk, 32, 8), 32, 128, 3072, 128, "row")
@@ -218,7 +206,7 @@ def test_expand_sf_bench_shapes(moe, expand_kernel, topk):
 
 @pytest.mark.parametrize("hidden", [16, 576, 1040, 4096, 8192, 8208, 9216])
 @pytest.mark.parametrize("dtype", [torch.float8_e4m3fn, torch.bfloat16], ids=str)
-def test_expand_sf_hidden(moe, expand_kernel, hidden, dtype):
+def test_expand_sf_hidden(moe, hidden, dtype):
     """Rows shorter than a block's vectors, ending inside a chunk, and past one chunk of 8 vectors
     per thread (e4m3 > 8192, bf16 > 4096 channels); scale rows longer than a block (1x32)."""
     seed("cand_expand_hidden", hidden, str(dtype))
@@ -230,7 +218,7 @@ def test_expand_sf_hidden(moe, expand_kernel, hidden, dtype):
 @pytest.mark.parametrize("tokens, topk, slots", [(0, 4, 0), (0, 4, 77), (1, 1, 0), (1, 9, 300), (5, 40, 0),
                                                  (33, 33, 0), (3, 2, 1000),
                                                  (3, 2, 8191), (3, 2, 8192), (700, 3, 9001)])
-def test_expand_sf_edges(moe, expand_kernel, tokens, topk, slots):
+def test_expand_sf_edges(moe, tokens, topk, slots):
     """Empty inputs, slots past the tokens (blocks that only zero-fill), top-k wider than a warp."""
     seed("cand_expand_edges", tokens, topk, slots)
     if tokens:

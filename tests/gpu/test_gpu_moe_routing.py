@@ -144,20 +144,6 @@ def test_expand_to_fused(moe, case, dtype):
         assert_bits_equal(got, want, f"expand_to_fused({tuple(x.shape)} {dtype}, slots={p2e.numel()})")
 
 
-EXPAND_SF_KERNELS = ("moe.expand_to_fused_with_sf", "moe._expand_to_fused_with_sf_candidate")  # candidate: issue 12
-
-
-@pytest.fixture(params=EXPAND_SF_KERNELS, ids=("current", "candidate"))
-def expand_sf_kernel(request, require, monkeypatch):
-    """Which kernel expand_to_fused_with_sf launches (what TILEBIN_CANDIDATE_EXPAND_TO_FUSED_WITH_SF=1
-    picks at import)."""
-    from tilebin.ops.moe import _routing
-
-    require(request.param)
-    monkeypatch.setattr(_routing, "_EXPAND_SF_KERNEL", request.param)
-    return request.param
-
-
 # bf16 data with scales: a representative subset of the cases (1 and 4001 tokens)
 @pytest.mark.parametrize("layout", ["row", "col", "ue8m0"])
 @pytest.mark.parametrize("npc", [32, 128])
@@ -165,7 +151,7 @@ def expand_sf_kernel(request, require, monkeypatch):
     pytest.param(c, d, id="t{}-k{}-e{}-ep{}-{}".format(*c, str(d).removeprefix("torch.")))
     for d in (torch.float8_e4m3fn, torch.bfloat16) for c in EXPAND_CASES
     if d == torch.float8_e4m3fn or c[0] in (1, 4001)])
-def test_expand_to_fused_with_sf(moe, expand_sf_kernel, case, npc, layout, dtype):
+def test_expand_to_fused_with_sf(moe, case, npc, layout, dtype):
     seed("expand_sf", case, npc, layout, str(dtype))
     rows, ttp, p2e = _mapping(case)
     for hidden in (HIDDEN if case[0] == 4001 and case[1] == 8 else (576, 7168)):
@@ -186,9 +172,9 @@ def test_expand_to_fused_with_sf(moe, expand_sf_kernel, case, npc, layout, dtype
         assert_bits_equal(out_sf, want_sf, what + " out_sf")
 
 
-def test_expand_to_fused_with_sf_wide_topk(moe, expand_sf_kernel):
-    """A top-k wider than a warp (the candidate reads the slots 32 at a time), e4m3 + fp32 scales."""
-    seed("expand_sf_wide", expand_sf_kernel)
+def test_expand_to_fused_with_sf_wide_topk(moe):
+    """A top-k wider than a warp (the kernel reads the slots 32 at a time), e4m3 + fp32 scales."""
+    seed("expand_sf_wide", "moe.expand_to_fused_with_sf")
     rows, ttp, p2e = _mapping((37, 40, 64, 1))
     x = _data(rows, 576, torch.float8_e4m3fn)
     sf = torch.rand((rows, 576 // 32), dtype=torch.float32, device="cuda") + 0.5
