@@ -46,7 +46,7 @@ ALL_MODULES = (
     "tilebin.kernels.moe.get_fused_mapping",
     "tilebin.kernels.moe.expand_to_fused",
     "tilebin.kernels.moe.reduce_fused",
-    "tilebin.kernels.moe.reduce_fused_candidate",
+    "tilebin.kernels.moe.reduce_fused_few_tokens",
     "tilebin.kernels.engram.engram_hash",
     "tilebin.kernels.engram.fused_weight",
     "tilebin.kernels.engram.engram_gate_fwd",

@@ -21,7 +21,6 @@ Where tilebin is stricter or more defined than tile_kernels:
 
 from __future__ import annotations
 
-import os
 from typing import Any, Optional, Union
 
 import torch
@@ -43,12 +42,9 @@ _EXPAND_DTYPES = {torch.bfloat16: "bfloat16", torch.float32: "float32", torch.fl
 _EXPAND_SF_DTYPES = {torch.float8_e4m3fn: "float8_e4m3fn", torch.bfloat16: "bfloat16"}
 _SF_DTYPES = {torch.float32: "float32", torch.int32: "int32"}
 _REDUCE_DTYPES = {torch.float32: "float32", torch.bfloat16: "bfloat16"}
-# TILEBIN_CANDIDATE_REDUCE_FUSED=1 makes reduce_fused launch the internal candidate kernel (issue 12).
-# The candidate spreads a token over hidden / 1024 blocks (decode: 2.2 us vs 20.0 at 1 token, 38.7 vs 42.3 at
-# 1024, H200); from _REDUCE_SPLIT_TOKENS tokens on the shipped kernel (a block per token, one row in flight)
-# runs instead: at ~17k tokens it moves 1.6x the bytes per second of the candidate.
-_REDUCE_KERNEL = ("moe._reduce_fused_candidate" if os.environ.get("TILEBIN_CANDIDATE_REDUCE_FUSED") == "1"
-                  else "moe.reduce_fused")
+# Below _REDUCE_SPLIT_TOKENS tokens reduce_fused launches moe.reduce_fused_few_tokens (a token spread over
+# hidden / 1024 blocks; H200 decode: 2.2 us vs 20.0 at 1 token, 38.7 vs 42.3 at 1024), from there on
+# moe.reduce_fused (a block per token, one row in flight: at ~17k tokens 1.6x the bytes per second).
 _REDUCE_SPLIT_TOKENS = 1024
 _INT32 = (torch.int32,)
 _OUT_KEYS = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float8_e4m3fn: "float8_e4m3fn"}
@@ -56,8 +52,6 @@ _OUT_KEYS = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float8_
 
 def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
-
-
 
 
 def _contiguous(op: str, name: str, t: torch.Tensor) -> None:
@@ -387,10 +381,9 @@ def reduce_fused(
         out = torch.empty((num_tokens, hidden), dtype=out_dtype, device=x.device)
     # absent optional tensors: stand-ins of the right rank, never read (their flag is 0)
     variant = {"in_dtype": _REDUCE_DTYPES[x.dtype], "out_dtype": _OUT_KEYS[out_dtype]}
-    fn = launcher("moe.reduce_fused", **variant)
-    fn_few = None if _REDUCE_KERNEL == "moe.reduce_fused" else launcher(_REDUCE_KERNEL, **variant)
+    fn, fn_few = launcher("moe.reduce_fused", **variant), launcher("moe.reduce_fused_few_tokens", **variant)
     flags = (int(topk_weights is not None), int(x_sf is not None), int(sf is not None))
-    (fn if fn_few is None or num_tokens >= _REDUCE_SPLIT_TOKENS else fn_few)(
+    (fn if num_tokens >= _REDUCE_SPLIT_TOKENS else fn_few)(
         x, token_topk_to_pos if topk_weights is None else topk_weights, token_topk_to_pos, out,
         x if sf is None else sf, x if x_sf is None else x_sf, *flags)
     _remember(key, _Reduce(fn, out_dtype, flags, fn_few))
@@ -402,8 +395,9 @@ class _Reduce:
 
     __slots__ = ("fn", "out_dtype", "flags", "fn_few")
 
-    def __init__(self, fn: Any, out_dtype: torch.dtype, flags: tuple, fn_few: Any = None) -> None:
-        """``fn_few``: the candidate kernel, launched below ``_REDUCE_SPLIT_TOKENS`` tokens (None: never)."""
+    def __init__(self, fn: Any, out_dtype: torch.dtype, flags: tuple, fn_few: Any) -> None:
+        """``fn``: moe.reduce_fused; ``fn_few``: moe.reduce_fused_few_tokens, launched below
+        ``_REDUCE_SPLIT_TOKENS`` tokens."""
         self.fn, self.out_dtype, self.flags, self.fn_few = fn, out_dtype, flags, fn_few
 
     def __call__(self, x: torch.Tensor, x_sf: Any, shape: Any, dev: torch.device, topk_weights: Any,
@@ -425,7 +419,7 @@ class _Reduce:
             out = torch.empty((num_tokens, shape[1]), dtype=self.out_dtype, device=dev)
         elif out.shape[0] != num_tokens or not out.is_contiguous() or out.data_ptr() & 15:
             return None
-        fn = self.fn if self.fn_few is None or num_tokens >= _REDUCE_SPLIT_TOKENS else self.fn_few
+        fn = self.fn if num_tokens >= _REDUCE_SPLIT_TOKENS else self.fn_few
         fn(x, topk_weights, token_topk_to_pos, out, x if sf is None else sf, x_sf, *self.flags)
         return out
 

@@ -159,6 +159,17 @@ def test_routing_varying_sizes(rec):
     assert rec[0][2][-2].shape == (2, 64)
 
 
+def test_reduce_fused_kernel_by_token_count(rec):
+    """moe.reduce_fused_few_tokens below _REDUCE_SPLIT_TOKENS tokens, moe.reduce_fused from there
+    on: first call (slow path) and memoized calls alike."""
+    y = torch.randn(50, 64)
+    for tokens in (1, r._REDUCE_SPLIT_TOKENS - 1, r._REDUCE_SPLIT_TOKENS, 1, r._REDUCE_SPLIT_TOKENS + 1):
+        rec.clear()
+        r.reduce_fused(y, torch.rand(tokens, 8), torch.randint(-1, 50, (tokens, 8), dtype=torch.int32))
+        want = "moe.reduce_fused" if tokens >= r._REDUCE_SPLIT_TOKENS else "moe.reduce_fused_few_tokens"
+        assert [name for name, _, _ in rec] == [want], (tokens, rec[0][:2])
+
+
 def test_stats_routing_rejections_after_warm_up(rec):
     warm = lambda: st.normalize_weight(torch.rand(4, 8))  # noqa: E731
     _same_error(rec, warm, st.normalize_weight, torch.rand(8, 4).t())

@@ -1,11 +1,12 @@
-"""GPU tests of the issue-12 MoE candidates: ``tilebin.ops.moe.reduce_fused`` launching the shipped
-``moe.reduce_fused`` and ``moe._reduce_fused_candidate`` (``TILEBIN_CANDIDATE_REDUCE_FUSED=1``), and ``expand_to_fused_with_sf``
-(``moe.expand_to_fused_with_sf``), bit for bit against ``moe_ref.routing`` with poisoned outputs.
+"""GPU tests of ``tilebin.ops.moe.reduce_fused`` and ``expand_to_fused_with_sf`` at the sizes their
+kernels' designs single out, bit for bit against ``moe_ref.routing`` with poisoned outputs.
 
-The shapes aim at what the candidates change: decode batches (1-128 tokens, 256 experts, top-k 8,
-hidden 7168: mostly padding slots), hidden sizes that leave partial blocks / chunks, top-k wider
-than the reduce candidate's batch of 8 and than a warp, empty inputs, slots past the tokens, and
-the benchmark's large shapes.
+reduce_fused runs ``moe.reduce_fused_few_tokens`` below ``_REDUCE_SPLIT_TOKENS`` (1024) tokens and
+``moe.reduce_fused`` from there on; most tests force each of the two at every size (the op's split
+moved), one calls the op on both sides of the split as shipped.  The shapes: decode batches
+(1-128 tokens, 256 experts, top-k 8, hidden 7168: mostly padding slots), hidden sizes that leave
+partial blocks / chunks, top-k wider than reduce_fused_few_tokens' batch of 8 and than a warp,
+empty inputs, slots past the tokens, and the benchmark's large shapes.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from _gpu_util import assert_bits_equal
 from _moe_util import load_moe_ops, poison_cache, seed, topk_idx
 from moe_ref import routing as ref
 
-REDUCE_KERNELS = ("moe.reduce_fused", "moe._reduce_fused_candidate")
+REDUCE_KERNELS = ("moe.reduce_fused", "moe.reduce_fused_few_tokens")
 DECODE = (1, 4, 16, 64, 128)
 
 
@@ -27,18 +28,19 @@ def moe(require):
                         "ops/moe/_routing.py")
 
 
-@pytest.fixture(params=REDUCE_KERNELS, ids=("current", "candidate"))
+@pytest.fixture(params=[(REDUCE_KERNELS[0], 0), (REDUCE_KERNELS[1], 1 << 40)], ids=("reduce_fused", "few_tokens"))
 def reduce_kernel(request, require, monkeypatch):
-    """Which kernel reduce_fused launches, the candidate at every token count (the op hands
-    _REDUCE_SPLIT_TOKENS tokens and more to the shipped kernel); the op's memo of validated calls
-    starts empty (its entries hold the launchers they were made with)."""
+    """Which kernel reduce_fused launches, at every token count (the op's _REDUCE_SPLIT_TOKENS moved:
+    0 forces moe.reduce_fused, 2**40 moe.reduce_fused_few_tokens); the op's memo of validated calls
+    starts empty."""
     from tilebin.ops.moe import _routing
 
-    require(request.param)
-    monkeypatch.setattr(_routing, "_REDUCE_KERNEL", request.param)
-    monkeypatch.setattr(_routing, "_REDUCE_SPLIT_TOKENS", 1 << 40)
+    name, split = request.param
+    for kernel in REDUCE_KERNELS:
+        require(kernel)
+    monkeypatch.setattr(_routing, "_REDUCE_SPLIT_TOKENS", split)
     monkeypatch.setattr(_routing, "_FAST", {})
-    return request.param
+    return name
 
 
 # ---------------------------------------------------------------- reduce_fused
@@ -82,7 +84,7 @@ def test_reduce_fused_decode(moe, reduce_kernel, tokens):
 @pytest.mark.parametrize("hidden", [8, 16, 24, 576, 1000, 1024, 1032, 2056, 7168, 7176])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
 def test_reduce_fused_partial_blocks(moe, reduce_kernel, hidden, dtype):
-    """Hidden sizes that end inside a block (1024 channels per candidate block) or a vector pair."""
+    """Hidden sizes that end inside a block (1024 channels per reduce_fused_few_tokens block) or a vector pair."""
     seed("cand_reduce_hidden", hidden, str(dtype))
     idx = topk_idx(37, 6, 72, 1)
     x, w, x_sf, ttp = _reduce_inputs(idx, 72, 1, hidden, dtype)
@@ -92,7 +94,7 @@ def test_reduce_fused_partial_blocks(moe, reduce_kernel, hidden, dtype):
 
 @pytest.mark.parametrize("topk", [1, 2, 7, 8, 9, 16, 17, 40])
 def test_reduce_fused_topk(moe, reduce_kernel, topk):
-    """Top-k around and past the candidate's batch of 8 (later batches keep the FMA order), with
+    """Top-k around and past reduce_fused_few_tokens' batch of 8 (later batches keep the FMA order), with
     missing slots (-1: experts of other EP ranks)."""
     seed("cand_reduce_topk", topk)
     idx = topk_idx(61, topk, 48, 2)
@@ -105,7 +107,7 @@ def test_reduce_fused_topk(moe, reduce_kernel, topk):
 @pytest.mark.parametrize("tokens, topk, hidden", [(600, 9, 7168), (1100, 6, 3080), (1600, 17, 2048),
                                                   (4000, 8, 7168), (9000, 3, 1032)])
 def test_reduce_fused_chunk_loop(moe, reduce_kernel, tokens, topk, hidden):
-    """Hundreds to thousands of tokens (the candidate forced past the op's split), hidden sizes
+    """Hundreds to thousands of tokens (each kernel forced on either side of the op's split), hidden sizes
     ending inside a block, top-k in one batch of 8 or several."""
     seed("cand_reduce_chunks", tokens, topk, hidden)
     idx = topk_idx(tokens, topk, 64, 1)
@@ -117,12 +119,11 @@ def test_reduce_fused_chunk_loop(moe, reduce_kernel, tokens, topk, hidden):
 
 @pytest.mark.parametrize("tokens", [1023, 1024, 1100])
 def test_reduce_fused_split_by_tokens(moe, require, monkeypatch, tokens):
-    """TILEBIN_CANDIDATE_REDUCE_FUSED=1 as shipped to the lead: the candidate below
-    _REDUCE_SPLIT_TOKENS tokens, the shipped kernel from there on; same bits either side."""
+    """The op as shipped: moe.reduce_fused_few_tokens below _REDUCE_SPLIT_TOKENS tokens,
+    moe.reduce_fused from there on; same bits either side."""
     from tilebin.ops.moe import _routing
 
     require(REDUCE_KERNELS[1])
-    monkeypatch.setattr(_routing, "_REDUCE_KERNEL", REDUCE_KERNELS[1])
     monkeypatch.setattr(_routing, "_FAST", {})
     seed("cand_reduce_split", tokens)
     idx = topk_idx(tokens, 8, 256, 1)[:tokens]

@@ -1,23 +1,21 @@
-"""``moe._reduce_fused_candidate``: the same parameters, variants and output bits as
-``moe.reduce_fused`` (see ``reduce_fused.py`` for the contract: per token, fp32 ``acc = 0``, one
-``T.ieee_fmaf`` per valid top-k slot in top-k order, ``* sf[0]`` with ``T.ieee_mul``, cast), with
-the top-k rows loaded together and the hidden dimension split over blocks (issue 12).
+"""``moe.reduce_fused_few_tokens``: ``moe.reduce_fused`` for fewer than 1024 tokens (the op's
+``_REDUCE_SPLIT_TOKENS``), with the top-k rows loaded together and the hidden dimension split
+over blocks.  Same parameters, variants and output bits as ``moe.reduce_fused`` (see
+``reduce_fused.py`` for the contract: per token, fp32 ``acc = 0``, one ``T.ieee_fmaf`` per valid
+top-k slot in top-k order, ``* sf[0]`` with ``T.ieee_mul``, cast).
 
-Why (decode, 1 token x hidden 7168 bf16, top-k 8: 20.0 us vs tile_kernels' 6.1): the op launches
-this one kernel and nothing else (``torch.empty`` for ``out``), so the time is the kernel's.  The
-shipped kernel runs one block per token: a single block at decode, walking its 896 vectors in 4
-chunks, and inside a chunk the run-time top-k loop reads ``token_topk_to_pos[t, k]``, then the
-row, then FMAs before the next slot: 8 dependent DRAM round trips per chunk, ~32 per token.
-tile_kernels compiles for the exact top-k and hidden, so its unrolled loop issues every row's
-loads at once.
-The candidate: grid ``(num_tokens, ceil(hidden / (THREADS * ELEMS)))``, every thread owning
-``ELEMS`` = 8 channels of one token; per batch of ``KB`` = 8 top-k slots it loads the slots and
-weights (one round trip), then all ``KB`` rows' vectors (one round trip, 8 back-to-back
-``LDG.E.128``, row addresses from a flat view: ~10 instructions per row), then runs the FMAs in
-top-k order.  H200: 2.2-7.6 us at 1-128 tokens (shipped 20.0-23.4), still ahead at 1024 tokens
-(38.7 vs 42.3).  At ~17k tokens (hidden 2048-7168, top-k 6) it moves bytes 1.6x slower than the
-shipped kernel, whose block reads one row at a time: the op (``_REDUCE_SPLIT_TOKENS``) launches
-this kernel below 1024 tokens only.
+Design: grid ``(num_tokens, ceil(hidden / (THREADS * ELEMS)))``, every thread owning ``ELEMS`` = 8
+channels of one token; per batch of ``KB`` = 8 top-k slots it loads the slots and weights (one
+round trip), then all ``KB`` rows' vectors (one round trip, 8 back-to-back ``LDG.E.128``, row
+addresses from a flat view: ~10 instructions per row), then runs the FMAs in top-k order.
+
+Why two kernels: ``moe.reduce_fused`` runs one block per token, and inside a chunk its run-time
+top-k loop reads ``token_topk_to_pos[t, k]``, then the row, then FMAs before the next slot: at
+decode (a single block for 1 token) that is ~32 dependent DRAM round trips per token.  H200,
+hidden 7168 bf16, top-k 8: this kernel 2.2-7.6 us at 1-128 tokens (``moe.reduce_fused`` 20.0-23.4),
+still ahead at 1024 tokens (38.7 vs 42.3); at ~17k tokens (hidden 2048-7168, top-k 6) it moves
+bytes 1.6x slower than ``moe.reduce_fused``, whose block reads one row at a time, so the op
+launches this kernel below 1024 tokens only.
 """
 
 # No ``from __future__ import annotations``: TileLang evaluates the PrimFunc's tensor
@@ -32,10 +30,10 @@ ELEMS = 8  # channels per thread (bf16: one 16-byte vector, fp32: two)
 KB = 8  # top-k slots whose rows are in flight together
 
 
-def reduce_fused_candidate(in_dtype: str, out_dtype: str):
+def reduce_fused_few_tokens(in_dtype: str, out_dtype: str):
     """Build the PrimFunc of one variant (see the module docstring)."""
     if in_dtype not in _VEC or out_dtype not in (in_dtype, "float8_e4m3fn"):
-        raise ValueError(f"reduce_fused_candidate: bad variant in_dtype={in_dtype!r} out_dtype={out_dtype!r}")
+        raise ValueError(f"reduce_fused_few_tokens: bad variant in_dtype={in_dtype!r} out_dtype={out_dtype!r}")
     V = _VEC[in_dtype]
     U = ELEMS // V
     num_tokens, hidden, num_topk = T.dynamic("num_tokens"), T.dynamic("hidden"), T.dynamic("num_topk")
@@ -115,15 +113,15 @@ def reduce_fused_candidate(in_dtype: str, out_dtype: str):
 
 KERNELS = (
     KernelDecl(
-        name="moe._reduce_fused_candidate",
-        factory=reduce_fused_candidate,
+        name="moe.reduce_fused_few_tokens",
+        factory=reduce_fused_few_tokens,
         grid=GRID,
         outputs=("out",),
         align=16,
         pass_configs={"tl.disable_safe_memory_legalize": True},  # every access is guarded above
-        doc="Candidate of moe.reduce_fused (same parameters and bits): hidden split over blocks, "
-            "a batch of 8 top-k rows loaded together before the in-order FMAs.",
+        doc="moe.reduce_fused (same parameters and bits) for the op's calls below 1024 tokens: hidden split "
+            "over blocks, a batch of 8 top-k rows loaded together before the in-order FMAs.",
     ),
 )
 
-__all__ = ["KERNELS", "reduce_fused_candidate"]
+__all__ = ["KERNELS", "reduce_fused_few_tokens"]
