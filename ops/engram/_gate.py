@@ -114,7 +114,7 @@ def _gate_bwd(kernel: str, grad_out, hidden_states, k, v, weight_fused, dot, gat
     grad_x = torch.empty((num_tokens, hc, hidden), dtype=torch.bfloat16, device=device)
     grad_k = torch.empty((num_tokens, hc, hidden), dtype=torch.bfloat16, device=device)
     grad_v = torch.empty((num_tokens, hidden), dtype=torch.bfloat16, device=device)
-    grad_w_partial = torch.empty((get_num_sms(), hc, hidden), dtype=torch.float32, device=device)
+    grad_w_partial = torch.empty((get_num_sms(device), hc, hidden), dtype=torch.float32, device=device)
     launcher(kernel)(grad_out, hidden_states, k, v, weight_fused, dot, gate_score, rstd_x, rstd_k,
                      grad_x, grad_k, grad_v, grad_w_partial, clamp_value, hidden ** -0.5)
     return grad_x, grad_k, grad_v, grad_w_partial

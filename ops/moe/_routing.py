@@ -168,7 +168,7 @@ def _fused_mapping(fn: Any, topk_idx: torch.Tensor, num_tokens: int, num_topk: i
                    num_expanded_tokens: int, alignment: int, should_sync: bool, dev: torch.device) -> tuple:
     """Allocate, launch and (``should_sync``) trim: get_fused_mapping past its checks (``fn``: the
     launcher per ``redundant`` variant)."""
-    blocks, redundant = _mapping_grid(numel, num_experts, num_expanded_tokens)
+    blocks, redundant = _mapping_grid(numel, num_experts, num_expanded_tokens, dev)
     slots = torch.empty((3, num_expanded_tokens), dtype=torch.int32, device=dev)
     token_topk_to_pos = torch.empty((num_tokens, num_topk), dtype=torch.int32, device=dev)
     per_expert = torch.empty((3, num_experts), dtype=torch.int32, device=dev)
@@ -187,12 +187,12 @@ def _fused_mapping(fn: Any, topk_idx: torch.Tensor, num_tokens: int, num_topk: i
             num_tokens_per_expert, counts)
 
 
-def _mapping_grid(numel: int, num_experts: int, slots: int) -> tuple[int, bool]:
+def _mapping_grid(numel: int, num_experts: int, slots: int, dev: torch.device) -> tuple[int, bool]:
     """(blocks, redundant) of moe.get_fused_mapping: up to _REDUNDANT_ENTRIES entries, a plain launch
     whose blocks each count everything (one per 128-entry warp run to walk, one per 2048 slots to fill);
     else a cooperative grid of as few blocks as give the fewest trips per warp, and at least one warp per expert
     for phase 2."""
-    cap = min(get_num_sms(), kernel_meta(_MAPPING, "max_blocks"))
+    cap = min(get_num_sms(dev), kernel_meta(_MAPPING, "max_blocks"))  # dev's own SM count
     if numel <= _REDUNDANT_ENTRIES:
         return max(1, min(cap, _REDUNDANT_BLOCKS, max(_cdiv(numel, 128), _cdiv(slots, 2048)))), True
     per_trip = cap * _ENTRIES_PER_BLOCK

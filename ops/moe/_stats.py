@@ -87,7 +87,7 @@ def aux_fi(topk_idx: torch.Tensor, num_experts: int, num_aux_topk: int) -> torch
         _aux_fi(topk_idx, out, num_aux_topk, single)
     else:
         launcher("moe.aux_fi_many_experts", single_block=single)(topk_idx, out, num_aux_topk,
-                                                                 0 if single else get_num_sms())
+                                                                 0 if single else get_num_sms(topk_idx.device))
     return out
 
 
@@ -95,7 +95,7 @@ def _aux_fi(topk_idx: torch.Tensor, out: torch.Tensor, num_aux_topk: int, single
     """Launch ``moe.aux_fi``: one block, or a co-resident grid (2 per SM at most) of one
     block per 256 x unroll entries, each with its workspace row (torch.empty: no fill kernel)."""
     unroll = 8 if single or topk_idx.numel() > _AUX_FI_WIDE else 4
-    blocks = 1 if single else max(1, min(2 * get_num_sms(), kernel_meta(_AUX_FI, "max_blocks"),
+    blocks = 1 if single else max(1, min(2 * get_num_sms(out.device), kernel_meta(_AUX_FI, "max_blocks"),
                                          -(-topk_idx.numel() // (256 * unroll))))
     workspace = torch.empty((blocks, out.size(0)), dtype=torch.int32, device=out.device)
     launcher(_AUX_FI, single_block=single, unroll=unroll)(topk_idx, out, workspace, num_aux_topk)
@@ -112,7 +112,7 @@ def group_count(group_idx: torch.Tensor, num_groups: int) -> torch.Tensor:
     check_cuda(op, group_idx=group_idx)
     out = torch.empty(num_groups, dtype=torch.int32, device=group_idx.device)
     single = group_idx.numel() <= SINGLE_BLOCK_ENTRIES
-    launcher("moe.group_count", single_block=single)(group_idx, out, 0 if single else get_num_sms())
+    launcher("moe.group_count", single_block=single)(group_idx, out, 0 if single else get_num_sms(group_idx.device))
     return out
 
 

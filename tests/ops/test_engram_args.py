@@ -21,7 +21,7 @@ def no_launch(monkeypatch):
 
     for m in (gt, hs):
         monkeypatch.setattr(m, "launcher", launcher)
-    monkeypatch.setattr(gt, "get_num_sms", lambda: 7)
+    monkeypatch.setattr(gt, "get_num_sms", lambda device=None: 7)
 
 
 def _raises(match: str, fn, *args, **kwargs) -> str:

@@ -84,7 +84,7 @@ def calls(monkeypatch):
     for m in (gt, hs):
         monkeypatch.setattr(m, "launcher", launcher)
         monkeypatch.setattr(m, "check_cuda", lambda op, **t: None)
-    monkeypatch.setattr(gt, "get_num_sms", lambda: NUM_SMS)
+    monkeypatch.setattr(gt, "get_num_sms", lambda device=None: NUM_SMS)
     return log
 
 

@@ -24,7 +24,7 @@ def no_launch(monkeypatch):
 
     for mod in (sk, sm, rc):
         monkeypatch.setattr(mod, "launcher", launcher)
-    monkeypatch.setattr(sm, "get_num_sms", lambda: 7)
+    monkeypatch.setattr(sm, "get_num_sms", lambda device=None: 7)
 
 
 def _raises(match: str, fn, *args, op: str, **kwargs) -> str:

@@ -26,7 +26,7 @@ class Emulator:
         for mod in (sk, sm, rc):
             monkeypatch.setattr(mod, "launcher", self.launcher)
             monkeypatch.setattr(mod, "check_cuda", lambda *a, **k: None)
-        monkeypatch.setattr(sm, "get_num_sms", lambda: 3)
+        monkeypatch.setattr(sm, "get_num_sms", lambda device=None: 3)
 
     def launcher(self, name, **key):
         def launch(*args):

@@ -24,7 +24,7 @@ def rec(monkeypatch):
     monkeypatch.setattr(g, "_on_cuda", lambda op, first, **others: None)
     monkeypatch.setattr(st, "check_cuda", lambda op, **t: None)
     monkeypatch.setattr(r, "check_cuda", lambda op, **t: None)
-    monkeypatch.setattr(r, "get_num_sms", lambda: 132)
+    monkeypatch.setattr(r, "get_num_sms", lambda device=None: 132)
     return calls
 
 

@@ -184,7 +184,7 @@ def _recorded_launches(monkeypatch) -> list:
     would launch (kernel name, variant key, arguments)."""
     calls = []
     monkeypatch.setattr(st, "check_cuda", lambda op, **tensors: None)
-    monkeypatch.setattr(st, "get_num_sms", lambda: 132)
+    monkeypatch.setattr(st, "get_num_sms", lambda device=None: 132)
     monkeypatch.setattr(st, "launcher", lambda name, **key: lambda *args: calls.append((name, key, args)))
     st.aux_fi(_idx(3, 2), 16, 2)
     st.aux_fi(_idx(4001, 8), 16, 2)

@@ -96,7 +96,7 @@ class MHCPreSplitMixes(torch.autograd.Function):
         gq = aligned_input(grad_post.to(torch.float32).contiguous()).view(n, m)
         gc = aligned_input(grad_comb.to(torch.float32).contiguous()).view(n, m, m)
         grad_mixes = torch.empty((n, k), dtype=torch.float32, device=dev)
-        blocks = min(-(-n // THREADS), get_num_sms())
+        blocks = min(-(-n // THREADS), get_num_sms(dev))
         partial = torch.empty((blocks, k + 3), dtype=torch.float32, device=dev)
         launcher("mhc.pre_split_mixes_bwd", mhc_mult=m)(gp, gq, gc, mixes, scale, base, grad_mixes, partial,
                                                          post_mult_value)
