@@ -166,3 +166,18 @@ def host_us(fn, batch: int = 50, batches: int = 30, busy: bool = False) -> float
         out.append((time.perf_counter_ns() - t0) / batch / 1e3)
     torch.cuda.synchronize()
     return statistics.median(out)
+
+
+def with_attr(obj, attr: str, value, call):
+    """A function running ``call()`` with ``obj.<attr>`` set to ``value`` (restored after): how the
+    benches switch an op module's kernel constant to a speed candidate."""
+
+    def run():
+        old = getattr(obj, attr)
+        setattr(obj, attr, value)
+        try:
+            return call()
+        finally:
+            setattr(obj, attr, old)
+
+    return run

@@ -30,7 +30,7 @@ import importlib
 import sys
 from pathlib import Path
 
-from _common import REPO, env_facts, env_markdown, host_us, markdown_table, time_device_ms, write_reports
+from _common import REPO, env_facts, env_markdown, host_us, markdown_table, time_device_ms, with_attr, write_reports
 
 HC, EPS, CLAMP = 4, 1e-20, 1e-6
 SHAPES = [(t, h) for t in (4001, 8001) for h in (4096, 7168)]
@@ -71,17 +71,7 @@ def _inputs(tokens: int, hidden: int, sets: int = 1):
 def _switched(switch: tuple[str, str, str], call):
     """``call`` run with the op module's candidate switch set (``setattr(module, attr, kernel)``)."""
     mod, attr, kernel = switch
-    mod = importlib.import_module(mod)
-
-    def run():
-        old = getattr(mod, attr)
-        setattr(mod, attr, kernel)
-        try:
-            return call()
-        finally:
-            setattr(mod, attr, old)
-
-    return run
+    return with_attr(importlib.import_module(mod), attr, kernel, call)
 
 
 def with_candidates(rows: list) -> list:

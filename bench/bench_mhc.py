@@ -33,7 +33,7 @@ import argparse
 import importlib
 import sys
 
-from _common import env_facts, env_markdown, host_us, markdown_table, time_device_ms, write_reports
+from _common import env_facts, env_markdown, host_us, markdown_table, time_device_ms, with_attr, write_reports
 
 M = 4
 SHAPES = [(n1, h) for n1 in (4096, 8192) for h in (4096, 7168)]
@@ -106,18 +106,7 @@ def _switched(mod, switch: tuple[str, str], call):
     """``call`` run with the op module's candidate switch ``setattr(mod, *switch)``; a module without
     the switch (tile_kernels') gets ``call`` unchanged."""
     attr, kernel = switch
-    if not hasattr(mod, attr):
-        return call
-
-    def run():
-        old = getattr(mod, attr)
-        setattr(mod, attr, kernel)
-        try:
-            return call()
-        finally:
-            setattr(mod, attr, old)
-
-    return run
+    return with_attr(mod, attr, kernel, call) if hasattr(mod, attr) else call
 
 
 def rows_for(ours: dict, peer, n1: int, hidden: int, candidate: bool = False):
