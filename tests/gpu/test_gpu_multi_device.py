@@ -44,12 +44,16 @@ def copy_to(value, device: int):
         return out.set_(moved.untyped_storage(), value.storage_offset(), value.shape, value.stride())
     if isinstance(value, (tuple, list)):
         return type(value)(copy_to(v, device) for v in value)
+    if isinstance(value, dict):
+        return {k: copy_to(v, device) for k, v in value.items()}
     return value
 
 
 def tensors_of(value) -> list:
     if isinstance(value, torch.Tensor):
         return [value]
+    if isinstance(value, dict):
+        return [t for k in sorted(value) for t in tensors_of(value[k])]
     if isinstance(value, (tuple, list)):
         return [t for v in value for t in tensors_of(v)]
     return []
@@ -86,24 +90,18 @@ def test_op_on_the_tensors_device(op, where, current):
 
 
 @pytest.mark.parametrize("where, current", ROLES, ids=lambda r: str(r))
-def test_runtime_launch_cooperative_on_the_tensors_device(rt, require, where, current):
-    from _cases import COOP_SUM
+def test_runtime_launch_cooperative_on_the_tensors_device(rt, rng, require, where, current):
+    from _cases import COOP_SUM, CoopSumCase
 
     require(COOP_SUM)
-    spec = rt.spec(COOP_SUM)
-    dev = f"cuda:{where}"
-    n = 777_777
-    x = torch.rand((n,), dtype=torch.float32, device=dev) + 0.25
-    middle = []
-    for name in [p.name for p in spec.params][1:-1]:
-        ts = next(t for t in spec.variants[0].tensors if t.name == name)
-        shape = tuple(n if isinstance(d, str) else d for d in ts.shape)
-        middle.append(torch.full(shape, float("nan"), dtype=getattr(torch, ts.dtype), device=dev))
-    out = torch.full((1,), float("nan"), dtype=torch.float32, device=dev)
+    with torch.cuda.device(where):  # the case allocates on the current device
+        case = CoopSumCase(rng, 777_777, rt.spec(COOP_SUM))
+    case.poison()
     with torch.cuda.device(current):
-        rt.launch(COOP_SUM, x, *middle, out)
-    want = x.double().sum().item()
-    assert abs(out.item() - want) <= 1e-5 * want, f"coop_sum on {dev} (current cuda:{current}): {out.item()} != {want}"
+        assert case.launch(rt) is None
+    torch.cuda.synchronize(where)
+    assert case.x.device == torch.device(f"cuda:{where}")
+    case.check(f"coop_sum on cuda:{where}, current cuda:{current}, seed={rng.seed}")
 
 
 def test_threads_interleave_devices():
