@@ -14,9 +14,9 @@ import struct
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import Any
 
+from ._record import record
 from ._errors import DeviceError
 
 _LOCK = threading.Lock()
@@ -120,7 +120,7 @@ def check(result: tuple, what: str, where: str = "") -> Any:
     return result[1] if len(result) == 2 else result[1:]
 
 
-@dataclass(frozen=True, eq=False)
+@record(eq=False)
 class DeviceInfo:
     """One checked GPU: ordinal, driver handle, name, compute capability, retained primary context."""
 

@@ -20,9 +20,9 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
+from ._record import record
 from ._errors import NoVariantError
 from ._expr import OPS, Expr
 from ._manifest import KernelSpec, LaunchSpec, VariantSpec
@@ -34,7 +34,7 @@ _OPCODES = {"add": 2, "sub": 3, "mul": 4, "floordiv": 5, "floormod": 6, "truncdi
 SOURCE_KINDS = ("shape", "stride", "scalar")  # csrc/_hot.c: SRC_SHAPE ...
 
 
-@dataclass(frozen=True)
+@record
 class Slot:
     """One kernel argument: see the module docstring for the kinds."""
 
@@ -47,7 +47,7 @@ class Slot:
     tma: int = -1
 
 
-@dataclass(frozen=True)
+@record
 class LaunchLayout:
     """One device-kernel launch: grid (closure and programs), static block and smem, slots, attributes."""
 
@@ -66,7 +66,7 @@ class LaunchLayout:
         return bool(s.cooperative or s.pdl or tuple(s.cluster) != (1, 1, 1))
 
 
-@dataclass(frozen=True)
+@record
 class Layout:
     """Everything a Launcher needs from the manifest, compiled once."""
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import threading
-from dataclasses import dataclass, field
 try:  # Python 3.11+
     from importlib.resources.abc import Traversable
 except ImportError:  # Python 3.10: the same protocol, under its older name
@@ -19,6 +18,7 @@ from typing import Any
 
 from . import _driver
 from ._errors import ArtifactError, DeviceError
+from ._record import Factory, record
 from ._tensors import key_text
 
 _DEFAULT_SMEM = 48 * 1024  # what a kernel may use without opting in
@@ -46,7 +46,7 @@ def cubin_path(root: Traversable, relative: str, kernel: str) -> Traversable:
     return node
 
 
-@dataclass
+@record(frozen=False)
 class LoadedFunction:
     """A ``CUfunction`` in one device's primary context, and the dynamic smem it is opted in to."""
 
@@ -55,11 +55,11 @@ class LoadedFunction:
     smem_limit: int = _DEFAULT_SMEM
 
 
-@dataclass
+@record(frozen=False)
 class _Module:
     handle: Any
     image: bytes  # kept alive with the module: the driver may read it again when it loads lazily
-    functions: dict[str, LoadedFunction] = field(default_factory=dict)
+    functions: dict[str, LoadedFunction] = Factory(dict)
 
 
 class Loader:

@@ -13,10 +13,10 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field, fields, is_dataclass
 from types import MappingProxyType
 from typing import Any
 
+from ._record import Factory, is_record, record, record_fields
 from ._errors import ArtifactError
 from ._expr import Expr, check_expr, symbols_of
 
@@ -24,7 +24,7 @@ SCHEMA_VERSION = 1
 ARG_KINDS = ("ptr", "scalar", "tma")
 
 
-@dataclass(frozen=True)
+@record
 class ParamSpec:
     """A positional parameter of ``launch``: a tensor (with its rank) or a scalar."""
 
@@ -34,7 +34,7 @@ class ParamSpec:
     optional: bool = False  # a tensor the call may pass as None (its pointer is then null)
 
 
-@dataclass(frozen=True)
+@record
 class TensorSpec:
     """What a variant needs of one tensor argument.
 
@@ -51,13 +51,13 @@ class TensorSpec:
     max_elements: int | None = None
 
 
-@dataclass(frozen=True)
+@record
 class ScalarSpec:
     name: str
     dtype: str
 
 
-@dataclass(frozen=True)
+@record
 class TmaSpec:
     """A ``cuTensorMapEncodeTiled`` call; the global address is the tensor ``param``'s pointer."""
 
@@ -74,7 +74,7 @@ class TmaSpec:
     oob_fill: int
 
 
-@dataclass(frozen=True)
+@record
 class ArgSpec:
     """One device-kernel argument: a tensor pointer, a scalar expression or a TMA descriptor."""
 
@@ -85,7 +85,7 @@ class ArgSpec:
     tma: int | None = None  # tma: index into VariantSpec.tma
 
 
-@dataclass(frozen=True)
+@record
 class LaunchSpec:
     entry: str
     grid: tuple[Expr, Expr, Expr]
@@ -97,7 +97,7 @@ class LaunchSpec:
     pdl: bool = False
 
 
-@dataclass(frozen=True)
+@record
 class ConditionSpec:
     """What a call must meet for a variant to serve it: ``expr`` over the variant's runtime symbols
     evaluates nonzero (``hidden % 128 == 0``).  ``source``: ``"assume"`` (the kernel's own
@@ -111,7 +111,7 @@ class ConditionSpec:
 CONDITION_SOURCES = ("assume", "declared")
 
 
-@dataclass(frozen=True)
+@record
 class VariantSpec:
     key: Mapping[str, Any]
     cubin: str  # path relative to the manifest's folder
@@ -123,16 +123,16 @@ class VariantSpec:
     conditions: tuple[ConditionSpec, ...] = ()
 
 
-@dataclass(frozen=True)
+@record
 class KernelSpec:
     name: str
     params: tuple[ParamSpec, ...]
     variants: tuple[VariantSpec, ...]
     doc: str = ""
-    meta: Mapping[str, Any] = field(default_factory=dict)  # the declaration's constants (lists as tuples)
+    meta: Mapping[str, Any] = Factory(dict)  # the declaration's constants (lists as tuples)
 
 
-@dataclass(frozen=True)
+@record
 class BuildInfo:
     arch: str  # "sm_90a"
     min_driver_cuda: int  # cuDriverGetVersion() value the cubins need, e.g. 13000
@@ -142,10 +142,10 @@ class BuildInfo:
     tilebin: str = ""
 
 
-@dataclass(frozen=True)
+@record
 class Manifest:
     build: BuildInfo
-    kernels: Mapping[str, KernelSpec] = field(default_factory=dict)
+    kernels: Mapping[str, KernelSpec] = Factory(dict)
     schema_version: int = SCHEMA_VERSION
 
     def to_json(self) -> str:
@@ -159,8 +159,8 @@ class Manifest:
 
 
 def to_plain(obj: Any) -> Any:
-    if is_dataclass(obj):
-        return {f.name: to_plain(getattr(obj, f.name)) for f in fields(obj)}
+    if is_record(obj):
+        return {n: to_plain(getattr(obj, n)) for n in record_fields(obj)}
     if isinstance(obj, Mapping):
         return {k: to_plain(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):

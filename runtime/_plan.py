@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
+from ._record import record
 from ._errors import ArgumentError
 from ._expr import Expr, evaluate, symbols_of, to_text
 from ._launcher import GRID_MAX
@@ -70,7 +70,7 @@ def check_devices(kernel: str, infos: Mapping[str, TensorInfo]) -> int:
     return 0 if device is None else device
 
 
-@dataclass(frozen=True)
+@record
 class BoundLaunch:
     """One device-kernel launch with everything evaluated: grid, block, and its argument list.
 
@@ -120,7 +120,7 @@ class PointerGuard:
                 )
 
 
-@dataclass(frozen=True)
+@record
 class Binding:
     """A validated call: the variant, the device, evaluated launches and TMA geometry, the pointer rules."""
 

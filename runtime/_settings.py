@@ -8,7 +8,6 @@ Nothing here is read at import time: each accessor reads the environment when ca
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 from importlib.resources import files
 try:  # Python 3.11+
     from importlib.resources.abc import Traversable
@@ -17,9 +16,10 @@ except ImportError:  # Python 3.10: the same protocol, under its older name
 from pathlib import Path
 
 from ._errors import TilebinError
+from ._record import record
 
 
-@dataclass(frozen=True)
+@record
 class EnvVar:
     """One environment variable: its name, what it does, and its default (as text)."""
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import math
 import sys
-from dataclasses import dataclass
 from typing import Any
 
+from ._record import record
 from ._errors import ArgumentError
 
 # dtype name (torch spelling) -> bytes per element
@@ -69,7 +69,7 @@ def key_text(key: Any) -> str:
     return "{" + ", ".join(f"{k}={v!r}" for k, v in key.items()) + "}"
 
 
-@dataclass(frozen=True)
+@record
 class TensorInfo:
     """A uniform view of one tensor argument (strides in elements; device -1 when not CUDA)."""
 

@@ -20,9 +20,8 @@ from __future__ import annotations
 import ctypes
 from typing import Any
 
-from dataclasses import dataclass
-
 from . import _driver
+from ._record import record
 
 RECENT = 8
 DESC_BYTES = 128
@@ -31,7 +30,7 @@ _STATE: dict[str, Any] = {}  # "raw": the ctypes function, or None when unavaila
 
 
 
-@dataclass(frozen=True)
+@record
 class BoundTma:
     """Geometry of one TMA descriptor (validated by ``_plan``); only the global address changes between calls."""
 
