@@ -2,7 +2,7 @@
 """tilebin against tile_kernels 1.0.0, side by side: the same call on the same inputs, one process.
 
     PYTHONPATH=<site with the tilebin wheel>[:<folder with tile_kernels + tilelang>] \\
-        python3 bench/compare_peer.py [--families quant,moe,transpose] [--quick] [--json F] [--md F]
+        python3 bench/compare_peer.py [--families quant,moe,transpose] [--quick] [--candidates] [--json F] [--md F]
 
 Per case (``compare_peer_cases.py``: the shapes of the speed-parity issue, decode sizes of 1-128
 tokens, the transpose ops): device time of tilebin's op and of tile_kernels' op of the same name
@@ -17,6 +17,10 @@ each call after an L2 flush (a 256 MiB ``bitwise_not_``; its kernels are recogni
 left out).  When the profiler records nothing usable, CUDA events around each call (flush outside
 them) are used and the row says so.  Each op is called once before timing (tile_kernels compiles
 a variant at its first call).
+
+``--candidates`` runs every family a second time with all the installed tilebin's
+``TILEBIN_CANDIDATE_<OP>`` switches on (its rows' family reads "<family> (candidates)", with its own
+geometric mean): shipped kernels, speed candidates and the peer timed in one run.
 
 Without tile_kernels importable the peer columns read "n/a" and tilebin's times are still
 reported; without a GPU the script prints one line and exits 0.  Several families run each in
@@ -258,20 +262,43 @@ def report(rows: list[dict], facts: dict, ns: argparse.Namespace, failed: list[s
                    "command": " ".join([os.path.basename(sys.executable), *sys.argv])}, md, ns.json, ns.md)
 
 
+def candidate_switches() -> list[str]:
+    """The ``TILEBIN_CANDIDATE_<OP>`` switches the installed tilebin's op modules read."""
+    import re
+
+    import tilebin
+
+    root = os.path.dirname(tilebin.__file__)
+    names = set()
+    for sub in ("ops", "modeling"):
+        for folder, _, files in os.walk(os.path.join(root, sub)):
+            for name in files:
+                if name.endswith(".py"):
+                    with open(os.path.join(folder, name)) as fh:
+                        names.update(re.findall(r"TILEBIN_CANDIDATE_[A-Z0-9_]+", fh.read()))
+    return sorted(names)
+
+
 def _children(ns: argparse.Namespace, families: list[str]) -> tuple[list[dict], list[str]]:
-    """Each family in its own process (a peer fault loses one family, not the run)."""
+    """Each family in its own process (a peer fault loses one family, not the run); with
+    ``--candidates`` each family once more with every candidate switch on, its rows' family
+    marked " (candidates)"."""
     rows, failed = [], []
-    for family in families:
-        with tempfile.TemporaryDirectory() as tmp:
-            path = os.path.join(tmp, "rows.json")
-            cmd = [sys.executable, os.path.abspath(__file__), "--families", family, "--reps", str(ns.reps),
-                   "--rows-only", path] + (["--quick"] if ns.quick else [])
-            rc = subprocess.run(cmd).returncode
-            if os.path.exists(path):
-                with open(path) as fh:
-                    rows += json.load(fh)
-            if rc or not os.path.exists(path):
-                failed.append(f"{family}: child process exited with {rc}")
+    runs = [("", {})]
+    if ns.candidates:
+        runs.append((" (candidates)", {name: "1" for name in candidate_switches()}))
+    for mark, switches in runs:
+        for family in families:
+            with tempfile.TemporaryDirectory() as tmp:
+                path = os.path.join(tmp, "rows.json")
+                cmd = [sys.executable, os.path.abspath(__file__), "--families", family, "--reps", str(ns.reps),
+                       "--rows-only", path] + (["--quick"] if ns.quick else [])
+                rc = subprocess.run(cmd, env={**os.environ, **switches}).returncode
+                if os.path.exists(path):
+                    with open(path) as fh:
+                        rows += [{**r, "family": r["family"] + mark} for r in json.load(fh)]
+                if rc or not os.path.exists(path):
+                    failed.append(f"{family}{mark}: child process exited with {rc}")
     return rows, failed
 
 
@@ -282,6 +309,8 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=30, help="timed calls per case and side")
     ap.add_argument("--json")
     ap.add_argument("--md")
+    ap.add_argument("--candidates", action="store_true",
+                    help="also run every family with all TILEBIN_CANDIDATE_* switches on (rows marked)")
     ap.add_argument("--rows-only", help=argparse.SUPPRESS)  # a child: write its rows here, no report
     ns = ap.parse_args()
     families = [f for f in ns.families.split(",") if f]
@@ -303,7 +332,7 @@ def main() -> int:
             json.dump(rows, fh)
         return 0
     facts = {**env_facts(), "tile_kernels": _pkg_version("tile-kernels"), "tilelang": _pkg_version("tilelang")}
-    if len(families) == 1:
+    if len(families) == 1 and not ns.candidates:
         rows, failed = run_family(families[0], ns.quick, ns.reps), []
     else:
         rows, failed = _children(ns, families)
