@@ -16,30 +16,19 @@ monkeypatched), bit-exact against ``quant_ref`` and with every output element wr
 
 from __future__ import annotations
 
-import zlib
 
 import pytest
 
 torch = pytest.importorskip("torch")
 
 import quant_ref  # noqa: E402
+from _moe_util import poison_cache, seed  # noqa: E402
 from quant_ref import per_channel as pc_ref  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 E4M3 = torch.float8_e4m3fn
 PC_SHIPPED, PC_CAND = "quant.per_channel_cast_fused", "quant._per_channel_cast_candidate"
 PT_SHIPPED, PT_CAND = "quant.per_token_cast", "quant._per_token_cast_candidate"
-
-
-def _seed(*key) -> None:
-    torch.manual_seed(zlib.crc32(repr(key).encode()))
-
-
-def _poison_cache(nbytes: int) -> None:
-    """Fill free blocks of torch's caching allocator with 0xFF (outputs reuse them)."""
-    blob = torch.empty(max(nbytes, 1 << 20), dtype=torch.uint8, device="cuda")
-    blob.fill_(0xFF)
-    del blob
 
 
 def _check(got, want, name: str) -> None:
@@ -74,7 +63,7 @@ def test_per_channel_cast_candidate(pc_kernel, case, round_sf):
 
     tokens, hidden = case
     name = f"per_channel_cast {tokens}x{hidden} bf16 round_sf={round_sf} ({pc_kernel})"
-    _seed("pc", case, round_sf)
+    seed("pc", case, round_sf)
     x = (torch.randn((tokens, hidden), device="cuda") * 3).to(torch.bfloat16)
     if tokens > 3:  # zeros, -0.0, tiny values, an outlier
         x[:, 0] = 0
@@ -82,9 +71,9 @@ def test_per_channel_cast_candidate(pc_kernel, case, round_sf):
         x[2, 2:40] *= 1e-30
         x[3, 5] = 3e4
     want = pc_ref.per_channel_cast(x, 128, round_sf)
-    _poison_cache(4 * x.numel())
+    poison_cache(4 * x.numel())
     _check(quant.per_channel_cast(x, "e4m3", 128, round_sf), want, name)
-    _poison_cache(4 * x.numel())
+    poison_cache(4 * x.numel())
     _check(quant.per_channel_cast_fused(x, "e4m3", 128, round_sf), want, name + " fused")
 
 
@@ -92,7 +81,7 @@ def test_per_channel_cast_candidate_huge_columns(pc_kernel):
     """Column magnitudes over the bf16 range (subnormal e4m3 results, clamped amax, inf scales off)."""
     from tilebin.ops import quant
 
-    _seed("pc-huge")
+    seed("pc-huge")
     tokens, hidden = 300, 576
     col_scale = torch.pow(10.0, torch.linspace(-30, 30, hidden, device="cuda"))
     x = (torch.randn((tokens, hidden), device="cuda") * col_scale).to(torch.bfloat16)
@@ -135,7 +124,7 @@ def test_per_token_cast_candidate(pt_kernel, case, layout):
     group = hidden if group == "hidden" else group
     flags = dict(use_tma_aligned_col_major_sf=col, round_sf=rnd, use_packed_ue8m0=packed)
     name = f"per_token_cast {tokens}x{hidden} {dtype} n{group} {flags} ({pt_kernel})"
-    _seed("pt", case, layout)
+    seed("pt", case, layout)
     x = torch.randn((tokens, hidden), device="cuda", dtype=getattr(torch, dtype))
     if tokens > 3:
         x[0, :64] = 0
@@ -144,7 +133,7 @@ def test_per_token_cast_candidate(pt_kernel, case, layout):
         x[3, 5] = 1e4
     want = quant_ref.cast(x, "e4m3", (1, group), **flags)
     for _ in range(2):  # the second call takes the memoized plan
-        _poison_cache(4 * x.numel() + (1 << 20))
+        poison_cache(4 * x.numel() + (1 << 20))
         out, sf = quant.per_token_cast(x, "e4m3", group, **flags)
         quant_ref.assert_equal(out, want[0], f"{name}: out")
         quant_ref.assert_equal(sf, want[1], f"{name}: sf")
@@ -156,7 +145,7 @@ def test_per_token_cast_candidate_strided_rows(pt_kernel):
     """A row stride past hidden (aligned: no copy) at a decode size."""
     from tilebin.ops import quant
 
-    _seed("pt-strided")
+    seed("pt-strided")
     base = torch.randn((8, 7168 + 64), device="cuda", dtype=torch.bfloat16)
     x = base[:, :7168]
     want = quant_ref.cast(x.contiguous(), "e4m3", (1, 128))
@@ -196,14 +185,14 @@ def test_per_token_cast_e5m6_candidate(e5_kernel, case, layout):
     col, rnd, packed = layout
     flags = dict(use_tma_aligned_col_major_sf=col, round_sf=rnd, use_packed_ue8m0=packed)
     name = f"e5m6 {tokens}x{hidden} fp32 {flags} ({e5_kernel})"
-    _seed("e5", case, layout)
+    seed("e5", case, layout)
     k = torch.randint(-30, 30, (tokens, hidden), device="cuda").float()
     x = torch.randn((tokens, hidden), device="cuda") * torch.exp2(k)  # subnormal codes, underflow
     if tokens:
         x[::7] = 0.0  # zero rows: amax clamped
         x[1::5, ::3] = -0.0
     want = quant_ref.cast_to_e5m6(x, hidden, **flags)
-    _poison_cache(4 * x.numel() + (1 << 20))
+    poison_cache(4 * x.numel() + (1 << 20))
     data, sf = quant.per_token_cast(x, "e5m6", hidden, **flags)
     quant_ref.assert_equal(data, want[0], f"{name}: data")
     quant_ref.assert_equal(sf, want[1], f"{name}: sf")

@@ -13,9 +13,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from _moe_util import poison_cache, seed
+from _moe_util import seed
 from mhc_ref import expand as eref
 from mhc_ref.close import assert_bitwise
+from test_gpu_mhc_elementwise import _poison
 
 BF16 = torch.bfloat16
 # (leading dims, hidden) at mhc_mult 4: decode sizes, odd counts, every hidden up to 8192, the bench
@@ -41,10 +42,6 @@ def _kernel(require):
 
 def _bf16(*shape):
     return torch.randn(*shape, device="cuda").to(BF16)
-
-
-def _poison(*like: torch.Tensor) -> None:
-    poison_cache(4 * sum(t.numel() * t.element_size() for t in like) + (64 << 20))
 
 
 @pytest.mark.parametrize("m, lead, h", CASES, ids=IDS)
