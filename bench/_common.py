@@ -94,11 +94,27 @@ def time_device_ms(fns, rounds: int, per_round: int, backlog_cycles: int = 4_000
     """Per-call device time (ms) with CUDA events around each call.
 
     Each round first queues a GPU sleep, so the host enqueues the whole round before the GPU
-    reaches it: no launch gaps inside the timed regions.  ``fns`` are rotated through (pass
-    several buffers so the working set exceeds the L2).
+    reaches it: no launch gaps inside the timed regions.  The sleep is at least
+    ``backlog_cycles`` and long enough to cover the round's host time, measured first (an
+    autograd backward spends 100-200 us of host time per call; a fixed 4M-cycle sleep, 2 ms,
+    ran out during a round of 20 and the events then timed the host).  ``fns`` are rotated
+    through (pass several buffers so the working set exceeds the L2).
     """
+    import time
+
     import torch
 
+    for fn in fns:  # warm-up (a JIT peer compiles here), then one timed pass of host time per call
+        fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for fn in fns:
+        fn()
+    host_s = (time.perf_counter() - t0) / len(fns)
+    torch.cuda.synchronize()
+    # cycles at 2.5 GHz (above the H200's 1.98 GHz boost clock) for the whole round, twice over;
+    # at most 2.5e9 (1 s)
+    backlog_cycles = max(backlog_cycles, min(int(2 * per_round * host_s * 2.5e9), 2_500_000_000))
     times = []
     for r in range(rounds):
         if hasattr(torch.cuda, "_sleep"):
