@@ -29,7 +29,7 @@ def rows(rt) -> list[tuple[str, float]]:
     (plan,) = [*entry.fast_plans.values(), *entry.plans.values()]  # the bound Launcher (compiled or Python)
     sig = entry._fast_sig
     raw_stream = torch._C._cuda_getCurrentRawStream
-    unchecked = rt.unchecked_launcher("transpose.batched_transpose", dtype="bfloat16")
+    unchecked = rt.unchecked_launcher("transpose.batched_transpose", dtype="bfloat16", small=False)
     g = {"x": x, "out": out, "T": torch.Tensor, "rt": rt, "plan": plan, "sig": sig, "args": (x, out),
          "fast": entry.fast_plans, "raw_stream": raw_stream, "torch": torch, "twin": plan.twin(),
          "prepared": rt.prepare("transpose.batched_transpose", x, out), "unchecked": unchecked}

@@ -178,7 +178,7 @@ def _path_rows(rt, t: Tensors, path: str) -> dict:
         f"{path}: prepared transpose": rt.prepare(TRANSPOSE, t.x, t.out),
         f"{path}: prepared gemm (TMA)": rt.prepare(GEMM, t.a, t.b, t.c),
         f"{path}: unchecked transpose": functools.partial(
-            rt.unchecked_launcher(TRANSPOSE, dtype="bfloat16"), t.x, t.out),
+            rt.unchecked_launcher(TRANSPOSE, dtype="bfloat16", small=False), t.x, t.out),
         f"{path}: launch pdl chain (2 launches)": functools.partial(launch, PDL_CHAIN, t.xf, t.yf, t.zf),
     }
     for fn in rows.values():

@@ -47,7 +47,7 @@ def parts():
         ("torch eager: x.to(torch.float8_e4m3fn)", lambda: x.to(torch.float8_e4m3fn)),
         ("torch eager: torch.add(x, 1)", lambda: torch.add(x, 1)),
     ]
-    fn = runtime.unchecked_launcher("transpose.batched_transpose", dtype="bfloat16")
+    fn = runtime.unchecked_launcher("transpose.batched_transpose", dtype="bfloat16", small=False)
     x3, o3 = x.view(1, 4, 7168), out.view(1, 7168, 4)
     rows.insert(0, ("floor: raw cuLaunchKernel (transpose, prepacked)", _raw_launch(runtime, x3, o3)))
     rows.append(("unchecked_launcher(transpose)(x, out)", lambda: fn(x3, o3)))

@@ -6,7 +6,8 @@
 Per config: median device time (CUDA events around each call; each round queued behind a GPU
 sleep so no launch gap lands inside a timed region) of
 
-  tilebin   runtime.launch("transpose.batched_transpose", x, out)
+  tilebin   runtime.launch("transpose.batched_transpose", x, out)  (no key pinned: the dtype's
+            first variant, the 8-warp tiles; the 2-warp ``small`` ones serve decode-sized grids)
   copy      out.view(x.shape).copy_(x)  (the same bytes, no transpose: the bandwidth ceiling)
   torch_T   x.transpose(1, 2).contiguous()
 

@@ -94,7 +94,7 @@ def cases():
     yield "launch transpose", lambda: (rt.launch("transpose.batched_transpose", x, out), out)[1]
     yield "prepare transpose", lambda: (rt.prepare("transpose.batched_transpose", x, out)(), out)[1]
     yield "unchecked transpose", lambda: (rt.unchecked_launcher("transpose.batched_transpose",
-                                                                dtype="bfloat16")(x, out), out)[1]
+                                                                dtype="bfloat16", small=False)(x, out), out)[1]
     yield "launch gemm (TMA, cluster, PDL)", lambda: (rt.launch("testing.gemm_nt", a, b, c), c)[1]
     yield "launch pdl_chain", lambda: (rt.launch("testing.pdl_chain", xf, yf, zf), (yf, zf))[1]
     for tokens in (4, 4001):

@@ -1,6 +1,6 @@
 """Small, odd-shaped calls of every op of ``tilebin.ops`` for compute-sanitizer (memcheck/racecheck).
 
-    compute-sanitizer --tool memcheck python3 wheels/sanitize_ops.py [quant|moe|all]
+    compute-sanitizer --tool memcheck python3 wheels/sanitize_ops.py [quant|moe|transpose|all]
 
 Each call runs on the installed wheel and is synchronised; an exception prints ``FAILED`` with
 the call.  Correctness is the GPU suite's job: this script exists so that out-of-bounds
@@ -84,9 +84,23 @@ def moe_calls():
             yield f"expand_to_fused + reduce_fused({tag}, hidden 576)", expand_reduce
 
 
+def transpose_calls():
+    from tilebin.ops import transpose as tr
+
+    for dtype in (torch.bfloat16, torch.float32, torch.float8_e4m3fn):
+        name = str(dtype).removeprefix("torch.")
+        # decode rows (the 2-warp ``small`` tiles; 64 is 16-byte aligned, 1, 3 and 33 are not), odd sizes
+        for shape in ((1, 7168), (3, 7168), (33, 7168), (64, 7168), (129, 257)):
+            x = torch.randn(shape, device="cuda").to(dtype)
+            yield f"transpose({'x'.join(map(str, shape))}, {name})", lambda x=x: tr.transpose(x)
+        # enough blocks for the 8-warp tiles, every edge tile partial but 16-byte aligned
+        x = torch.randn(16, 208, 4112, device="cuda").to(dtype)
+        yield f"batched_transpose(16x208x4112, {name})", lambda x=x: tr.batched_transpose(x)
+
+
 def main() -> int:
     which = sys.argv[1] if len(sys.argv) > 1 else "all"
-    groups = {"quant": quant_calls, "moe": moe_calls}
+    groups = {"quant": quant_calls, "moe": moe_calls, "transpose": transpose_calls}
     bad = 0
     for name, calls in groups.items():
         if which not in ("all", name):

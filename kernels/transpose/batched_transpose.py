@@ -3,12 +3,16 @@
 x is ``[batch, rows, cols]``, out is ``[batch, cols, rows]``, both of the variant's dtype
 (bfloat16, float32 or float8_e4m3fn).  batch, rows and cols are runtime symbols; any of
 them may be 1 or odd.  A zero extent gives an empty grid, which the launcher must skip.
-Dynamic shared memory: 32 KB (bf16), 16 KB (fp32), 64 KB (fp8, above the 48 KB default).
-The data pointers must be 16-byte aligned (the declaration's ``align``).
+The data pointers must be 16-byte aligned (the declaration's ``align``).  Two variants per
+dtype, both correct for every shape: ``small=False`` (8 warps per block) and ``small=True``
+(2 warps); ``tilebin.ops.transpose`` picks ``small`` when the 8-warp tiles would give fewer
+than two blocks per SM.  Dynamic shared memory: 32 KB (bf16), 16 KB (fp32), 64 KB (fp8, above
+the 48 KB default); a quarter of that with ``small``.
 
-Measured on an H200 (8192 x 7168, batch 1; torch ``copy_`` of the same bytes: 4.0 TB/s,
-of 2 GiB: 4.27 TB/s, read + write): bf16 3.68 TB/s (92% of the same-size copy), fp32
-3.92, fp8 3.30.  Odd token counts (4001 x 7168): bf16 2.5, fp32 3.1, fp8 1.8 TB/s.
+Measured on an H200 (µs; ``bench/compare_peer.py``, tile_kernels' time in brackets):
+8192 x 7168 bf16 63.1 (59.1), fp32 118.8 (118.1), fp8 34.8 (31.9); batched 8 x 4096 x 4096
+bf16 134.7 (130.9); 4001 x 7168 bf16 45.0 (tile_kernels refuses rows not a multiple of 64);
+decode bf16 1 / 4 / 16 / 64 / 128 x 7168: 2.2 / 2.3 / 2.8 / 3.1 (2.2) / 3.8 (3.0).
 
 Design:
 
@@ -26,17 +30,22 @@ Design:
   rasterization panels (no effect).
 * Lanes: ``lane % 8`` picks the row block, ``lane // 8`` the column vector, so a load
   instruction reads 8 rows x 64 contiguous bytes and a quarter-warp writes 128 contiguous
-  bytes of the staged tile (no bank conflicts).  8 warps per block as ``WARPS_R x
-  WARPS_C``; tile ``TILE_R x TILE_C`` = 128 x 128 (bf16), 64 x 64 (fp32), 256 x 256 (fp8),
-  so every bulk store is 256 bytes.  Row tiles on ``blockIdx.x`` (rows are the long axis),
-  column tiles on ``blockIdx.y`` and the batch on ``blockIdx.z`` (each at most 65535).
+  bytes of the staged tile (no bank conflicts).  Warps per block ``WARPS_R x WARPS_C``: 2 x 4,
+  tile ``TILE_R x TILE_C`` = 128 x 128 (bf16), 64 x 64 (fp32), 256 x 256 (fp8), so every bulk
+  store of a full tile is 256 bytes; ``small``: 1 x 2, tiles 64 x 64 / 32 x 32 / 128 x 128,
+  for grids too small to fill the SMs (128 x 7168 bf16: 56 blocks of 8 warps on 132 SMs, 224
+  of 2).  Row tiles on ``blockIdx.x`` (rows are the long axis), column tiles on ``blockIdx.y``
+  and the batch on ``blockIdx.z`` (each at most 65535).
 * Three paths, chosen per block (each condition is uniform across the block):
-  1. full tile and ``rows % VEC == cols % VEC == 0`` (every row of x and out starts
-     16-byte aligned, as vector accesses and bulk copies need): the path above, with no
-     per-element predicate;
-  2. ``cols % VEC == 0`` otherwise (edge tiles, or an odd row count such as a token
-     count): vector loads (rows past the end read as zeros), the same staging, then
-     element stores along out rows (a warp writes 32 consecutive elements), bounds-checked;
+  1. ``rows % VEC == cols % VEC == 0`` (every row of x and out starts 16-byte aligned, as
+     vector accesses and bulk copies need): the path above.  A full tile loads with no
+     predicate; a partial one predicates its loads (rows or columns past the end read as
+     zeros) and gives each valid out row one bulk copy of its valid bytes (a multiple of 16,
+     as ``cp.async.bulk`` needs, because ``rows % VEC == 0``), so decode token counts keep
+     the fast stores;
+  2. ``cols % VEC == 0`` otherwise (an odd row count such as a token count): vector loads
+     (rows past the end read as zeros), the same staging, then element stores along out
+     rows (a warp writes 32 consecutive elements), bounds-checked;
   3. ``cols % VEC != 0``: element by element with bounds checks (correct, not fast:
      ~0.4-0.6 TB/s).
   16-byte alignment is proven to TileLang by indexing 32-bit word views of x and out whose
@@ -62,8 +71,8 @@ _INT_OF_SIZE = {1: "uint8", 2: "uint16", 4: "uint32"}
 # Blocks per SM to keep resident (caps registers): bf16 measured 4 blocks (64 registers)
 # faster than 3; fp8 measured 2 (96 registers) faster than 3 (80, with spills).
 _MIN_BLOCKS = {1: 2, 2: 4, 4: 6}
-WARPS_R, WARPS_C = 2, 4  # 8 warps per block
 LANES_R, LANES_C = 8, 4  # lane % 8: row block, lane // 8: column vector
+_WARPS = {False: (2, 4), True: (1, 2)}  # small -> (WARPS_R, WARPS_C)
 
 
 def _perm(a, b, selector: int):
@@ -109,20 +118,32 @@ def _transpose_words(w_in, w_out, elem_bytes: int):
                 w_out[4 * w + 3, m] = _perm(hi01, hi23, 0x7632)
 
 
-def batched_transpose(dtype: str):
-    """Build the PrimFunc for one dtype (torch naming, e.g. ``"bfloat16"``)."""
+@T.macro
+def _load_block(x, xw_shape, w_in, bb, rv, cv, vec: int, rows, cols, check: bool):
+    """``w_in[i, :]`` = the 16-byte vector ``cv`` of row ``rv * vec + i`` of x (zeros past the end)."""
+    for i in T.unroll(vec):
+        if not check or (rv * vec + i < rows and cv < cols // vec):
+            for k in T.vectorized(4):
+                w_in[i, k] = _view(x, xw_shape, "uint32")[bb, rv * vec + i, cv * 4 + k]
+        else:
+            for k in T.unroll(4):
+                w_in[i, k] = T.uint32(0)
+
+
+def batched_transpose(dtype: str, small: bool):
+    """Build the PrimFunc for one dtype (torch naming) and tile size."""
     if dtype not in _DTYPES:
         raise ValueError(f"batched_transpose: dtype must be one of {sorted(_DTYPES)} (got {dtype!r})")
     tl_dtype, elem_bytes = _DTYPES[dtype]
+    warps_r, warps_c = _WARPS[small]
     vec = 16 // elem_bytes
-    blocks_r, blocks_c = WARPS_R * LANES_R, WARPS_C * LANES_C  # thread blocks per tile
+    blocks_r, blocks_c = warps_r * LANES_R, warps_c * LANES_C  # thread blocks per tile
     tile_r, tile_c = blocks_r * vec, blocks_c * vec
-    threads = 32 * WARPS_R * WARPS_C
+    threads = 32 * warps_r * warps_c
     seg_words = tile_r * elem_bytes // 4  # one staged out row: the tile's rows of x, in words
     per_word = 4 // elem_bytes
     int_dtype = _INT_OF_SIZE[elem_bytes]
     batch, rows, cols = T.dynamic("batch"), T.dynamic("rows"), T.dynamic("cols")
-    # Word views, equal to x/out on the aligned paths (see the module docstring).
     xw_shape = (batch, rows, cols // vec * 4)
     ow_shape = (batch, cols, rows // vec * 4)
 
@@ -132,48 +153,46 @@ def batched_transpose(dtype: str):
         out: T.Tensor((batch, cols, rows), tl_dtype),
     ):
         with T.Kernel(T.ceildiv(rows, tile_r), T.ceildiv(cols, tile_c), batch, threads=threads) as (br, bc, bb):
-            T.annotate_min_blocks_per_sm(_MIN_BLOCKS[elem_bytes])
+            T.annotate_min_blocks_per_sm(_MIN_BLOCKS[elem_bytes] * (4 if small else 1))
             tid = T.get_thread_binding()
             stage = T.alloc_shared((tile_c, seg_words), "uint32")  # the out tile, row-major
             w_in = T.alloc_local((vec, 4), "uint32")  # w_in[i, :] = x[r + i, c : c + vec]
             w_out = T.alloc_local((vec, 4), "uint32")  # w_out[j, :] = out[c + j, r : r + vec]
             warp = tid // 32
             lane = tid % 32
-            rl = (warp // WARPS_C) * LANES_R + lane % LANES_R  # row block within the tile
-            cl = (warp % WARPS_C) * LANES_C + lane // LANES_R  # column vector within the tile
+            rl = (warp // warps_c) * LANES_R + lane % LANES_R  # row block within the tile
+            cl = (warp % warps_c) * LANES_C + lane // LANES_R  # column vector within the tile
             rv = br * blocks_r + rl  # r // vec
             cv = bc * blocks_c + cl  # c // vec
             aligned = rows % vec == 0 and cols % vec == 0
-            if aligned and (br + 1) * tile_r <= rows and (bc + 1) * tile_c <= cols:
-                for i in T.unroll(vec):
-                    for k in T.vectorized(4):
-                        w_in[i, k] = _view(x, xw_shape, "uint32")[bb, rv * vec + i, cv * 4 + k]
+            full = (br + 1) * tile_r <= rows and (bc + 1) * tile_c <= cols
+            if aligned:
+                if full:
+                    _load_block(x, xw_shape, w_in, bb, rv, cv, vec, rows, cols, False)
+                else:
+                    _load_block(x, xw_shape, w_in, bb, rv, cv, vec, rows, cols, True)
                 _transpose_words(w_in, w_out, elem_bytes)
                 for j in T.unroll(vec):
                     for k in T.vectorized(4):
                         stage[cl * vec + j, rl * 4 + k] = w_out[j, k]
                 T.fence_proxy_async()  # make the generic-proxy writes visible to the bulk copy
                 T.sync_threads()
+                # the valid bytes of each out row of this tile: a multiple of 16 (rows % vec == 0)
+                seg_bytes = T.min(tile_r, rows - br * tile_r) * elem_bytes
                 for t in T.serial(T.ceildiv(tile_c, threads)):
-                    if t * threads + tid < tile_c:
+                    if t * threads + tid < tile_c and bc * tile_c + t * threads + tid < cols:
                         _bulk_store(
                             T.address_of(_view(out, ow_shape, "uint32")[bb, bc * tile_c + t * threads + tid, br * seg_words]),
                             T.address_of(stage[t * threads + tid, 0]),
-                            seg_words * 4,
+                            T.Cast("uint32", seg_bytes),
                         )
                         T.tma_store_arrive()
                         T.tma_store_wait(0)  # shared memory must stay until the copy has read it
             elif cols % vec == 0:
-                # Rows of x are aligned, rows of out may not be: vector loads (rows past the
-                # end read as zeros), the same staging, then element stores along out rows.
+                # Rows of x are aligned, rows of out are not (rows % vec != 0): vector loads, the
+                # same staging, then element stores along out rows.
                 if cv < cols // vec:
-                    for i in T.unroll(vec):
-                        if rv * vec + i < rows:
-                            for k in T.vectorized(4):
-                                w_in[i, k] = _view(x, xw_shape, "uint32")[bb, rv * vec + i, cv * 4 + k]
-                        else:
-                            for k in T.unroll(4):
-                                w_in[i, k] = T.uint32(0)
+                    _load_block(x, xw_shape, w_in, bb, rv, cv, vec, rows, cols, True)
                     _transpose_words(w_in, w_out, elem_bytes)
                     for j in T.unroll(vec):
                         for k in T.vectorized(4):
@@ -199,9 +218,9 @@ KERNELS = (
     KernelDecl(
         name="transpose.batched_transpose",
         factory=batched_transpose,
-        grid=tuple({"dtype": d} for d in ("bfloat16", "float32", "float8_e4m3fn")),
+        grid=tuple({"dtype": d, "small": s} for d in ("bfloat16", "float32", "float8_e4m3fn") for s in (False, True)),
         outputs=("out",),
-        doc="out[b] = x[b].T; x [batch, rows, cols], out [batch, cols, rows], contiguous.",
+        doc="out[b] = x[b].T; x [batch, rows, cols], out [batch, cols, rows], contiguous; small: 2-warp tiles.",
     ),
 )
 

@@ -3,16 +3,19 @@
 Same names, signatures and outputs as ``tile_kernels.transpose`` 1.0.0: the result is a new
 contiguous tensor ``[n, m]`` (``[b, n, m]``) of x's dtype on x's device.  Beyond tile_kernels:
 
-* any ``m`` and ``n`` (tile_kernels needs multiples of 64): the kernel serves every size with a
-  fast path for full aligned tiles and bounds-checked paths at the edges;
+* any ``m`` and ``n`` (tile_kernels needs multiples of 64): the kernel serves every size, with
+  vector loads and bulk stores for every tile when ``m`` and ``n`` are multiples of 16 bytes'
+  worth of elements, and bounds-checked element stores otherwise; its 2-warp variants (``small``) are
+  launched when the 8-warp tiles would give fewer than two blocks per SM (decode sizes);
 * any strides: a non-contiguous x, or one whose data pointer is not 16-byte aligned (the
   kernel's vector loads need it), costs one contiguous copy first;
 * an empty x (any extent 0) returns its empty output and launches nothing;
 * ``b > 65535`` (the grid's z limit) launches in chunks of batches.
 
-Dtypes: the kernel moves 1-, 2- and 4-byte elements as bits (its variants are float8_e4m3fn,
-bfloat16 and float32); every dtype in :data:`DTYPES` rides on the variant of its element size
-through a same-size view, so the result is bit-exact (NaN payloads, -0, subnormals kept).
+Dtypes: the kernel moves 1-, 2- and 4-byte elements as bits (its variants' dtypes are
+float8_e4m3fn, bfloat16 and float32); every dtype in :data:`DTYPES` rides on the variant of its
+element size through a same-size view, so the result is bit-exact (NaN payloads, -0, subnormals
+kept).
 
 Every argument is checked before any GPU work (:class:`tilebin.runtime.ArgumentError` naming
 the op, the value and what is supported; the device last).  A row longer than the kernel's grid
@@ -21,8 +24,6 @@ Kernels run on torch's current stream.
 """
 
 from __future__ import annotations
-
-import os
 
 import torch
 from torch.compiler import is_compiling
@@ -33,9 +34,7 @@ from .._common import TRACING, check_cuda, check_tensor, fail, launcher, ptr
 from .._torch import traced
 from ..config import get_num_sms
 
-_CANDIDATE = "transpose._batched_transpose_candidate"
-# TILEBIN_CANDIDATE_TRANSPOSE=1 makes both ops launch the internal candidate kernel (issue 12).
-_KERNEL = _CANDIDATE if os.environ.get("TILEBIN_CANDIDATE_TRANSPOSE") == "1" else "transpose.batched_transpose"
+_KERNEL = "transpose.batched_transpose"
 # element size in bytes -> (the kernel variant's dtype key, the torch dtype x is viewed as)
 _VARIANT_BY_SIZE = {1: ("float8_e4m3fn", torch.float8_e4m3fn), 2: ("bfloat16", torch.bfloat16),
                     4: ("float32", torch.float32)}
@@ -83,12 +82,10 @@ def _launch(op: str, x: torch.Tensor, out: torch.Tensor) -> None:
     key, view_dtype = _VARIANT_BY_SIZE[x.element_size()]
     if x.dtype != view_dtype:
         x, out = x.view(view_dtype), out.view(view_dtype)
-    if _KERNEL == _CANDIDATE:  # the 2-warp tiles when the 8-warp ones give fewer than 2 blocks per SM
-        tile = 256 // x.element_size()
-        blocks = x.shape[0] * -(-x.shape[1] // tile) * -(-x.shape[2] // tile)
-        fn = launcher(_KERNEL, dtype=key, small=blocks < 2 * get_num_sms(x.device))
-    else:
-        fn = launcher(_KERNEL, dtype=key)
+    tile = 256 // x.element_size()  # the 8-warp tile's side: 128 (bf16), 64 (fp32), 256 (fp8)
+    blocks = x.shape[0] * -(-x.shape[1] // tile) * -(-x.shape[2] // tile)
+    # the 2-warp tiles when the 8-warp ones give fewer than 2 blocks per SM (decode sizes)
+    fn = launcher(_KERNEL, dtype=key, small=blocks < 2 * get_num_sms(x.device))
     batch = x.shape[0]
     try:
         if batch <= _BATCH_CHUNK:

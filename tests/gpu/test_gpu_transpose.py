@@ -37,12 +37,15 @@ def test_transpose_random_bit_patterns(rt, rng, dtype, shape):
     case.check(f"random bits, seed={rng.seed}")
 
 
+@pytest.mark.parametrize("small", [False, True])
 @pytest.mark.parametrize("dtype", list(DTYPES))
-def test_transpose_pinned_variant(rt, rng, dtype):
-    case = TransposeCase(rng, DTYPES[dtype], (2, 40, 24))
+@pytest.mark.parametrize("shape", [(2, 40, 24), (1, 200, 7168), (3, 129, 257)], ids=lambda s: "x".join(map(str, s)))
+def test_transpose_pinned_variant(rt, rng, dtype, shape, small):
+    """Each variant, 8-warp tiles and the 2-warp ``small`` ones, on full, partial and unaligned tiles."""
+    case = TransposeCase(rng, DTYPES[dtype], shape)
     case.poison()
-    case.launch(rt, dtype=dtype)
-    case.check(f"with dtype={dtype!r} pinned")
+    case.launch(rt, dtype=dtype, small=small)
+    case.check(f"with dtype={dtype!r} small={small} pinned")
 
 
 def test_transpose_shapes_interleaved(rt, rng):

@@ -18,19 +18,20 @@ def _need(require):
     require(TRANSPOSE)
 
 
+@pytest.mark.parametrize("small", [False, True])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-def test_one_launcher_many_shapes(rt, rng, dtype):
-    fn = rt.unchecked_launcher(TRANSPOSE, dtype=str(dtype).removeprefix("torch."))
+def test_one_launcher_many_shapes(rt, rng, dtype, small):
+    fn = rt.unchecked_launcher(TRANSPOSE, dtype=str(dtype).removeprefix("torch."), small=small)
     for shape in [(1, 1, 1), (2, 17, 33), (1, 0, 8), (3, 1000, 1001), (1, 4001, 7168)]:
         x = rng.normal(shape, dtype)
         out = poison_(torch.empty(shape[0], shape[2], shape[1], dtype=dtype, device="cuda"))
         fn(x, out)
         torch.cuda.synchronize()
-        assert_bits_equal(out, x.transpose(1, 2), f"unchecked transpose {shape}")
+        assert_bits_equal(out, x.transpose(1, 2), f"unchecked transpose {shape} small={small}")
 
 
 def test_current_stream_and_graph_capture(rt, rng):
-    fn = rt.unchecked_launcher(TRANSPOSE, dtype="bfloat16")
+    fn = rt.unchecked_launcher(TRANSPOSE, dtype="bfloat16", small=False)
     x = rng.normal((2, 64, 96), torch.bfloat16)
     out = poison_(torch.empty(2, 96, 64, dtype=torch.bfloat16, device="cuda"))
     side = torch.cuda.Stream()

@@ -51,7 +51,7 @@ def test_transpose_output_layout_and_launch(stub, dtype, shape):
     assert (out.dtype, tuple(out.shape), out.is_contiguous()) == (dtype, shape[::-1], True)
     [(name, key, (kx, kout))] = stub.launches
     want = VARIANT[x.element_size()]
-    assert (name, key) == (KERNEL, {"dtype": str(want).removeprefix("torch.")})
+    assert (name, key) == (KERNEL, {"dtype": str(want).removeprefix("torch."), "small": True})  # tiny grid
     assert (kx.dtype, kout.dtype) == (want, want)
     assert (tuple(kx.shape), tuple(kout.shape)) == ((1, *shape), (1, *shape[::-1]))
     assert kx.data_ptr() == x.data_ptr() and kout.data_ptr() == out.data_ptr()  # no copy of a contiguous x
@@ -67,6 +67,19 @@ def test_batched_transpose_output_layout_and_launch(stub, dtype, shape):
     [(_, _, (kx, kout))] = stub.launches
     assert (tuple(kx.shape), tuple(kout.shape)) == (shape, (b, n, m))
     assert kout.data_ptr() == out.data_ptr()
+
+
+@pytest.mark.parametrize("dtype,shape,small", [
+    (torch.bfloat16, (128, 7168), True), (torch.bfloat16, (640, 7168), False),  # 56 / 280 blocks of 128 x 128
+    (torch.float8_e4m3fn, (256, 7168), True), (torch.float32, (320, 3328), True), (torch.float32, (320, 3392), False),
+    (torch.int16, (263, 1, 1), True), (torch.int16, (264, 1, 1), False), (torch.int8, (264, 1, 1), False),
+], ids=str)
+def test_small_tiles_when_the_8_warp_grid_gives_fewer_than_2_blocks_per_sm(stub, dtype, shape, small):
+    """``small`` (2-warp tiles) exactly when the 8-warp tiles would give < 2 blocks per SM (132 SMs here)."""
+    x = torch.zeros(shape, dtype=dtype)
+    (T.transpose if x.dim() == 2 else T.batched_transpose)(x)
+    [(name, key, _)] = stub.launches
+    assert (name, key["small"]) == (KERNEL, small)
 
 
 @pytest.mark.parametrize("op,shape", [("transpose", (0, 5)), ("transpose", (7, 0)), ("transpose", (0, 0)),
@@ -114,6 +127,7 @@ def test_a_shape_the_kernel_grid_cannot_cover_is_an_argument_error_naming_the_op
 
     monkeypatch.setattr(impl, "launcher", refuse)
     monkeypatch.setattr(impl, "check_cuda", lambda *a, **k: None)
+    monkeypatch.setattr(impl, "get_num_sms", lambda device=None: 132)
     msg = _raises("outside what transpose.batched_transpose serves", T.transpose, _x((1, 64)))
     assert "split x along its last dim" in msg
 

@@ -1,10 +1,9 @@
-"""GPU tests of the transpose speed candidate (issue 12): ``tilebin.ops.transpose`` launching the
-shipped kernel and ``transpose._batched_transpose_candidate`` (what ``TILEBIN_CANDIDATE_TRANSPOSE=1``
-picks at import), bit for bit against torch on random bit patterns, with poisoned outputs.
+"""GPU tests of ``tilebin.ops.transpose`` at the shapes where ``transpose.batched_transpose``'s
+tiling matters, bit for bit against torch on random bit patterns, with poisoned outputs.
 
-The shapes aim at what the candidate changes: partial tiles of aligned shapes (decode token
-counts against 7168 columns, tile edges), grids small enough for the 2-warp tiles, and the
-unaligned paths it keeps (odd sizes), plus large ones.
+The shapes aim at partial tiles of aligned shapes (decode token counts against 7168 columns,
+tile edges: vector loads and bulk stores of the valid bytes), grids small enough for the op to
+pick the 2-warp ``small`` variants, the unaligned paths (odd sizes), and large ones.
 """
 
 from __future__ import annotations
@@ -13,22 +12,19 @@ import pytest
 import torch
 
 from _moe_util import poison_cache
-from test_gpu_transpose_ops import _name, check, random_bits
+from test_gpu_transpose_ops import KERNEL, _name, check, random_bits
 
-KERNELS = ("transpose.batched_transpose", "transpose._batched_transpose_candidate")
 DTYPES = (torch.bfloat16, torch.float32, torch.float8_e4m3fn, torch.int16)
 SHAPES_2D = [(1, 7168), (4, 7168), (16, 7168), (64, 7168), (128, 7168), (200, 7168), (7168, 64), (1, 1), (3, 17),
              (8, 24), (64, 64), (72, 136), (192, 256), (264, 520), (129, 257), (4001, 7168), (8192, 7168)]
 SHAPES_3D = [(1, 64, 7168), (3, 40, 136), (2, 4096, 7168), (5, 17, 33), (8, 128, 128)]
 
 
-@pytest.fixture(params=KERNELS, ids=("current", "candidate"))
-def T(request, require, monkeypatch):
+@pytest.fixture()
+def T(require):
+    require(KERNEL)
     from tilebin.ops import transpose
-    from tilebin.ops.transpose import _transpose
 
-    require(request.param)
-    monkeypatch.setattr(_transpose, "_KERNEL", request.param)
     return transpose
 
 
