@@ -34,24 +34,10 @@ def _nbytes(obj) -> int:
 
 
 def _candidate_rows(t: int, scores, weights) -> list:
-    """(label, fn, inputs) of the internal candidate kernels at ``t`` tokens (issue 12), called the
-    way the op's fast path calls the current kernel: allocate the outputs, launch."""
-    import torch
-    from tilebin.ops._common import launcher  # cached by name; a kernel missing from the wheel fails its row
-
-    def normalize():
-        den = torch.empty((weights.shape[0],), dtype=torch.float32, device=weights.device)
-        out = torch.empty_like(weights)
-        launcher("moe._normalize_weight_candidate")(weights, den, out)
-        return den, out
-
-    def group_idx():
-        out = torch.empty((t, TOPK_GROUPS), dtype=torch.int64, device=scores.device)
-        launcher("moe._topk_sum_and_topk_group_idx_candidate")(scores.view(t, GROUPS, -1), out, 2)
-        return out
-
-    return [("topk_sum_and_topk_group_idx (candidate)", group_idx, scores),
-            ("normalize_weight (candidate)", normalize, weights)]
+    """(label, fn, inputs) of the internal candidate kernels at ``t`` tokens, called the way the
+    op's fast path calls the current kernel (allocate the outputs, launch).  None at present: the
+    issue-12 gating candidates were swapped in or dropped after the H200 run of 2026-12-02."""
+    return []
 
 
 def calls(moe, t: int, candidate: bool = False):

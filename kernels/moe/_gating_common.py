@@ -40,6 +40,15 @@ def float_key(value):
     return order_key(T.reinterpret(value, "int32"))
 
 
+def key_value(key):
+    """A float32 whose order key is ``key`` (``KEY_NAN`` -> a NaN, 0 -> +0.0).
+
+    Exact but for the sign of zero and NaN payloads, neither of which changes the key of a sum
+    of such floats: adding the values of two keys keys the same as adding the original floats.
+    """
+    return T.reinterpret(T.if_then_else(key >= 0, key, T.bitwise_or(-key, T.int32(-(2**31)))), "float32")
+
+
 @T.macro
 def pick_next(keys, slots: int, lane):
     """One stable selection step over the warp: returns the index of the largest key (lowest

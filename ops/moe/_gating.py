@@ -16,7 +16,6 @@ route or a zero ``logical_count`` leaves the index unmapped instead of reading o
 
 from __future__ import annotations
 
-import os
 from typing import Any, Optional
 
 import torch
@@ -24,27 +23,17 @@ from torch.compiler import is_compiling
 
 from .._common import TRACING, check_float32, check_tensor, fail, launcher, memo_table, typed_key
 from .._torch import traced
+from ._gating_checks import (check_contiguous, check_map, check_ranks, check_routing, check_token_mask,
+                             check_unmapped, strict_int)
 
 __all__ = ["top2_sum_gate", "topk_gate", "topk_sum_and_topk_group_idx"]
 
 _SLOTS = (2, 8, 32)  # kernels' register slots per lane: experts <= 32 * slots
-_TOP2_SLOTS = (2, 8)  # top2_sum_gate: experts <= 256
+_TOP2_SLOTS = (2, 4, 8)  # top2_sum_gate: experts <= 256 (4: 65-128 experts, half the padding slots of 8)
 _SCORING = {"sigmoid": 0, "sqrtsoftplus": 1, "softmax": 2}
 _HAS_MASK, _HAS_FIX, _HAS_UNMAPPED, _HAS_MAP = 1, 2, 4, 8
-_INT32_MAX = 2**31 - 1
 _LAUNCHERS: dict[tuple[str, int], Any] = {}
 _PLACEHOLDERS: dict[torch.device, tuple[torch.Tensor, ...]] = {}
-
-
-# Speed-trial switch, read once at import (removed when the lead swaps the winner in):
-# TILEBIN_CANDIDATE_TOPK_SUM_AND_TOPK_GROUP_IDX=1 makes topk_sum_and_topk_group_idx launch the candidate.
-_TOPK_SUM_CANDIDATE = "moe._topk_sum_and_topk_group_idx_candidate"
-_TOPK_SUM_KERNEL = (_TOPK_SUM_CANDIDATE if os.environ.get("TILEBIN_CANDIDATE_TOPK_SUM_AND_TOPK_GROUP_IDX") == "1"
-                    else "moe.topk_sum_and_topk_group_idx")
-# TILEBIN_CANDIDATE_TOP2_SUM_GATE=1 makes top2_sum_gate launch the candidate (same parameters and variants).
-_TOP2_CANDIDATE = "moe._top2_sum_gate_candidate"
-_TOP2_KERNEL = _TOP2_CANDIDATE if os.environ.get("TILEBIN_CANDIDATE_TOP2_SUM_GATE") == "1" else "moe.top2_sum_gate"
-_TOP2_CAND_SLOTS = (2, 4, 8)  # the candidate also has a 128-expert variant
 
 
 def _launcher(name: str, slots: int | None) -> Any:
@@ -61,19 +50,6 @@ def _slots(op: str, num_experts: int, slots: tuple[int, ...] = _SLOTS) -> int:
         if num_experts <= 32 * s:
             return s
     raise fail(op, f"{num_experts} experts per token are not supported (at most {32 * slots[-1]})")
-
-
-def _int(op: str, name: str, value: Any, lo: int, hi: int = _INT32_MAX) -> int:
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise fail(op, f"{name} must be an int, got {type(value).__name__} {value!r}")
-    if not lo <= value <= hi:
-        raise fail(op, f"{name}={value} is out of range; supported: {lo} <= {name} <= {hi}")
-    return value
-
-
-def _contiguous(op: str, name: str, t: torch.Tensor) -> None:
-    if not t.is_contiguous():
-        raise fail(op, f"{name} must be contiguous (strides {tuple(t.stride())}); pass {name}.contiguous()")
 
 
 def _on_cuda(op: str, first: torch.Tensor, **others: Optional[torch.Tensor]) -> None:
@@ -140,9 +116,9 @@ def topk_gate(scores: torch.Tensor, num_topk: int) -> torch.Tensor:
     op = "topk_gate"
     if not isinstance(scores, torch.Tensor) or scores.dtype != torch.float32 or scores.dim() != 2:
         check_tensor(op, "scores", scores, (torch.float32,), 2)
-    _contiguous(op, "scores", scores)
+    check_contiguous(op, "scores", scores)
     num_tokens, num_experts = scores.shape
-    _int(op, "num_topk", num_topk, 0, num_experts)
+    strict_int(op, "num_topk", num_topk, 0, num_experts)
     slots = _slots(op, num_experts)
     _on_cuda(op, scores)
     topk_idx = torch.empty((num_tokens, num_topk), dtype=torch.int64, device=scores.device)
@@ -178,106 +154,26 @@ def topk_sum_and_topk_group_idx(scores: torch.Tensor, num_topk_sum: int, num_top
     op = "topk_sum_and_topk_group_idx"
     if not isinstance(scores, torch.Tensor) or scores.dtype != torch.float32 or scores.dim() != 3:
         check_tensor(op, "scores", scores, (torch.float32,), 3)
-    _contiguous(op, "scores", scores)
+    check_contiguous(op, "scores", scores)
     num_tokens, num_groups, per_group = scores.shape
     if not 1 <= num_groups <= 32:
         raise fail(op, f"scores has {num_groups} groups (shape {tuple(scores.shape)}); supported: 1 to 32 "
                        "(one warp lane per group)")
-    _int(op, "num_topk_sum", num_topk_sum, 1, 2)
+    strict_int(op, "num_topk_sum", num_topk_sum, 1, 2)
     if num_topk_sum > per_group:
         raise fail(op, f"num_topk_sum={num_topk_sum} exceeds the {per_group} experts per group; "
                        f"pass num_topk_sum <= {per_group}")
-    _int(op, "num_topk_groups", num_topk_groups, 0, num_groups)
+    strict_int(op, "num_topk_groups", num_topk_groups, 0, num_groups)
     _on_cuda(op, scores)
     group_idx = torch.empty((num_tokens, num_topk_groups), dtype=torch.int64, device=scores.device)
     if num_tokens and num_topk_groups:
-        fn = _launcher(_TOPK_SUM_KERNEL, None)
+        fn = _launcher("moe.topk_sum_and_topk_group_idx", None)
         fn(scores, group_idx, num_topk_sum)
         _remember(_fast_table(), key, fn)
     return group_idx
 
 
 # ---------------------------------------------------------------- top2_sum_gate
-def _check_routing(op: str, num_experts: int, num_topk: Any, num_topk_groups: Any, num_groups: Any,
-                   use_shared_as_routed: Any, num_shared_experts: Any) -> int:
-    """Validate the routing shape; returns the number of shared experts used as routed."""
-    _int(op, "num_topk", num_topk, 1, min(num_experts, 32))
-    _int(op, "num_groups", num_groups, 0, num_experts)
-    _int(op, "num_topk_groups", num_topk_groups, 0, num_groups)
-    if (num_groups == 0) != (num_topk_groups == 0):
-        raise fail(op, f"num_groups={num_groups} and num_topk_groups={num_topk_groups}: both must be zero "
-                       "(no group limit) or both non-zero")
-    if num_groups and num_experts % num_groups:
-        raise fail(op, f"{num_experts} routed experts are not divisible by num_groups={num_groups}")
-    if num_groups != num_topk_groups:
-        if num_groups > 32:
-            raise fail(op, f"num_groups={num_groups} with a group limit is not supported (at most 32: one warp "
-                           "lane per group)")
-        if num_experts // num_groups < 2:
-            raise fail(op, f"{num_experts // num_groups} expert(s) per group cannot give a top-2 sum; "
-                           "use at least 2 experts per group")
-    if not isinstance(use_shared_as_routed, bool):
-        raise fail(op, f"use_shared_as_routed must be a bool, got {use_shared_as_routed!r}")
-    if not use_shared_as_routed:  # unused then, but still an int (a typo must not pass silently)
-        _int(op, "num_shared_experts", num_shared_experts, 0, 32)
-        return 0
-    _int(op, "num_shared_experts", num_shared_experts, 1, 2)
-    if num_topk % num_shared_experts or num_experts % (num_topk // num_shared_experts):
-        raise fail(op, f"use_shared_as_routed needs num_topk % num_shared_experts == 0 and num_routed_experts % "
-                       f"(num_topk // num_shared_experts) == 0 (got num_topk={num_topk}, num_shared_experts="
-                       f"{num_shared_experts}, {num_experts} routed experts)")
-    if num_topk + num_shared_experts > 32:
-        raise fail(op, f"num_topk + num_shared_experts = {num_topk + num_shared_experts} outputs per token; "
-                       "supported: at most 32")
-    return num_shared_experts
-
-
-def _check_ranks(op: str, num_experts: int, num_extra: int, ep_rank: Any, num_ep_ranks: Any,
-                 tp_rank: Any, num_tp_ranks: Any, routed_scaling_factor: Any) -> float:
-    _int(op, "num_ep_ranks", num_ep_ranks, 1)
-    _int(op, "ep_rank", ep_rank, 0, num_ep_ranks - 1)
-    _int(op, "num_tp_ranks", num_tp_ranks, 1)
-    _int(op, "tp_rank", tp_rank, 0, num_tp_ranks - 1)
-    if (num_experts + num_extra) // num_ep_ranks < 1:
-        raise fail(op, f"{num_experts} routed + {num_extra} extra experts over num_ep_ranks={num_ep_ranks} "
-                       "leaves no expert per rank; use fewer EP ranks")
-    return check_float32(op, "routed_scaling_factor", routed_scaling_factor)
-
-
-def _check_token_mask(op: str, name: str, mask: torch.Tensor, num_tokens: int) -> torch.Tensor:
-    check_tensor(op, name, mask, (torch.bool,))
-    if mask.numel() != num_tokens:
-        raise fail(op, f"{name} has {mask.numel()} elements (shape {tuple(mask.shape)}); want one per token "
-                       f"({num_tokens})")
-    _contiguous(op, name, mask)
-    return mask if mask.dim() == 1 else mask.view(-1)
-
-
-def _check_map(op: str, to_physical_map: Any, logical_count: Any, num_logical: int) -> int:
-    """Validate the logical->physical map; returns ``num_extra_experts`` (0 without a map)."""
-    if (to_physical_map is None) != (logical_count is None):
-        raise fail(op, "to_physical_map and logical_count must be given together (or neither)")
-    if to_physical_map is None:
-        return 0
-    check_tensor(op, "to_physical_map", to_physical_map, (torch.int32,), 2)
-    check_tensor(op, "logical_count", logical_count, (torch.int32,), 1)
-    _contiguous(op, "to_physical_map", to_physical_map)
-    _contiguous(op, "logical_count", logical_count)
-    if to_physical_map.shape[0] != num_logical or logical_count.shape[0] != num_logical or not to_physical_map.shape[1]:
-        raise fail(op, f"to_physical_map {tuple(to_physical_map.shape)} and logical_count "
-                       f"{tuple(logical_count.shape)} must have {num_logical} rows (routed + shared experts) "
-                       "and the map at least one column")
-    return to_physical_map.shape[1] - 1
-
-
-def _check_unmapped(op: str, unmapped: torch.Tensor, num_tokens: int, num_topk: int) -> None:
-    check_tensor(op, "unmapped_topk_idx", unmapped, (torch.int64,), 2)
-    if tuple(unmapped.shape) != (num_tokens, num_topk):
-        raise fail(op, f"unmapped_topk_idx has shape {tuple(unmapped.shape)}; want ({num_tokens}, {num_topk})")
-    if unmapped.stride(1) != 1 and num_topk > 1:
-        raise fail(op, f"unmapped_topk_idx must have unit stride along topk (strides {tuple(unmapped.stride())})")
-
-
 class _Top2:
     """A validated top2_sum_gate configuration (all but the token count, pointers and strides).
 
@@ -381,13 +277,13 @@ def top2_sum_gate(
     op = "top2_sum_gate"
     check_tensor(op, "logits", logits, (torch.float32,), 2)
     check_tensor(op, "bias", bias, (torch.float32,), 1)
-    _contiguous(op, "logits", logits)
-    _contiguous(op, "bias", bias)
+    check_contiguous(op, "logits", logits)
+    check_contiguous(op, "bias", bias)
     num_tokens, num_experts = logits.shape
     if bias.shape[0] != num_experts:
         raise fail(op, f"bias has {bias.shape[0]} elements; want one per routed expert ({num_experts})")
-    slots = _slots(op, num_experts, _TOP2_CAND_SLOTS if _TOP2_KERNEL == _TOP2_CANDIDATE else _TOP2_SLOTS)
-    num_shared = _check_routing(op, num_experts, num_topk, num_topk_groups, num_groups,
+    slots = _slots(op, num_experts, _TOP2_SLOTS)
+    num_shared = check_routing(op, num_experts, num_topk, num_topk_groups, num_groups,
                                 use_shared_as_routed, num_shared_experts)
     scoring = _SCORING.get(scoring_func) if isinstance(scoring_func, str) else None
     if scoring is None:
@@ -397,25 +293,25 @@ def top2_sum_gate(
                            "'sqrtsoftplus', 'softmax'")
     flags = 0
     if mask is not None:
-        mask = _check_token_mask(op, "mask", mask, num_tokens)
+        mask = check_token_mask(op, "mask", mask, num_tokens)
         flags |= _HAS_MASK
     if unmapped_topk_idx is not None:
-        _check_unmapped(op, unmapped_topk_idx, num_tokens, num_topk)
+        check_unmapped(op, unmapped_topk_idx, num_tokens, num_topk)
         flags |= _HAS_UNMAPPED
     if fix_routing_mask is not None:
         if unmapped_topk_idx is None:
             raise fail(op, "fix_routing_mask needs unmapped_topk_idx (the fixed routes are read from it)")
         check_tensor(op, "fix_routing_mask", fix_routing_mask, (torch.bool,), 1)
-        _check_token_mask(op, "fix_routing_mask", fix_routing_mask, num_tokens)
+        check_token_mask(op, "fix_routing_mask", fix_routing_mask, num_tokens)
         flags |= _HAS_FIX
-    num_extra = _check_map(op, to_physical_map, logical_count, num_experts + num_shared)
+    num_extra = check_map(op, to_physical_map, logical_count, num_experts + num_shared)
     if to_physical_map is not None:
         flags |= _HAS_MAP
     if num_shared > num_extra:
         raise fail(op, f"num_shared_experts={num_shared} used as routed needs at least as many extra experts in "
                        f"to_physical_map (it has {num_extra} extra columns); pass a map with "
                        f"{num_shared + 1} or more columns")
-    rsf = _check_ranks(op, num_experts, num_extra, ep_rank, num_ep_ranks, tp_rank, num_tp_ranks,
+    rsf = check_ranks(op, num_experts, num_extra, ep_rank, num_ep_ranks, tp_rank, num_tp_ranks,
                        routed_scaling_factor)
     _on_cuda(op, logits, bias=bias, mask=mask, fix_routing_mask=fix_routing_mask, to_physical_map=to_physical_map,
              logical_count=logical_count, unmapped_topk_idx=unmapped_topk_idx)
@@ -425,7 +321,7 @@ def top2_sum_gate(
     topk_weights = torch.empty((num_tokens, num_out), dtype=torch.float32, device=device)
     if num_tokens:
         ph = _placeholders(device)
-        fn = _launcher(_TOP2_KERNEL, slots)
+        fn = _launcher("moe.top2_sum_gate", slots)
         fn(
             logits, bias,
             ph[0] if mask is None else mask,

@@ -18,7 +18,6 @@ instead).
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import torch
@@ -34,11 +33,6 @@ _INT32_MAX = 2**31 - 1
 _INT64 = (torch.int64,)
 _MASK_DTYPES = {torch.int64: "int64", torch.int32: "int32"}
 
-# Speed-trial switch, read once at import (removed when the lead swaps the winner in):
-# TILEBIN_CANDIDATE_NORMALIZE_WEIGHT=1 makes normalize_weight launch the internal candidate kernel.
-_NORMALIZE_CANDIDATE = "moe._normalize_weight_candidate"
-_NORMALIZE_KERNEL = (_NORMALIZE_CANDIDATE if os.environ.get("TILEBIN_CANDIDATE_NORMALIZE_WEIGHT") == "1"
-                     else "moe.normalize_weight")
 _AUX_FI = "moe.aux_fi"  # its meta: max_experts (its shared bins; more: moe.aux_fi_many_experts), max_blocks
 _AUX_FI_WIDE = 65536  # above this many indices aux_fi's grid loads 8 per thread (fewer blocks), else 4
 
@@ -147,7 +141,7 @@ def normalize_weight(topk_weights: torch.Tensor) -> tuple[torch.Tensor, torch.Te
     denominator = torch.empty((num_tokens,), dtype=torch.float32, device=topk_weights.device)
     normalized = torch.empty((num_tokens, num_topk), dtype=torch.float32, device=topk_weights.device)
     if num_tokens:
-        fn = launcher(_NORMALIZE_KERNEL)
+        fn = launcher("moe.normalize_weight")
         fn(topk_weights, denominator, normalized)
         if key is not None and len(_FAST) < _FAST_MAX:
             _fast_table()[key] = fn

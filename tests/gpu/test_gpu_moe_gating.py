@@ -116,35 +116,19 @@ def _group_cases():
     combos = [(e, g, s, k) for e in (72, 256) for g in (4, 8, 12, 16) if e % g == 0 for s in (1, 2) for k in (2, 4)]
     cases = [(1, *c) for c in combos] + [(4001, *c) for c in combos]
     cases += [(8001, 256, 8, 2, 4), (8001, 72, 12, 1, 2), (0, 256, 8, 2, 4), (33, 64, 32, 2, 32), (33, 7, 1, 1, 1)]
-    cases += [(65, 1024, 8, 2, 4), (65, 520, 8, 1, 3), (65, 513, 1, 2, 1)]  # rows over the candidate's 512-float stage
+    cases += [(65, 1024, 8, 2, 4), (65, 520, 8, 1, 3), (65, 513, 1, 2, 1)]  # rows over the kernel's 512-float stage
     return cases
 
 
-TOPK_SUM_KERNELS = ("moe.topk_sum_and_topk_group_idx", "moe._topk_sum_and_topk_group_idx_candidate")  # issue 12
-
-
-@pytest.fixture(params=TOPK_SUM_KERNELS, ids=("current", "candidate"))
-def topk_sum_kernel(request, moe, require, monkeypatch):
-    """Which kernel ``topk_sum_and_topk_group_idx`` launches (what
-    TILEBIN_CANDIDATE_TOPK_SUM_AND_TOPK_GROUP_IDX=1 picks at import); the op's memo is emptied around it."""
-    from tilebin.ops.moe import _gating
-
-    require(request.param)
-    monkeypatch.setattr(_gating, "_TOPK_SUM_KERNEL", request.param)
-    _gating._FAST.clear()
-    yield request.param
-    _gating._FAST.clear()
-
-
 @pytest.mark.parametrize("tokens,experts,groups,topk_sum,topk_groups", _group_cases(), ids=lambda v: str(v))
-def test_topk_sum_and_topk_group_idx(moe, gen, topk_sum_kernel, tokens, experts, groups, topk_sum, topk_groups):
+def test_topk_sum_and_topk_group_idx(moe, gen, tokens, experts, groups, topk_sum, topk_groups):
     scores = torch.randn(tokens, groups, experts // groups, device="cuda", generator=gen)
     _poison_cache()
     out = moe.topk_sum_and_topk_group_idx(scores, topk_sum, topk_groups)
     _equal(out, ref.topk_sum_and_topk_group_idx(scores, topk_sum, topk_groups), "group idx")
 
 
-def test_topk_sum_and_topk_group_idx_ties_and_specials(moe, gen, topk_sum_kernel):
+def test_topk_sum_and_topk_group_idx_ties_and_specials(moe, gen):
     scores = torch.randint(-1, 2, (513, 8, 32), device="cuda", generator=gen).float()
     scores[0, 3, 5] = float("nan")
     scores[1] = -0.0

@@ -156,25 +156,9 @@ def _weights(rows: int, topk: int) -> torch.Tensor:
     return w
 
 
-NORMALIZE_KERNELS = ("moe.normalize_weight", "moe._normalize_weight_candidate")  # candidate: issue 12
-
-
-@pytest.fixture(params=NORMALIZE_KERNELS, ids=("current", "candidate"))
-def normalize_kernel(request, moe, require, monkeypatch):
-    """Which kernel ``normalize_weight`` launches (what TILEBIN_CANDIDATE_NORMALIZE_WEIGHT=1 picks at
-    import); the op's memo of launchers is emptied around the switch."""
-    from tilebin.ops.moe import _stats
-
-    require(request.param)
-    monkeypatch.setattr(_stats, "_NORMALIZE_KERNEL", request.param)
-    _stats._FAST.clear()
-    yield request.param
-    _stats._FAST.clear()
-
-
-@pytest.mark.parametrize("topk", [1, 2, 6, 8, 9, 16, 17, 33])  # 16/17/33: the candidate's register/serial split
+@pytest.mark.parametrize("topk", [1, 2, 6, 8, 9, 16, 17, 33])  # 16/17/33: around nvcc's 16-wide unroll of the row loop
 @pytest.mark.parametrize("rows", [0, 1, 4001, 64008])
-def test_normalize_weight(moe, normalize_kernel, rows, topk):
+def test_normalize_weight(moe, rows, topk):
     seed("normalize_weight", rows, topk)
     w = _weights(rows, topk)
     want_den, want_norm = ref.normalize_weight(w)
@@ -187,7 +171,7 @@ def test_normalize_weight(moe, normalize_kernel, rows, topk):
 
 
 @pytest.mark.parametrize("case", CASES[6:10], ids=_case_id)
-def test_normalize_weight_on_routing_rows(moe, normalize_kernel, case):
+def test_normalize_weight_on_routing_rows(moe, case):
     seed("normalize_weight_rows", case)
     w = torch.rand(topk_idx(*case).shape, dtype=torch.float32, device="cuda")
     den, norm = moe.normalize_weight(w)
