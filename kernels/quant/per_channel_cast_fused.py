@@ -21,6 +21,10 @@ its amax over the rows present.
 
 Runtime: num_tokens, num_tokens_out, hidden (``hidden % 16 == 0``, checked by the op).
 
+Variants: ``in_dtype`` x ``expand``, except plain bf16 without ``expand``: that case is
+``quant.per_channel_cast_bf16`` (same parameters and bits, an integer amax on the bf16 words;
+see that module), which the op launches instead.
+
 Design: a block owns a 128-token x 128-channel tile (token tiles on ``blockIdx.x``, channel
 tiles on ``blockIdx.y``); the layout per input dtype is ``_LAYOUT``.  A thread owns ``VEC``
 channels, exactly one 16-byte load per row (8 bf16, 4 fp32, 16 e4m3), and ``ROWS`` rows:
@@ -178,7 +182,9 @@ KERNELS = (
     KernelDecl(
         name="quant.per_channel_cast_fused",
         factory=per_channel_cast_fused,
-        grid=tuple({"in_dtype": d, "expand": e} for e in (False, True) for d in _IN_DTYPES),
+        # plain bf16 without expand is quant.per_channel_cast_bf16
+        grid=tuple({"in_dtype": d, "expand": e} for e in (False, True) for d in _IN_DTYPES
+                   if (d, e) != ("bfloat16", False)),
         outputs=("out", "out_sf"),
         doc="e4m3 cast with (128 tokens x 1 channel) scales; optional input scales and pos_to_token gather.",
     ),

@@ -13,12 +13,12 @@ Supported: x bf16 / fp32, 2-D, ``num_per_channels == hidden``, ``hidden % 8 == 0
 needs ``use_tma_aligned_col_major_sf`` and ``round_sf``.  Every argument is validated before any
 GPU work (:class:`tilebin.runtime.ArgumentError`; the device is checked last).  A row stride
 that is not 16-byte aligned, a non-unit column stride or a misaligned pointer costs a copy of
-x.  The kernel runs on torch's current stream.
+x.  Kernels (same parameters and bits): ``quant.per_token_cast_e5m6`` for bf16,
+``quant.per_token_cast_e5m6_fp32`` for fp32; they run on torch's current stream.
 """
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import torch
@@ -30,26 +30,24 @@ from ._sf import output_layout
 
 QuantTensor = tuple[torch.Tensor, torch.Tensor]
 
-_KERNEL = "quant.per_token_cast_e5m6"
-# Speed-trial switch, read once at import (removed when the lead swaps the winner in):
-# TILEBIN_CANDIDATE_PER_TOKEN_CAST_E5M6=1 makes fp32 inputs launch the internal candidate kernel (same
-# parameters; tokens_per_block sized by its meta "cached_units"); bf16 keeps _KERNEL.
-_FP32_CANDIDATE = "quant._per_token_cast_e5m6_candidate"
-_FP32_KERNEL = _FP32_CANDIDATE if os.environ.get("TILEBIN_CANDIDATE_PER_TOKEN_CAST_E5M6") == "1" else _KERNEL
+_KERNEL = "quant.per_token_cast_e5m6"  # bf16 input
+# fp32 input: same parameters and bits as _KERNEL; tokens_per_block sized by its meta "cached_units"
+_FP32_KERNEL = "quant.per_token_cast_e5m6_fp32"
 _DTYPE_KEY = {torch.bfloat16: "bfloat16", torch.float32: "float32"}
 _INT32_MAX = 2**31 - 1
 
 
 def _tokens_per_block(hidden: int) -> int:
-    """Tokens sharing a 128-thread block: each thread keeps up to 8 units of 8 values."""
+    """Tokens sharing a 128-thread block of the bf16 kernel: each thread keeps up to 8 units of 8
+    values."""
     units = hidden // 8
     return 4 if units <= 256 else (2 if units <= 512 else 1)
 
 
-def _candidate_tokens_per_block(hidden: int) -> int:
-    """Tokens per 128-thread block for the fp32 candidate: as many as keep every unit of a thread
+def _fp32_tokens_per_block(hidden: int) -> int:
+    """Tokens per 128-thread block of the fp32 kernel: as many as keep every unit of a thread
     cached (``cached_units`` per thread), at least 1."""
-    per_block = 128 * kernel_meta(_FP32_CANDIDATE, "cached_units")  # units one block keeps cached
+    per_block = 128 * kernel_meta(_FP32_KERNEL, "cached_units")  # units one block keeps cached
     units = hidden // 8
     return 4 if 4 * units <= per_block else (2 if 2 * units <= per_block else 1)
 
@@ -100,11 +98,11 @@ def per_token_cast_to_e5m6(
     out = torch.empty((tokens, hidden * 3 // 2), dtype=torch.uint8, device=x.device)
     raw_sf = layout.alloc(tokens, hidden, x.device)
     if tokens:
-        if _FP32_KERNEL != _KERNEL and x.dtype == torch.float32:
+        if x.dtype == torch.float32:
             fn = launcher(_FP32_KERNEL, in_dtype="float32", sf_kind=layout.kind)
-            fn(_kernel_input(x), out, raw_sf, int(rnd), _candidate_tokens_per_block(hidden))
+            fn(_kernel_input(x), out, raw_sf, int(rnd), _fp32_tokens_per_block(hidden))
         else:
-            fn = launcher(_KERNEL, in_dtype=_DTYPE_KEY[x.dtype], sf_kind=layout.kind)
+            fn = launcher(_KERNEL, in_dtype="bfloat16", sf_kind=layout.kind)
             fn(_kernel_input(x), out, raw_sf, int(rnd), _tokens_per_block(hidden))
     return out, layout.finish(raw_sf, tokens)
 

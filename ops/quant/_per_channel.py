@@ -7,6 +7,10 @@ results are bit-identical to ``tile_kernels.torch.cast(x, "e4m3", block_size=(nu
 its scale from the tokens present; tile_kernels needs multiples of 128, or of 16 with
 ``pos_to_token``), and the hidden size needs ``hidden % 16 == 0`` (``% 64`` for the transpose).
 
+Kernels: ``quant.per_channel_cast_bf16`` for a plain bf16 ``x`` without ``pos_to_token``,
+``quant.per_channel_cast_fused`` for every other input (same parameters and bits),
+``quant.per_channel_cast_and_transpose`` for the transpose.
+
 Every argument is validated before any GPU work (:class:`tilebin.runtime.ArgumentError`
 naming the op, the value and the fix; the device is checked last); the outputs are allocated
 here on ``x``'s device and the kernel runs on torch's current stream.  Not checked (it would
@@ -16,7 +20,6 @@ row of zeros, like a negative one, instead of reading out of bounds.
 
 from __future__ import annotations
 
-import os
 from typing import Any, Optional, Union
 
 import torch
@@ -29,13 +32,9 @@ from ._sf import check_fmt
 QuantTensor = tuple[torch.Tensor, torch.Tensor]
 
 _FUSED = "quant.per_channel_cast_fused"
+# plain bf16 without pos_to_token: same parameters and bits as _FUSED, which does not build that variant
+_PLAIN_BF16 = "quant.per_channel_cast_bf16"
 _TRANSPOSE = "quant.per_channel_cast_and_transpose"
-# Speed-trial switch, read once at import (removed when the lead swaps the winner in):
-# TILEBIN_CANDIDATE_PER_CHANNEL_CAST=1 makes per_channel_cast / per_channel_cast_fused launch the internal
-# candidate kernel for plain bf16 input without pos_to_token (same parameters; other inputs keep _FUSED).
-_PLAIN_BF16_CANDIDATE = "quant._per_channel_cast_candidate"
-_PLAIN_BF16_KERNEL = (_PLAIN_BF16_CANDIDATE if os.environ.get("TILEBIN_CANDIDATE_PER_CHANNEL_CAST") == "1"
-                      else _FUSED)
 _E4M3 = torch.float8_e4m3fn
 _PLAIN_DTYPES = (torch.bfloat16, torch.float32)
 _DTYPE_KEY = {torch.bfloat16: "bfloat16", torch.float32: "float32", _E4M3: "float8_e4m3fn"}
@@ -128,8 +127,8 @@ def _fused(op: str, x: Any, fmt: Any, num_per_tokens: Any, round_sf: Any, num_pe
     out = torch.empty((num_out, hidden), dtype=_E4M3, device=data.device)
     out_sf = torch.empty((_cdiv(num_out, 128), hidden), dtype=torch.float32, device=data.device)
     if num_out and hidden:
-        if _PLAIN_BF16_KERNEL != _FUSED and sf is None and pos_to_token is None and data.dtype == torch.bfloat16:
-            fn = launcher(_PLAIN_BF16_KERNEL, in_dtype="bfloat16", expand=False)
+        if sf is None and pos_to_token is None and data.dtype == torch.bfloat16:
+            fn = launcher(_PLAIN_BF16, in_dtype="bfloat16", expand=False)
         else:
             fn = launcher(_FUSED, in_dtype=_DTYPE_KEY[data.dtype], expand=pos_to_token is not None)
         fn(data, out, out_sf,

@@ -28,11 +28,16 @@ Every argument is validated before any GPU work (:class:`tilebin.runtime.Argumen
 the op, the value, what is supported and the fix; the device is checked last).  A plain input
 whose row stride is not a multiple of 16 bytes, whose column stride is not 1 or whose pointer is
 not 16-byte aligned costs a copy of x.  Kernels run on torch's current stream.
+
+Kernels: ``quant.per_token_cast`` (plain input), ``quant.per_token_cast_quantized``,
+``quant.per_token_cast_sf_only``, ``quant.per_token_cast_precomputed``; and for up to
+``meta["max_tokens"]`` (256) tokens of a plain input cast to e4m3 with fp32 scales and 16..128
+channels per scale, ``quant.per_token_cast_decode`` (same parameters and bits as
+``quant.per_token_cast``, one scale group per lane: faster at decode sizes).
 """
 
 from __future__ import annotations
 
-import os
 from typing import Any, Optional, Union
 
 import torch
@@ -46,12 +51,9 @@ QuantTensor = tuple[torch.Tensor, torch.Tensor]
 
 _KERNEL = {"cast": "quant.per_token_cast", "quantized": "quant.per_token_cast_quantized",
            "sf_only": "quant.per_token_cast_sf_only", "precomputed": "quant.per_token_cast_precomputed"}
-# Speed-trial switch, read once at import (removed when the lead swaps the winner in):
-# TILEBIN_CANDIDATE_PER_TOKEN_CAST=1 makes per_token_cast launch the internal candidate kernel (same
-# parameters) for plain bf16/fp32 -> e4m3 with fp32 scales (row- or column-major), 16..128 channels per
-# scale, up to its meta "max_tokens" tokens (decode); anything else keeps the shipped kernel.
-_CAST_CANDIDATE = "quant._per_token_cast_candidate"
-_CAST_TRIAL = os.environ.get("TILEBIN_CANDIDATE_PER_TOKEN_CAST") == "1"
+# per_token_cast of plain bf16/fp32 -> e4m3 with fp32 scales (row- or column-major) and 16..128 channels
+# per scale, up to its meta "max_tokens" tokens (decode): same parameters and bits as _KERNEL["cast"]
+_CAST_DECODE = "quant.per_token_cast_decode"
 _PLAIN = {torch.bfloat16: "bfloat16", torch.float32: "float32"}
 _QUANTIZED = {torch.float8_e4m3fn: "float8_e4m3fn", torch.int8: "int8"}
 _GROUPS = (16, 32, 64, 128)
@@ -194,7 +196,7 @@ class _Plain:
     both paths allocate and launch through this one piece of code.
     """
 
-    __slots__ = ("hidden", "out_cols", "out_dtype", "layout", "sf_cols", "key", "args", "fn", "cand")
+    __slots__ = ("hidden", "out_cols", "out_dtype", "layout", "sf_cols", "key", "args", "fn", "decode")
 
     def __init__(self, fmt: str, key_in: str, hidden: int, layout: SfLayout, group_shift: int, whole_row: bool,
                  rnd: bool) -> None:
@@ -209,11 +211,11 @@ class _Plain:
         col_blocks = 1 if whole_row else _cdiv(hidden, _chunk(key_in))
         self.args = (group_shift, int(whole_row), int(rnd), int(layout.col_major), col_blocks)
         self.fn = None  # the launcher, looked up at the first launch
-        # the decode candidate (TILEBIN_CANDIDATE_PER_TOKEN_CAST=1): [launcher or None, its args, max tokens]
-        self.cand = None
-        if _CAST_TRIAL and fmt == "e4m3" and not layout.packed_ue8m0 and not whole_row:
-            chunk = kernel_meta(_CAST_CANDIDATE, f"chunk_{key_in}")
-            self.cand = [None, self.args[:4] + (_cdiv(hidden, chunk),), kernel_meta(_CAST_CANDIDATE, "max_tokens")]
+        # quant.per_token_cast_decode where it applies: [launcher or None, its args, max tokens]
+        self.decode = None
+        if fmt == "e4m3" and not layout.packed_ue8m0 and not whole_row:
+            chunk = kernel_meta(_CAST_DECODE, f"chunk_{key_in}")
+            self.decode = [None, self.args[:4] + (_cdiv(hidden, chunk),), kernel_meta(_CAST_DECODE, "max_tokens")]
 
     def __call__(self, x: torch.Tensor) -> QuantTensor:
         """``(out, out_sf)`` for ``x`` (already validated for this configuration)."""
@@ -229,11 +231,11 @@ class _Plain:
         if tokens and self.hidden and not TRACING.on:  # fake tensors (tracing): nothing to read or launch
             # contiguous and 16-byte aligned: what _kernel_input passes through as is (hidden % 16 == 0)
             x_in = x if x.is_contiguous() and not x.data_ptr() & 15 else _kernel_input(x)
-            cand = self.cand
-            if cand is not None and tokens <= cand[2]:
-                if cand[0] is None:
-                    cand[0] = launcher(_CAST_CANDIDATE, **self.key)
-                cand[0](x_in, out, raw_sf, *cand[1])
+            decode = self.decode
+            if decode is not None and tokens <= decode[2]:
+                if decode[0] is None:
+                    decode[0] = launcher(_CAST_DECODE, **self.key)
+                decode[0](x_in, out, raw_sf, *decode[1])
             else:
                 fn = self.fn
                 if fn is None:

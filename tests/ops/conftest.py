@@ -10,7 +10,7 @@ import pytest
 from ops_stub import declared_meta
 
 _READERS = ("tilebin.ops.quant._per_token", "tilebin.ops.moe._routing",  # op modules that read kernel_meta
-            "tilebin.ops.moe._stats",
+            "tilebin.ops.moe._stats", "tilebin.ops.quant._e5m6",
             "tilebin.modeling.mhc.ops.head_compute_mix")
 
 

@@ -470,13 +470,14 @@ def test_hot_launches_explicit(rec):
     x = torch.randn(4, 7168).to(BF16)
     for fast in (False, True):
         (out, sf), [(name, key, args)] = rec.run(pt, _pt(x), fast=fast)
-        assert name == "quant.per_token_cast"
+        assert name == "quant.per_token_cast_decode"  # up to 256 tokens
         assert key == dict(in_dtype="bfloat16", fmt="e4m3", sf="f32", mode="cast", in_sf="none")
         assert args[0] is x and args[1] is out and args[2] is sf and args[3:] == (7, 0, 0, 0, 7)
         assert (out.dtype, out.shape, out.stride()) == (E4M3, (4, 7168), (7168, 1))
         assert (sf.dtype, sf.shape, sf.stride()) == (FP32, (4, 56), (56, 1))
 
         (out, sf), [(name, key, args)] = rec.run(pt, _pt(x, "e4m3", 128, True, True, True), fast=fast)
+        assert name == "quant.per_token_cast"  # packed UE8M0: never the decode kernel
         assert key["sf"] == "ue8m0" and args[3:] == (7, 0, 1, 1, 7)
         assert (args[2].dtype, args[2].shape, args[2].stride()) == (torch.uint8, (14, 16), (16, 1))
         assert (sf.dtype, sf.shape, sf.stride()) == (torch.int32, (4, 14), (1, 4))

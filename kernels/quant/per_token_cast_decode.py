@@ -1,29 +1,31 @@
-"""``quant._per_token_cast_candidate``: a speed trial of ``quant.per_token_cast`` for decode
-batches (the op launches it for at most ``meta["max_tokens"]`` tokens, else the shipped kernel).
+"""``quant.per_token_cast_decode``: ``quant.per_token_cast`` for decode batches: the op launches
+it for at most ``meta["max_tokens"]`` (256) tokens of plain bf16 / fp32 input cast to e4m3 with
+fp32 scales (row- or column-major) and 16..128 channels per scale, and ``quant.per_token_cast``
+for everything else (more tokens, e2m1, packed UE8M0, one scale per row).
 
 Same parameters, in the same order, and the same bits as ``quant.per_token_cast`` (see
 ``per_token_cast.py`` for the contract): ``x [num_tokens, hidden]`` (bf16 / fp32, row stride a
 multiple of 16 bytes), ``out`` e4m3, ``out_sf`` fp32 (row- or column-major by ``sf_col``),
-``group_shift`` (4..7: 16..128 channels per scale), ``whole_row`` (must be 0: the op keeps the
-shipped kernel for one scale per row), ``round_sf``, ``sf_col``, ``col_blocks`` = the grid's y
-extent, ``ceil(hidden / meta["chunk_<dtype>"])``.  Variants: ``in_dtype`` bfloat16 / float32
-with ``fmt="e4m3", sf="f32", mode="cast", in_sf="none"``.
+``group_shift`` (4..7: 16..128 channels per scale), ``whole_row`` (must be 0), ``round_sf``,
+``sf_col``, ``col_blocks`` = the grid's y extent, ``ceil(hidden / meta["chunk_<dtype>"])``.
+Variants: ``in_dtype`` bfloat16 / float32 with ``fmt="e4m3", sf="f32", mode="cast",
+in_sf="none"``.
 
-Why: at decode sizes the shipped kernel is latency-bound.  Its warp owns one row and four
-16-byte vectors per lane (1024 bf16 channels), so after the loads land each lane walks four
-scale groups one after another: per group 8 maxima, up to 4 dependent shuffles and two IEEE
-divisions whose slow-path branches keep nvcc from interleaving the groups (~4 x 300 cycles on
-the critical path), and 7 of a block's 8 warps are idle at one token.  Here a block is 4 warps
+Why two kernels: at decode sizes ``quant.per_token_cast`` is latency-bound.  Its warp owns one
+row and four 16-byte vectors per lane (1024 bf16 channels), so after the loads land each lane
+walks four scale groups one after another: per group 8 maxima, up to 4 dependent shuffles and two
+IEEE divisions whose slow-path branches keep nvcc from interleaving the groups (~4 x 300 cycles
+on the critical path), and 7 of a block's 8 warps are idle at one token.  Here a block is 4 warps
 on one row and a lane owns one vector (``chunk`` = 1024 bf16 / 512 fp32 channels per block):
 the same loads spread over 4x the lanes, one group per lane, a chain of one load, one group
 reduction and one store.  Grid ``(num_tokens, col_blocks)``.  The fp32 expressions (the max
-order within a lane, the xor-shuffle order, ``sf_from_amax``, ``v * sf_inv``) are the shipped
-ones, so the results are bit-identical.
+order within a lane, the xor-shuffle order, ``sf_from_amax``, ``v * sf_inv``) are
+``quant.per_token_cast``'s, so the results are bit-identical.
 
-Measured (H200, CUPTI kernel time, L2 flushed, median of 30; shipped -> this; tile_kernels
-1.0.0 from the issue), bf16 x 7168, 1x128 scales: 1 token 2.21 -> 1.60 (1.8), 4: 2.34 -> 1.73
-(1.9), 16: 2.50 -> 1.86 (2.0), 64: 2.75 -> 2.11 (2.3), 128: 3.20 -> 2.59 (2.7), 256: 4.19 ->
-3.42 us; fp32 x 2048 and bf16 x 576 gain the same ~0.6 us; outputs bit-equal.
+Measured (H200, CUPTI kernel time, L2 flushed; ``quant.per_token_cast`` -> this, tile_kernels
+1.0.0 in parentheses), bf16 x 7168, 1x128 scales: 1 token 2.3 -> 1.6 (1.8), 4: 2.3 -> 1.7 (1.9),
+16: 2.5 -> 1.9 (2.0), 64: 2.8 -> 2.1 (2.3), 128: 3.3 -> 2.6 (2.8) us (compare_peer, 2026-12-02);
+256: 4.19 -> 3.42 us, and fp32 x 2048 and bf16 x 576 gain the same ~0.6 us (an earlier A/B run).
 """
 
 # No ``from __future__ import annotations``: TileLang evaluates the PrimFunc's tensor
@@ -36,7 +38,7 @@ from . import _formats as F
 # input dtype (torch name) -> (elements per 16-byte vector, log2 of it)
 _INPUTS = {"bfloat16": (8, 3), "float32": (4, 2)}
 WARPS = 4  # warps per block, all on one row
-MAX_TOKENS = 256  # the op uses this kernel up to this many tokens (decode); the shipped one above
+MAX_TOKENS = 256  # the op uses this kernel up to this many tokens (decode); quant.per_token_cast above
 
 
 def chunk_elems(in_dtype: str) -> int:
@@ -44,10 +46,10 @@ def chunk_elems(in_dtype: str) -> int:
     return WARPS * 32 * _INPUTS[in_dtype][0]
 
 
-def per_token_cast_candidate(in_dtype: str, fmt: str, sf: str, mode: str, in_sf: str = "none"):
+def per_token_cast_decode(in_dtype: str, fmt: str, sf: str, mode: str, in_sf: str = "none"):
     """Build the PrimFunc of one variant (only e4m3 output, fp32 scales, plain input)."""
     if in_dtype not in _INPUTS or (fmt, sf, mode, in_sf) != ("e4m3", "f32", "cast", "none"):
-        raise ValueError(f"per_token_cast_candidate: unsupported variant {in_dtype!r} {fmt!r} {sf!r} {mode!r}")
+        raise ValueError(f"per_token_cast_decode: unsupported variant {in_dtype!r} {fmt!r} {sf!r} {mode!r}")
     V, LV = _INPUTS[in_dtype]
     NW = 4  # uint32 words per vector
     tokens, hidden = T.dynamic("num_tokens"), T.dynamic("hidden")
@@ -109,14 +111,14 @@ def per_token_cast_candidate(in_dtype: str, fmt: str, sf: str, mode: str, in_sf:
 
 KERNELS = (
     KernelDecl(
-        name="quant._per_token_cast_candidate",
-        factory=per_token_cast_candidate,
+        name="quant.per_token_cast_decode",
+        factory=per_token_cast_decode,
         grid=tuple(dict(in_dtype=d, fmt="e4m3", sf="f32", mode="cast", in_sf="none") for d in _INPUTS),
         outputs=("out", "out_sf"),
         pass_configs={"tl.disable_safe_memory_legalize": True},  # the kernel guards every access itself
-        doc="Speed trial of quant.per_token_cast for decode batches: one 16-byte vector and one group per lane.",
+        doc="quant.per_token_cast (plain x -> e4m3, fp32 scales) at decode sizes: one vector and one group per lane.",
         meta={"max_tokens": MAX_TOKENS, **{f"chunk_{d}": chunk_elems(d) for d in _INPUTS}},
     ),
 )
 
-__all__ = ["KERNELS", "MAX_TOKENS", "chunk_elems", "per_token_cast_candidate"]
+__all__ = ["KERNELS", "MAX_TOKENS", "chunk_elems", "per_token_cast_decode"]

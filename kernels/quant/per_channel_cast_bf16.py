@@ -1,38 +1,41 @@
-"""``quant._per_channel_cast_candidate``: a speed trial of ``quant.per_channel_cast_fused`` for
-plain bf16 input (``per_channel_cast`` and ``per_channel_cast_fused`` without ``pos_to_token``).
+"""``quant.per_channel_cast_bf16``: ``quant.per_channel_cast_fused`` for plain bf16 input without
+``pos_to_token`` (what ``per_channel_cast`` and ``per_channel_cast_fused`` launch for a bf16
+tensor and no gather; ``quant.per_channel_cast_fused`` serves fp32, quantized and gathered inputs).
 
 Same parameters, in the same order, and the same bits as ``quant.per_channel_cast_fused``
 (see that module for the contract): ``x [num_tokens, hidden]`` bf16, ``out`` e4m3, ``out_sf
 [ceil(num_tokens / 128), hidden]`` fp32, ``x_sf`` and ``pos_to_token`` (not read: any tensor),
-``round_sf`` (int32).  One variant: ``in_dtype="bfloat16", expand=False``; the op keeps the
-shipped kernel for every other variant.  Runtime: num_tokens, hidden (``hidden % 16 == 0``).
+``round_sf`` (int32).  One variant: ``in_dtype="bfloat16", expand=False`` (the keys of the
+matching ``quant.per_channel_cast_fused`` variant, which that kernel no longer builds).
+Runtime: num_tokens, hidden (``hidden % 16 == 0``).
 
-Same tiles and thread layout as the shipped kernel (a block owns 128 tokens x 128 channels,
-256 threads, a thread 8 channels x 8 rows, one 16-byte load per row, all loads issued first);
-what changes is the work per element (the shipped SASS spends ~2.5 instructions per element on
-the amax alone: a bf16 -> fp32 conversion, PRMT + IMAD for an upper half, and an FMNMX):
+Same tiles and thread layout as ``quant.per_channel_cast_fused``'s bf16 variants (a block owns
+128 tokens x 128 channels, 256 threads, a thread 8 channels x 8 rows, one 16-byte load per row,
+all loads issued first); what differs is the work per element (that kernel's SASS spends ~2.5
+instructions per element on the amax alone: a bf16 -> fp32 conversion, PRMT + IMAD for an upper
+half, and an FMNMX):
 
 * the amax is taken on the raw bf16 words: for non-negative values IEEE order is the unsigned
   integer order of the bits, so ``max(|v|)`` over a pair of channels is one ``LOP3`` (clear the
   two sign bits) and one ``__vmaxu2`` (per-16-bit unsigned max, ``VIMNMX.U16x2`` on sm_90) per
-  two elements, and the fp32 amax is the exact conversion of the winning bf16 (equal to the
-  shipped fp32 maximum for every non-NaN input); the warp butterfly and the shared-memory
+  two elements, and the fp32 amax is the exact conversion of the winning bf16 (equal to the fused
+  kernel's fp32 maximum for every non-NaN input); the warp butterfly and the shared-memory
   reduction move words (two channels) instead of floats: 4 shuffles instead of 8 per thread;
 * the upper bf16 of a word converts with one ``LOP3`` (``& 0xFFFF0000``), not ``PRMT`` + shift;
-* row offsets are int32 ``row * hidden + col`` with one runtime step per row (the shipped kernel
-  rebuilt a 64-bit ``IMAD.WIDE`` address for each of its 8 loads and 8 stores);
+* row offsets are int32 ``row * hidden + col`` with one runtime step per row (the fused kernel
+  rebuilds a 64-bit ``IMAD.WIDE`` address for each of its 8 loads and 8 stores);
 * the source stays in registers as 32 words; ``__launch_bounds__(256, 4)``: 62 registers, no
-  spills, 8 ``LDG.E.128`` issued before the first use, 616 SASS instructions (shipped: 984).
+  spills, 8 ``LDG.E.128`` issued before the first use, 616 SASS instructions (fused: 984).
 
-Measured (H200, CUPTI kernel time, L2 flushed, median of 30, same process; shipped -> this;
-tile_kernels 1.0.0 from the issue): 4096x2048 10.2 -> 8.8 (8.5), 8064x2048 18.5 -> 15.5 (15.0),
-4096x6144 25.3 -> 21.8 (21.4), 8064x6144 44.4 -> 39.8 (39.5), 4096x4096 19.0 -> 15.5 (15.3) us;
-outputs bit-equal to the shipped kernel's.
+Measured (H200, CUPTI kernel time, L2 flushed; ``quant.per_channel_cast_fused`` -> this,
+tile_kernels 1.0.0 in parentheses; compare_peer, 2026-12-02): per_channel_cast 4096x2048 10.9 ->
+9.5 (8.5), 8064x2048 18.4 -> 15.5 (15.1), 4096x6144 25.4 -> 21.8 (21.3), 8064x6144 44.1 -> 39.7
+(39.4), per_channel_cast_fused 4096x4096 19.1 -> 15.6 (15.4) us; outputs bit-equal.
 
-The scale arithmetic (``sf_from_amax``) and the scaling ``e4m3(v * sf_inv)`` are the shipped
-expressions on the same fp32 values, so ``out`` and ``out_sf`` are bit-identical.  A NaN input
-differs (the integer maximum lets a NaN win; the shipped fmax ignores it): neither matches the
-torch reference, which propagates NaN.
+The scale arithmetic (``sf_from_amax``) and the scaling ``e4m3(v * sf_inv)`` are the fused
+kernel's expressions on the same fp32 values, so ``out`` and ``out_sf`` are bit-identical.  A NaN
+input differs (the integer maximum lets a NaN win; the fused kernel's fmax ignores it): neither
+matches the torch reference, which propagates NaN.
 """
 
 # No ``from __future__ import annotations``: TileLang evaluates the PrimFunc's tensor
@@ -64,10 +67,10 @@ def _vmax2(a, b):
     return T.call_extern(_U32, "__vmaxu2", a, b)
 
 
-def per_channel_cast_candidate(in_dtype: str, expand: bool):
+def per_channel_cast_bf16(in_dtype: str, expand: bool):
     """Build the PrimFunc (only ``in_dtype="bfloat16", expand=False``)."""
     if in_dtype != "bfloat16" or expand:
-        raise ValueError(f"per_channel_cast_candidate: only bfloat16 without expand (got {in_dtype!r}, {expand!r})")
+        raise ValueError(f"per_channel_cast_bf16: only bfloat16 without expand (got {in_dtype!r}, {expand!r})")
     num_tokens, hidden = T.dynamic("num_tokens"), T.dynamic("hidden")
     x_sf_shape = (T.dynamic("x_sf_rows"), T.dynamic("x_sf_cols"))
     pos_shape = (T.dynamic("pos_len"),)
@@ -156,13 +159,13 @@ def per_channel_cast_candidate(in_dtype: str, expand: bool):
 
 KERNELS = (
     KernelDecl(
-        name="quant._per_channel_cast_candidate",
-        factory=per_channel_cast_candidate,
+        name="quant.per_channel_cast_bf16",
+        factory=per_channel_cast_bf16,
         grid=({"in_dtype": "bfloat16", "expand": False},),
         outputs=("out", "out_sf"),
         pass_configs={"tl.disable_safe_memory_legalize": True},  # the kernel guards every access itself
-        doc="Speed trial of quant.per_channel_cast_fused (plain bf16): integer amax on bf16 words, int32 offsets.",
+        doc="quant.per_channel_cast_fused for plain bf16 x (no pos_to_token): integer amax on bf16 words.",
     ),
 )
 
-__all__ = ["KERNELS", "per_channel_cast_candidate"]
+__all__ = ["KERNELS", "per_channel_cast_bf16"]

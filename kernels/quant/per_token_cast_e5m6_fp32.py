@@ -1,25 +1,27 @@
-"""``quant._per_token_cast_e5m6_candidate``: a speed trial of ``quant.per_token_cast_e5m6`` for
-fp32 input.
+"""``quant.per_token_cast_e5m6_fp32``: ``quant.per_token_cast_e5m6`` for fp32 input (what
+``per_token_cast(x, 'e5m6', ...)`` launches for fp32 ``x``; ``quant.per_token_cast_e5m6`` serves bf16).
 
 Same parameters, in the same order, and the same bits as ``quant.per_token_cast_e5m6`` (see
 that module for the contract and the algorithm): ``x`` fp32 ``[num_tokens, hidden]``, ``out``
 uint8 ``[num_tokens, hidden * 3 // 2]``, ``out_sf`` (``row`` / ``col`` / ``ue8m0``),
-``round_sf``, ``tokens_per_block`` (1, 2 or 4).  Variants: ``in_dtype="float32"`` x the three
-``sf_kind`` s; the op keeps the shipped kernel for bf16.
+``round_sf``, ``tokens_per_block`` (1, 2 or 4: the op sizes it by ``meta["cached_units"]`` so that
+every unit of a thread stays cached where possible).  Variants: ``in_dtype="float32"`` x the
+three ``sf_kind`` s (the keys of the matching ``quant.per_token_cast_e5m6`` variants, which that
+kernel no longer builds).
 
-Why: the shipped kernel keeps ``CACHED = 8`` units (64 fp32 = 64 registers of source) per
-thread between its amax and cast passes, 100 registers in all: 5 blocks of 128 threads (20
-warps) per SM, and the op packs 4 tokens of hidden 2048 into a block (8 units per thread).
-Here a thread caches 4 units (32 words, the bf16 variants' register budget) under
+Why two kernels: ``quant.per_token_cast_e5m6`` keeps ``CACHED = 8`` units per thread between its
+amax and cast passes, which for fp32 is 64 registers of source, 100 registers in all: 5 blocks of
+128 threads (20 warps) per SM, and its op packs 4 tokens of hidden 2048 into a block (8 units per
+thread).  Here a thread caches 4 units (32 words, the bf16 variants' register budget) under
 ``__launch_bounds__(128, 8)``, and the op gives each token twice the threads
-(``tokens_per_block`` 2 at hidden 2048: the op sizes it by ``meta["cached_units"]``): half the work per
-thread, twice the blocks, 8 blocks (32 warps) per SM, the same bytes in flight per SM.  Units
-past the cached ones are read a second time (from L1/L2), as in the shipped kernel.  56-58
-registers, no spills, the 8 ``LDG.E.128`` of the cached units issued before the first use.
+(``tokens_per_block`` 2 at hidden 2048): half the work per thread, twice the blocks, 8 blocks (32
+warps) per SM, the same bytes in flight per SM.  Units past the cached ones are read a second
+time (from L1/L2), as in ``quant.per_token_cast_e5m6``.  56-58 registers, no spills, the 8
+``LDG.E.128`` of the cached units issued before the first use.
 
-Measured (H200, CUPTI kernel time, L2 flushed, median of 30; shipped -> this; tile_kernels
-1.0.0 from the issue), fp32 x 2048: 4001 tokens 17.25 -> 14.50 (14.3), 8001: 30.42 -> 25.52
-(25.1) us; outputs bit-equal (row, column-major and UE8M0 scales).
+Measured (H200, CUPTI kernel time, L2 flushed; ``quant.per_token_cast_e5m6`` -> this, tile_kernels
+1.0.0 in parentheses; compare_peer, 2026-12-02), fp32 x 2048: 4001 tokens 17.1 -> 14.7 (14.1), 8001:
+30.6 -> 25.4 (25.2) us; outputs bit-equal (row, column-major and UE8M0 scales).
 """
 
 # No ``from __future__ import annotations``: TileLang evaluates the tensor annotations.
@@ -37,10 +39,10 @@ def _val(words, r, k):
     return T.reinterpret(words[r, k], "float32")
 
 
-def per_token_cast_e5m6_candidate(in_dtype: str, sf_kind: str):
+def per_token_cast_e5m6_fp32(in_dtype: str, sf_kind: str):
     """Build the PrimFunc for one scale layout (fp32 input only)."""
     if in_dtype != "float32" or sf_kind not in SF_KINDS:
-        raise ValueError(f"per_token_cast_e5m6_candidate: unsupported variant {in_dtype!r} {sf_kind!r}")
+        raise ValueError(f"per_token_cast_e5m6_fp32: unsupported variant {in_dtype!r} {sf_kind!r}")
     num_tokens, hidden = T.dynamic("num_tokens"), T.dynamic("hidden")
     x_stride, out_bytes, sf_stride = T.dynamic("x_stride"), T.dynamic("out_bytes"), T.dynamic("sf_stride")
     if sf_kind == "row":
@@ -143,14 +145,14 @@ def per_token_cast_e5m6_candidate(in_dtype: str, sf_kind: str):
 
 KERNELS = (
     KernelDecl(
-        name="quant._per_token_cast_e5m6_candidate",
-        factory=per_token_cast_e5m6_candidate,
+        name="quant.per_token_cast_e5m6_fp32",
+        factory=per_token_cast_e5m6_fp32,
         grid=product(in_dtype=["float32"], sf_kind=list(SF_KINDS)),
         outputs=("out", "out_sf"),
         pass_configs={"tl.disable_safe_memory_legalize": True},  # every access is guarded above
-        doc="Speed trial of quant.per_token_cast_e5m6 (fp32): 4 cached units per thread, 8 blocks per SM.",
+        doc="quant.per_token_cast_e5m6 for fp32 x: 4 cached units per thread, 8 blocks per SM.",
         meta={"cached_units": CACHED},
     ),
 )
 
-__all__ = ["CACHED", "KERNELS", "per_token_cast_e5m6_candidate"]
+__all__ = ["CACHED", "KERNELS", "per_token_cast_e5m6_fp32"]
