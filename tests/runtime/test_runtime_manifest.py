@@ -9,7 +9,7 @@ import rt_fakes as F
 
 from tilebin.runtime import _registry, _settings
 from tilebin.runtime._expr import check_expr, evaluate, symbols_of
-from tilebin.runtime._manifest import parse_manifest
+from tilebin.runtime._manifest import parse_manifest, split_kernel_lines
 
 
 def _scale_manifest():
@@ -161,3 +161,60 @@ def test_lazy_and_eager_parse_agree(rt):
     assert sorted(lazy.kernels) == sorted(eager.kernels) and len(lazy.kernels) == len(eager.kernels)
     assert all(lazy.kernels[n] == eager.kernels[n] for n in eager.kernels)
     assert lazy.to_json() == eager.to_json()
+
+
+# ---------------------------------------------------------------- the one-kernel-per-line layout
+def test_to_json_writes_one_kernel_per_line(rt):
+    text = parse_manifest(F.standard_manifest()).to_json()
+    lines = text.splitlines()
+    names = sorted(F.standard_manifest()["kernels"])
+    assert len(lines) == 1 + len(names) + 1 and lines[-1] == "}}"
+    assert [json.loads("{" + line.removesuffix(",") + "}").popitem()[0] for line in lines[1:-1]] == names
+    assert json.loads(text) == json.loads(parse_manifest(json.loads(text)).to_json())  # plain JSON too
+
+
+def test_lazy_load_decodes_only_the_kernels_used(rt):
+    text = parse_manifest(F.standard_manifest()).to_json()
+    split = split_kernel_lines(text)
+    assert split is not None and all(isinstance(v, str) for v in split["kernels"].values())
+    lazy = parse_manifest(text, lazy=True)
+    assert lazy.kernels._parsed == {}
+    name = sorted(lazy.kernels)[0]
+    assert lazy.kernels[name] == parse_manifest(text).kernels[name]
+    assert list(lazy.kernels._parsed) == [name]
+
+
+@pytest.mark.parametrize("layout", ["pretty", "compact", "empty"])
+def test_other_layouts_decode_whole(rt, layout):
+    data = F.standard_manifest()
+    if layout == "empty":
+        data["kernels"] = {}
+    text = json.dumps(data, indent=1) if layout == "pretty" else json.dumps(data)
+    assert split_kernel_lines(text) is None
+    lazy, eager = parse_manifest(text, lazy=True), parse_manifest(data)
+    assert sorted(lazy.kernels) == sorted(eager.kernels)
+    assert all(lazy.kernels[n] == eager.kernels[n] for n in eager.kernels)
+    if layout == "empty":  # written by to_json: the split layout with no kernel lines
+        again = parse_manifest(eager.to_json(), lazy=True)
+        assert split_kernel_lines(eager.to_json())["kernels"] == {} and list(again.kernels) == []
+
+
+def test_a_broken_kernel_line_fails_at_its_first_use(rt, tmp_path):
+    text = parse_manifest(F.standard_manifest()).to_json()
+    lines = text.split("\n")
+    name = json.loads("{" + lines[1].removesuffix(",") + "}").popitem()[0]
+    lines[1] = lines[1][:len(lines[1]) // 2] + ","  # truncated object
+    root = tmp_path / "a"
+    root.mkdir()
+    (root / "manifest.json").write_text("\n".join(lines))
+    reg = rt.Registry(root)
+    others = [n for n in reg.manifest.kernels if n != name]
+    assert reg.spec(others[0]).name == others[0]
+    with pytest.raises(rt.ArtifactError, match=rf"kernel {name!r}: not valid JSON"):
+        reg.spec(name)
+
+
+def test_a_broken_envelope_is_an_artifact_error(rt):
+    text = parse_manifest(F.standard_manifest()).to_json()
+    with pytest.raises(rt.ArtifactError, match="not valid JSON"):
+        parse_manifest("{" + text[2:], lazy=True)
