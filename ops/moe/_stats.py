@@ -18,13 +18,12 @@ instead).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import torch
-from torch.compiler import is_compiling
 
-from .._common import TRACING, check_cuda, check_int, check_tensor, fail, kernel_meta, launcher, memo_table, typed_key
-from .._torch import traced
+from .._common import check_int, fail, kernel_meta, launcher
+from .._spec import IntParam, OpSpec, TensorParam
 from ..config import get_num_sms
 
 MAX_ENTRIES = 1 << 30  # flat index arithmetic in the kernels is int32, with room for a grid sweep
@@ -37,52 +36,26 @@ _AUX_FI = "moe.aux_fi"  # its meta: max_experts (its shared bins; more: moe.aux_
 _AUX_FI_WIDE = 65536  # above this many indices aux_fi's grid loads 8 per thread (fewer blocks), else 4
 
 
-
-
-def _check_2d(op: str, name: str, t: Any, dtypes: tuple = _INT64) -> None:
+def _entries(name: str, dtypes: tuple = _INT64) -> TensorParam:
     """A 2-D contiguous ``[num_tokens, num_topk]`` tensor of ``dtypes`` with at most MAX_ENTRIES entries."""
-    check_tensor(op, name, t, dtypes, 2)
-    if not t.is_contiguous():
-        raise fail(op, f"{name} must be contiguous (shape {tuple(t.shape)}, strides {tuple(t.stride())}); "
-                       f"call {name}.contiguous()")
-    if t.numel() > MAX_ENTRIES:
-        raise fail(op, f"{name} has {t.shape[0]} x {t.shape[1]} entries, more than 2**30; split the tokens")
+    return TensorParam(name, dtypes, 2, contiguous=True, max_numel=MAX_ENTRIES)
 
 
-_FAST: dict[tuple, Any] = {}  # validated configurations (see _fast_table)
-_FAST_DEPS: list[Any] = [None, None]
-_FAST_MAX = 256
+def _plan_aux_fi(values: dict) -> Callable[..., torch.Tensor]:
+    num_experts, num_aux_topk = values["num_experts"], values["num_aux_topk"]
+    wide = num_experts > kernel_meta(_AUX_FI, "max_experts")
 
+    def run(topk_idx: torch.Tensor, *_: Any) -> torch.Tensor:
+        out = torch.empty(num_experts, dtype=torch.float32, device=topk_idx.device)
+        single = topk_idx.numel() <= SINGLE_BLOCK_ENTRIES
+        if wide:
+            launcher("moe.aux_fi_many_experts", single_block=single)(
+                topk_idx, out, num_aux_topk, 0 if single else get_num_sms(topk_idx.device))
+        else:
+            _aux_fi(topk_idx, out, num_aux_topk, single)
+        return out
 
-def _fast_table() -> dict[tuple, Any]:
-    """The memo of validated configurations, emptied when the launcher or the device check it
-    was filled under changed (tests stub both; a stubbed device check lets CPU tensors in)."""
-    return memo_table(_FAST, _FAST_DEPS, launcher, check_cuda)
-
-
-def aux_fi(topk_idx: torch.Tensor, num_experts: int, num_aux_topk: int) -> torch.Tensor:
-    """Per-expert load frequency ``f_i`` for the auxiliary load-balancing loss.
-
-    ``f[e] = count(topk_idx == e) * num_experts / (num_tokens * num_aux_topk)`` as float32
-    ``[num_experts]`` (0 for 0 tokens).  topk_idx: int64 ``[num_tokens, num_topk]``, contiguous;
-    ``-1`` marks an empty slot.  Bit-exact with torch's float32 evaluation of that formula on
-    CUDA (the division by the scalar is a multiplication by its float32 reciprocal there).
-    """
-    if is_compiling() and not TRACING.on:
-        return traced("aux_fi", topk_idx, num_experts, num_aux_topk)
-    op = "aux_fi"
-    _check_2d(op, "topk_idx", topk_idx)
-    num_experts = check_int(op, "num_experts", num_experts, 1)
-    num_aux_topk = check_int(op, "num_aux_topk", num_aux_topk, 1)
-    check_cuda(op, topk_idx=topk_idx)
-    out = torch.empty(num_experts, dtype=torch.float32, device=topk_idx.device)
-    single = topk_idx.numel() <= SINGLE_BLOCK_ENTRIES
-    if num_experts <= kernel_meta(_AUX_FI, "max_experts"):
-        _aux_fi(topk_idx, out, num_aux_topk, single)
-    else:
-        launcher("moe.aux_fi_many_experts", single_block=single)(topk_idx, out, num_aux_topk,
-                                                                 0 if single else get_num_sms(topk_idx.device))
-    return out
+    return run
 
 
 def _aux_fi(topk_idx: torch.Tensor, out: torch.Tensor, num_aux_topk: int, single: bool) -> None:
@@ -95,19 +68,60 @@ def _aux_fi(topk_idx: torch.Tensor, out: torch.Tensor, num_aux_topk: int, single
     launcher(_AUX_FI, single_block=single, unroll=unroll)(topk_idx, out, workspace, num_aux_topk)
 
 
+AUX_FI = OpSpec("aux_fi", (_entries("topk_idx"), IntParam("num_experts", 1), IntParam("num_aux_topk", 1)),
+                "Tensor", _plan_aux_fi)
+
+
+def aux_fi(topk_idx: torch.Tensor, num_experts: int, num_aux_topk: int) -> torch.Tensor:
+    """Per-expert load frequency ``f_i`` for the auxiliary load-balancing loss.
+
+    ``f[e] = count(topk_idx == e) * num_experts / (num_tokens * num_aux_topk)`` as float32
+    ``[num_experts]`` (0 for 0 tokens).  topk_idx: int64 ``[num_tokens, num_topk]``, contiguous;
+    ``-1`` marks an empty slot.  Bit-exact with torch's float32 evaluation of that formula on
+    CUDA (the division by the scalar is a multiplication by its float32 reciprocal there).
+    """
+    return AUX_FI(topk_idx, num_experts, num_aux_topk)
+
+
+def _plan_group_count(values: dict) -> Callable[..., torch.Tensor]:
+    num_groups = values["num_groups"]
+
+    def run(group_idx: torch.Tensor, *_: Any) -> torch.Tensor:
+        out = torch.empty(num_groups, dtype=torch.int32, device=group_idx.device)
+        single = group_idx.numel() <= SINGLE_BLOCK_ENTRIES
+        launcher("moe.group_count", single_block=single)(group_idx, out,
+                                                         0 if single else get_num_sms(group_idx.device))
+        return out
+
+    return run
+
+
+GROUP_COUNT = OpSpec("group_count", (_entries("group_idx"), IntParam("num_groups", 1)), "Tensor", _plan_group_count)
+
+
 def group_count(group_idx: torch.Tensor, num_groups: int) -> torch.Tensor:
     """How many entries of ``group_idx`` (int64 ``[num_tokens, num_topk]``, contiguous) equal each
     group: int32 ``[num_groups]``.  Negative entries (``-1``: empty slot) are not counted."""
-    if is_compiling() and not TRACING.on:
-        return traced("group_count", group_idx, num_groups)
-    op = "group_count"
-    _check_2d(op, "group_idx", group_idx)
-    num_groups = check_int(op, "num_groups", num_groups, 1)
-    check_cuda(op, group_idx=group_idx)
-    out = torch.empty(num_groups, dtype=torch.int32, device=group_idx.device)
-    single = group_idx.numel() <= SINGLE_BLOCK_ENTRIES
-    launcher("moe.group_count", single_block=single)(group_idx, out, 0 if single else get_num_sms(group_idx.device))
-    return out
+    return GROUP_COUNT(group_idx, num_groups)
+
+
+def _plan_normalize_weight(values: dict) -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:
+    fn = launcher("moe.normalize_weight")
+
+    def run(topk_weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        num_tokens, num_topk = topk_weights.shape
+        device = topk_weights.device
+        denominator = torch.empty((num_tokens,), dtype=torch.float32, device=device)
+        normalized = torch.empty((num_tokens, num_topk), dtype=torch.float32, device=device)
+        if num_tokens:
+            fn(topk_weights, denominator, normalized)
+        return denominator, normalized
+
+    return run
+
+
+NORMALIZE_WEIGHT = OpSpec("normalize_weight", (_entries("topk_weights", (torch.float32,)),), "(Tensor, Tensor)",
+                          _plan_normalize_weight)
 
 
 def normalize_weight(topk_weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -118,34 +132,40 @@ def normalize_weight(topk_weights: torch.Tensor) -> tuple[torch.Tensor, torch.Te
     to right) of shape ``[num_tokens]`` and ``normalized_weights = w / denominator[:, None]``,
     bit-exact with the same torch expression.
     """
-    if is_compiling() and not TRACING.on:
-        return traced("normalize_weight", topk_weights)
-    try:  # a configuration seen before: only the token-count-dependent checks (the slow path says why not)
-        shape = topk_weights.shape
-        device = topk_weights.device
-        key = typed_key("normalize_weight", topk_weights.dtype, device, shape[1:])
-        fn = _fast_table().get(key)
-    except (AttributeError, TypeError, IndexError):
-        key = fn = None
-    if fn is not None and topk_weights.is_contiguous():
-        num_tokens, num_topk = shape
-        if num_tokens and num_tokens * num_topk <= MAX_ENTRIES:
-            denominator = torch.empty((num_tokens,), dtype=torch.float32, device=device)
-            normalized = torch.empty((num_tokens, num_topk), dtype=torch.float32, device=device)
-            fn(topk_weights, denominator, normalized)
-            return denominator, normalized
-    op = "normalize_weight"
-    _check_2d(op, "topk_weights", topk_weights, (torch.float32,))
-    check_cuda(op, topk_weights=topk_weights)
-    num_tokens, num_topk = topk_weights.shape
-    denominator = torch.empty((num_tokens,), dtype=torch.float32, device=topk_weights.device)
-    normalized = torch.empty((num_tokens, num_topk), dtype=torch.float32, device=topk_weights.device)
-    if num_tokens:
-        fn = launcher("moe.normalize_weight")
-        fn(topk_weights, denominator, normalized)
-        if key is not None and len(_FAST) < _FAST_MAX:
-            _fast_table()[key] = fn
-    return denominator, normalized
+    return NORMALIZE_WEIGHT(topk_weights)
+
+
+def _mask_relations(op: str, values: dict) -> None:
+    """``num_ep_ranks <= n``, ``tp_rank < num_tp_ranks``, the local expert range fits int32."""
+    n = values["n"]
+    check_int(op, "num_ep_ranks", values["num_ep_ranks"], 1, n)
+    check_int(op, "tp_rank", values["tp_rank"], 0, values["num_tp_ranks"] - 1)
+    per_gpu = n // values["num_ep_ranks"]
+    if values["num_tp_ranks"] * per_gpu > _INT32_MAX:
+        raise fail(op, f"num_tp_ranks * (n // num_ep_ranks) = {values['num_tp_ranks']} * {per_gpu} exceeds "
+                       "2**31 - 1; supported: experts per TP group below 2**31")
+
+
+def _plan_mask(values: dict) -> Callable[..., torch.Tensor]:
+    per_gpu = values["n"] // values["num_ep_ranks"]
+    num_tp_ranks, tp_rank = values["num_tp_ranks"], values["tp_rank"]
+    dtype_key = _MASK_DTYPES[values["indices"].dtype]
+
+    def run(indices: torch.Tensor, *_: Any) -> torch.Tensor:
+        masked = torch.empty_like(indices, memory_format=torch.contiguous_format)
+        if indices.numel():
+            launcher("moe.mask_indices_by_tp", dtype=dtype_key)(
+                indices, masked, per_gpu, num_tp_ranks * per_gpu, num_tp_ranks, tp_rank)
+        return masked
+
+    return run
+
+
+MASK_INDICES_BY_TP = OpSpec(
+    "mask_indices_by_tp",
+    (_entries("indices", tuple(_MASK_DTYPES)), IntParam("n", 1), IntParam("num_ep_ranks", 1), IntParam("tp_rank", 0),
+     IntParam("num_tp_ranks", 1)),
+    "Tensor", _plan_mask, relations=_mask_relations)
 
 
 def mask_indices_by_tp(indices: torch.Tensor, n: int, num_ep_ranks: int, tp_rank: int,
@@ -158,24 +178,21 @@ def mask_indices_by_tp(indices: torch.Tensor, n: int, num_ep_ranks: int, tp_rank
     per_gpu)) * (num_tp_ranks - 1) * per_gpu`` with ``w = v - tp_rank * per_gpu``.  Negative
     entries stay ``-1``.  Returns a new tensor of indices' dtype and shape.
     """
-    if is_compiling() and not TRACING.on:
-        return traced("mask_indices_by_tp", indices, n, num_ep_ranks, tp_rank, num_tp_ranks)
-    op = "mask_indices_by_tp"
-    _check_2d(op, "indices", indices, tuple(_MASK_DTYPES))
-    n = check_int(op, "n", n, 1)
-    num_ep_ranks = check_int(op, "num_ep_ranks", num_ep_ranks, 1, n)
-    num_tp_ranks = check_int(op, "num_tp_ranks", num_tp_ranks, 1)
-    tp_rank = check_int(op, "tp_rank", tp_rank, 0, num_tp_ranks - 1)
-    per_gpu = n // num_ep_ranks
-    if num_tp_ranks * per_gpu > _INT32_MAX:
-        raise fail(op, f"num_tp_ranks * (n // num_ep_ranks) = {num_tp_ranks} * {per_gpu} exceeds 2**31 - 1; "
-                       "supported: experts per TP group below 2**31")
-    check_cuda(op, indices=indices)
-    masked = torch.empty_like(indices, memory_format=torch.contiguous_format)
-    if indices.numel():
-        launcher("moe.mask_indices_by_tp", dtype=_MASK_DTYPES[indices.dtype])(
-            indices, masked, per_gpu, num_tp_ranks * per_gpu, num_tp_ranks, tp_rank)
-    return masked
+    return MASK_INDICES_BY_TP(indices, n, num_ep_ranks, tp_rank, num_tp_ranks)
+
+
+def _plan_unique(values: dict) -> Callable[..., None]:
+    def run(group_indices: torch.Tensor, *_: Any) -> None:
+        if group_indices.numel():
+            launcher("moe.inplace_unique_group_indices")(group_indices)
+
+    return run
+
+
+INPLACE_UNIQUE_GROUP_INDICES = OpSpec(
+    "inplace_unique_group_indices", (TensorParam("group_indices", _INT64, 2, contiguous=True, max_numel=MAX_ENTRIES,
+                                                 mutated=True), IntParam("num_groups", 1)),
+    "()", _plan_unique)
 
 
 def inplace_unique_group_indices(group_indices: torch.Tensor, num_groups: int) -> None:
@@ -185,14 +202,9 @@ def inplace_unique_group_indices(group_indices: torch.Tensor, num_groups: int) -
     ``num_groups`` (>= 1) is checked but not needed: any values are deduplicated (tile_kernels
     requires ``num_groups <= 128`` and group ids below it).
     """
-    if is_compiling() and not TRACING.on:
-        return traced("inplace_unique_group_indices", group_indices, num_groups)
-    op = "inplace_unique_group_indices"
-    _check_2d(op, "group_indices", group_indices)
-    check_int(op, "num_groups", num_groups, 1)
-    check_cuda(op, group_indices=group_indices)
-    if group_indices.numel():
-        launcher("moe.inplace_unique_group_indices")(group_indices)
+    return INPLACE_UNIQUE_GROUP_INDICES(group_indices, num_groups)
 
+
+SPECS = (AUX_FI, GROUP_COUNT, NORMALIZE_WEIGHT, MASK_INDICES_BY_TP, INPLACE_UNIQUE_GROUP_INDICES)
 
 __all__ = ["aux_fi", "group_count", "inplace_unique_group_indices", "mask_indices_by_tp", "normalize_weight"]

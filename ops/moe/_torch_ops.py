@@ -9,7 +9,7 @@ import torch
 from .._torch import TorchOp, pair_to_public, pair_to_schema
 from ._gating import top2_sum_gate, topk_gate, topk_sum_and_topk_group_idx
 from ._routing import expand_to_fused, expand_to_fused_with_sf, get_fused_mapping, reduce_fused
-from ._stats import aux_fi, group_count, inplace_unique_group_indices, mask_indices_by_tp, normalize_weight
+from . import _stats
 
 
 def _mapping_to_schema(result: tuple) -> tuple:
@@ -64,11 +64,6 @@ TORCH_OPS = (
                                 "str fp8_format, Tensor? sf, Tensor(a!) out) -> ()",
             reduce_fused, to_schema=pair_to_schema,
             to_public=pair_to_public, result_to_schema=lambda r: None),
-    TorchOp("aux_fi", "(Tensor topk_idx, int num_experts, int num_aux_topk) -> Tensor", aux_fi),
-    TorchOp("group_count", "(Tensor group_idx, int num_groups) -> Tensor", group_count),
-    TorchOp("normalize_weight", "(Tensor topk_weights) -> (Tensor, Tensor)", normalize_weight),
-    TorchOp("mask_indices_by_tp", "(Tensor indices, int n, int num_ep_ranks, int tp_rank, int num_tp_ranks) -> Tensor",
-            mask_indices_by_tp),
-    TorchOp("inplace_unique_group_indices", "(Tensor(a!) group_indices, int num_groups) -> ()",
-            inplace_unique_group_indices),
+    # the statistics ops are declared by their OpSpecs (ops/_spec.py), which write their schemas
+    *(spec.torch_op(getattr(_stats, spec.name)) for spec in _stats.SPECS),
 )

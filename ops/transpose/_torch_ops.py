@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-from .._torch import TorchOp
-from ._transpose import batched_transpose, transpose
+from . import _transpose
 
-TORCH_OPS = (
-    TorchOp("transpose", "(Tensor x) -> Tensor", transpose),
-    TorchOp("batched_transpose", "(Tensor x) -> Tensor", batched_transpose),
-)
+# declared by their OpSpecs (ops/_spec.py), which write their schemas
+TORCH_OPS = tuple(spec.torch_op(getattr(_transpose, spec.name)) for spec in _transpose.SPECS)

@@ -25,13 +25,14 @@ Kernels run on torch's current stream.
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
-from torch.compiler import is_compiling
 
 from tilebin.runtime import ArgumentError
 
-from .._common import TRACING, check_cuda, check_tensor, fail, launcher, ptr
-from .._torch import traced
+from .._common import fail, launcher, ptr
+from .._spec import OpSpec, TensorParam
 from ..config import get_num_sms
 
 _KERNEL = "transpose.batched_transpose"
@@ -44,30 +45,37 @@ _ALIGN = 16  # bytes: the kernel's 16-byte vector loads and bulk stores
 _BATCH_CHUNK = 65520  # <= 65535 (grid z) and a multiple of 16: every chunk starts 16-byte aligned
 
 
+def _plan(op: str, ndim: int) -> Callable[[dict], Callable[[torch.Tensor], torch.Tensor]]:
+    """The launch of ``op`` (x of ``ndim`` dims, checked): allocate the output, launch (nothing
+    for an empty x)."""
+    def plan(values: dict) -> Callable[[torch.Tensor], torch.Tensor]:
+        def run(x: torch.Tensor) -> torch.Tensor:
+            shape = x.shape
+            out = torch.empty((*shape[:-2], shape[-1], shape[-2]), dtype=x.dtype, device=x.device)
+            if out.numel():
+                x3, out3 = (x, out) if ndim == 3 else (x.unsqueeze(0), out.unsqueeze(0))
+                _launch(op, _kernel_input(x3), out3)
+            return out
+
+        return run
+
+    return plan
+
+
+TRANSPOSE = OpSpec("transpose", (TensorParam("x", DTYPES, 2),), "Tensor", _plan("transpose", 2))
+BATCHED_TRANSPOSE = OpSpec("batched_transpose", (TensorParam("x", DTYPES, 3),), "Tensor",
+                           _plan("batched_transpose", 3))
+SPECS = (TRANSPOSE, BATCHED_TRANSPOSE)
+
+
 def transpose(x: torch.Tensor) -> torch.Tensor:
     """``x.T`` as a new contiguous tensor: x ``[m, n]`` of a dtype in :data:`DTYPES` -> ``[n, m]``."""
-    if is_compiling() and not TRACING.on:  # torch.compile / export: record tilebin::transpose
-        return traced("transpose", x)
-    return _transposed("transpose", x, 2)
+    return TRANSPOSE(x)
 
 
 def batched_transpose(x: torch.Tensor) -> torch.Tensor:
     """``x[i].T`` for every i as a new contiguous tensor: x ``[b, m, n]`` -> ``[b, n, m]``."""
-    if is_compiling() and not TRACING.on:
-        return traced("batched_transpose", x)
-    return _transposed("batched_transpose", x, 3)
-
-
-def _transposed(op: str, x: torch.Tensor, ndim: int) -> torch.Tensor:
-    """The checked op: validate, allocate the output, launch (nothing for an empty x)."""
-    check_tensor(op, "x", x, DTYPES, ndim)
-    check_cuda(op, x=x)
-    shape = x.shape
-    out = torch.empty((*shape[:-2], shape[-1], shape[-2]), dtype=x.dtype, device=x.device)
-    if out.numel():
-        x3, out3 = (x, out) if ndim == 3 else (x.unsqueeze(0), out.unsqueeze(0))
-        _launch(op, _kernel_input(x3), out3)
-    return out
+    return BATCHED_TRANSPOSE(x)
 
 
 def _kernel_input(x: torch.Tensor) -> torch.Tensor:

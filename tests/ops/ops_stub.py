@@ -15,6 +15,7 @@ OP_MODULES = (
     "tilebin.ops.quant._swiglu", "tilebin.ops.quant._cast_back", "tilebin.ops.quant._e5m6",
     "tilebin.ops.moe._gating", "tilebin.ops.moe._routing", "tilebin.ops.moe._stats",
     "tilebin.ops.engram._gate", "tilebin.ops.engram._hash", "tilebin.ops.transpose._transpose",
+    "tilebin.ops._spec",
 )
 # module-level dicts that memoize validated configurations or launchers
 MEMO_NAMES = ("_FAST", "_DUMMIES", "_LAUNCHERS", "_PLACEHOLDERS")
@@ -39,6 +40,8 @@ class StubbedOps:
             for name in MEMO_NAMES:
                 if isinstance(getattr(mod, name, None), dict):
                     monkeypatch.setattr(mod, name, {})
+            for spec in _specs(mod):  # OpSpec memos: a fresh one each, the original back at undo
+                monkeypatch.setattr(spec, "memo", {})
 
     def _launcher(self, name: str, **key: Any):
         from tilebin.ops._common import TRACING, _no_launch
@@ -58,6 +61,15 @@ class StubbedOps:
                 table = getattr(mod, name, None)
                 if isinstance(table, dict):
                     table.clear()
+            for spec in _specs(mod):
+                spec.memo.clear()
+
+
+def _specs(mod: Any) -> list:
+    """The :class:`tilebin.ops._spec.OpSpec` objects a module declares."""
+    from tilebin.ops._spec import OpSpec
+
+    return [v for v in vars(mod).values() if isinstance(v, OpSpec)]
 
 
 def declared_meta(kernel: str, key: str) -> Any:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tilebin.ops import _spec
 from tilebin.ops.moe import _gating as g, _routing as r, _stats as st
 from tilebin.runtime import ArgumentError
 
@@ -22,7 +23,9 @@ def rec(monkeypatch):
         monkeypatch.setattr(m, "launcher", launcher)
     monkeypatch.setattr(g, "_LAUNCHERS", {})
     monkeypatch.setattr(g, "_on_cuda", lambda op, first, **others: None)
-    monkeypatch.setattr(st, "check_cuda", lambda op, **t: None)
+    monkeypatch.setattr(_spec, "check_cuda", lambda op, **t: None)  # the statistics ops' OpSpecs
+    for spec in st.SPECS:
+        monkeypatch.setattr(spec, "memo", {})
     monkeypatch.setattr(r, "check_cuda", lambda op, **t: None)
     monkeypatch.setattr(r, "get_num_sms", lambda device=None: 132)
     return calls
@@ -38,12 +41,13 @@ def _sig(v):
 
 def _same(rec, fn, *args, **kw):
     """Slow (memo emptied) then fast call: identical launches and outputs; the memo was used."""
-    for m in (g, st, r):
-        m._FAST.clear()
+    memos = [g._FAST, r._FAST] + [spec.memo for spec in st.SPECS]
+    for memo in memos:
+        memo.clear()
     rec.clear()
     a = fn(*args, **kw)
     slow = [(n, k, _sig(x)) for n, k, x in rec]
-    filled = sum(len(m._FAST) for m in (g, st, r))
+    filled = sum(len(memo) for memo in memos)
     rec.clear()
     b = fn(*args, **kw)
     fast = [(n, k, _sig(x)) for n, k, x in rec]
@@ -62,11 +66,12 @@ def _err(fn, *args, **kw):
 
 def _same_error(rec, warm, fn, *args, **kw):
     """The error with the memo empty equals the error with the memo warm (``warm`` fills it)."""
-    for m in (g, st, r):
-        m._FAST.clear()
+    memos = [g._FAST, r._FAST] + [spec.memo for spec in st.SPECS]
+    for memo in memos:
+        memo.clear()
     cold = _err(fn, *args, **kw)
     warm()
-    assert sum(len(m._FAST) for m in (g, st, r)), "warm-up did not fill the memo"
+    assert sum(len(memo) for memo in memos), "warm-up did not fill the memo"
     rec.clear()
     hot = _err(fn, *args, **kw)
     assert cold == hot and cold is not None, (cold, hot)
@@ -204,7 +209,7 @@ def test_stats_routing_rejections_after_warm_up(rec):
 
 
 def test_memo_dropped_when_stubs_change(rec, monkeypatch):
-    st.normalize_weight(torch.rand(4, 8))
-    assert st._fast_table()
-    monkeypatch.setattr(st, "check_cuda", st.check_cuda.__class__(st.check_cuda.__code__, st.__dict__))
-    assert not st._fast_table()
+    r.reduce_fused(torch.randn(50, 64), None, torch.randint(-1, 50, (4, 8), dtype=torch.int32))
+    assert r._fast_table()
+    monkeypatch.setattr(r, "check_cuda", r.check_cuda.__class__(r.check_cuda.__code__, r.__dict__))
+    assert not r._fast_table()

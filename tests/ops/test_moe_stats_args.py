@@ -4,8 +4,13 @@ tensors get as far as the device check (the last one)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
+
+from tilebin.ops import _spec
+from tilebin.ops._spec import TensorParam
 
 from tilebin.ops.moe import _stats as st
 from tilebin.runtime import ArgumentError
@@ -122,7 +127,12 @@ def test_not_a_tensor(fn, rest):
 
 
 def test_too_many_entries(monkeypatch):
-    monkeypatch.setattr(st, "MAX_ENTRIES", 7)
+    """More than MAX_ENTRIES (2**30) entries: refused (here with the limit lowered to 2**2)."""
+    for spec in st.SPECS:
+        params = tuple(replace(p, max_numel=4) if isinstance(p, TensorParam) else p for p in spec.params)
+        monkeypatch.setattr(spec, "params", params)
+        monkeypatch.setattr(spec, "_per_call", tuple((i, params[i]) for i in spec._tensors))
+        monkeypatch.setattr(spec, "memo", {})
     for fn, rest in ALL_TENSOR_FIRST:
         _raises("split the tokens", fn, _idx(4, 2), *rest)
     _raises("split the tokens", st.normalize_weight, torch.ones((4, 2)))
@@ -183,7 +193,9 @@ def _recorded_launches(monkeypatch) -> list:
     """Run every op on CPU tensors with the device check and the launcher stubbed: what each
     would launch (kernel name, variant key, arguments)."""
     calls = []
-    monkeypatch.setattr(st, "check_cuda", lambda op, **tensors: None)
+    monkeypatch.setattr(_spec, "check_cuda", lambda op, **tensors: None)
+    for spec in st.SPECS:  # plans built now, under these stubs, and forgotten after the test
+        monkeypatch.setattr(spec, "memo", {})
     monkeypatch.setattr(st, "get_num_sms", lambda device=None: 132)
     monkeypatch.setattr(st, "launcher", lambda name, **key: lambda *args: calls.append((name, key, args)))
     st.aux_fi(_idx(3, 2), 16, 2)

@@ -12,7 +12,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from ops_stub import StubbedOps
-from tilebin.ops import transpose as T
+from tilebin.ops import _spec, transpose as T
 from tilebin.ops.transpose import _transpose as impl
 from tilebin.runtime import ArgumentError
 
@@ -126,10 +126,13 @@ def test_a_shape_the_kernel_grid_cannot_cover_is_an_argument_error_naming_the_op
         return launch
 
     monkeypatch.setattr(impl, "launcher", refuse)
-    monkeypatch.setattr(impl, "check_cuda", lambda *a, **k: None)
+    monkeypatch.setattr(_spec, "check_cuda", lambda *a, **k: None)
     monkeypatch.setattr(impl, "get_num_sms", lambda device=None: 132)
-    msg = _raises("outside what transpose.batched_transpose serves", T.transpose, _x((1, 64)))
-    assert "split x along its last dim" in msg
+    monkeypatch.setattr(impl.TRANSPOSE, "memo", {})
+    for _ in range(2):  # the refused call stores nothing: the second runs every check again, and fails alike
+        msg = _raises("outside what transpose.batched_transpose serves", T.transpose, _x((1, 64)))
+        assert "split x along its last dim" in msg
+        assert not impl.TRANSPOSE.memo
 
 
 @pytest.mark.parametrize("dtype", BAD_DTYPES, ids=str)

@@ -1,0 +1,124 @@
+"""``ops/_spec.py`` (CPU, launcher stubbed): an op declared by an OpSpec checks, memoizes, replays
+and registers as its declaration says."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from ops_stub import StubbedOps
+from tilebin.ops import _spec
+from tilebin.ops.moe import _stats as st
+from tilebin.ops.transpose import _transpose as tr
+from tilebin.runtime import ArgumentError
+
+SPECS = st.SPECS + tr.SPECS
+
+
+@pytest.fixture
+def ops(monkeypatch):
+    return StubbedOps(monkeypatch)
+
+
+def _idx(tokens=4, topk=2, dtype=torch.int64):
+    return torch.zeros((tokens, topk), dtype=dtype)
+
+
+def test_every_spec_is_the_public_op():
+    for spec in SPECS:
+        module = st if spec in st.SPECS else tr
+        fn = getattr(module, spec.name)
+        assert fn.__name__ == spec.name and fn.__doc__
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=lambda s: s.name)
+def test_schema_comes_from_the_parameters(spec):
+    schema = spec.schema()
+    for p in spec.params:
+        assert f" {p.name}" in schema
+    assert ("Tensor(a!)" in schema) == any(getattr(p, "mutated", False) for p in spec.params)
+    assert spec.torch_op(lambda *a: None).schema == schema
+
+
+def test_written_schemas():
+    assert st.MASK_INDICES_BY_TP.schema() == ("(Tensor indices, int n, int num_ep_ranks, int tp_rank, "
+                                              "int num_tp_ranks) -> Tensor")
+    assert st.INPLACE_UNIQUE_GROUP_INDICES.schema() == "(Tensor(a!) group_indices, int num_groups) -> ()"
+    assert st.NORMALIZE_WEIGHT.schema() == "(Tensor topk_weights) -> (Tensor, Tensor)"
+
+
+def test_a_configuration_is_checked_once_then_replayed(ops, monkeypatch):
+    checked = []
+    real = _spec.OpSpec.checked
+    monkeypatch.setattr(_spec.OpSpec, "checked", lambda self, a, k: checked.append(self.name) or real(self, a, k))
+    for tokens in (3, 4001, 1, 0):  # the token count is not part of the configuration
+        st.aux_fi(_idx(tokens), 64, 2)
+    assert checked == ["aux_fi"] and len(st.AUX_FI.memo) == 1
+    launched = [(name, key) for name, key, _ in ops.launches]
+    assert launched[0] == ("moe.aux_fi", {"single_block": True, "unroll": 8})
+    assert launched[1][1]["single_block"] is False  # 4001 x 2 entries: the grid, decided per call
+    st.aux_fi(_idx(3, 4), 64, 2)  # another top-k: another configuration
+    st.aux_fi(_idx(3), 64, np.int64(2))  # another scalar type: another configuration
+    assert checked == ["aux_fi"] * 3 and len(st.AUX_FI.memo) == 3
+
+
+def test_true_and_one_are_different_configurations(ops):
+    st.group_count(_idx(), 1)
+    with pytest.raises(ArgumentError, match="num_groups must be an int, got bool True"):
+        st.group_count(_idx(), True)
+
+
+@pytest.mark.parametrize("bad", ["non_contiguous", "too_many"])
+def test_a_replayed_configuration_still_runs_the_per_call_checks(ops, monkeypatch, bad):
+    st.normalize_weight(torch.ones((4, 8)))
+    assert len(st.NORMALIZE_WEIGHT.memo) == 1
+    before = len(ops.launches)
+    if bad == "non_contiguous":
+        w = torch.ones((8, 4)).t()
+        match = "must be contiguous"
+    else:
+        param = st.NORMALIZE_WEIGHT.params[0]
+        monkeypatch.setattr(param.__class__, "check_call", _lowered_limit(param.__class__.check_call, 16))
+        w = torch.ones((4, 8))
+        match = "split the tokens"
+    with pytest.raises(ArgumentError, match=match):
+        st.normalize_weight(w)
+    assert len(ops.launches) == before
+
+
+def _lowered_limit(check_call, limit):
+    def check(self, op, t):
+        if t.numel() > limit:
+            raise _spec.fail(op, f"{self.name} has too many entries; split the tokens")
+        return check_call(self, op, t)
+    return check
+
+
+def test_a_failed_call_stores_nothing_and_changes_no_later_call(ops):
+    with pytest.raises(ArgumentError, match="tp_rank=2 is out of range"):
+        st.mask_indices_by_tp(_idx(), 64, 8, 2, 2)
+    assert not st.MASK_INDICES_BY_TP.memo and not ops.launches
+    out = st.mask_indices_by_tp(_idx(), 64, 8, 1, 2)
+    assert out.shape == (4, 2) and len(ops.launches) == 1
+    with pytest.raises(ArgumentError, match="tp_rank=2 is out of range"):  # the memo never serves it
+        st.mask_indices_by_tp(_idx(), 64, 8, 2, 2)
+
+
+def test_the_device_is_checked_last_and_not_skipped_by_the_memo(monkeypatch):
+    """Without the stubbed device check, CPU tensors get every other check, then the device error;
+    a memo filled under a stub in another test never serves them (the stub swaps the memo)."""
+    with pytest.raises(ArgumentError, match="num_groups=0 is out of range"):
+        st.group_count(_idx(), 0)
+    for _ in range(2):
+        with pytest.raises(ArgumentError, match="not a CUDA device"):
+            st.group_count(_idx(), 8)
+    assert not st.GROUP_COUNT.memo
+
+
+def test_a_wrong_argument_type_takes_the_checked_path(ops):
+    st.normalize_weight(torch.ones((4, 8)))
+    with pytest.raises(ArgumentError, match="must be a torch.Tensor, got list"):
+        st.normalize_weight([[1.0]])
+    with pytest.raises(ArgumentError, match="num_experts must be an int, got list"):
+        st.aux_fi(_idx(), [64], 2)
