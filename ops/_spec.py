@@ -57,10 +57,11 @@ class TensorParam:
         if self.contiguous and not t.is_contiguous():
             raise fail(op, f"{self.name} must be contiguous (shape {tuple(t.shape)}, strides {tuple(t.stride())}); "
                            f"call {self.name}.contiguous()")
-        if self.max_numel is not None and t.numel() > self.max_numel:
+        limit = self.max_numel
+        if limit is not None and t.numel() > limit:
             sizes = " x ".join(map(str, t.shape))
-            raise fail(op, f"{self.name} has {sizes} entries, more than 2**{self.max_numel.bit_length() - 1}; "
-                           "split the tokens")
+            most = f"2**{limit.bit_length() - 1}" if limit & (limit - 1) == 0 else str(limit)
+            raise fail(op, f"{self.name} has {sizes} entries, more than {most}; split the tokens")
 
 
 @dataclass(frozen=True)
@@ -127,7 +128,7 @@ class OpSpec:
         if is_compiling() and not TRACING.on:  # torch.compile / export: record tilebin::<name>
             return traced(self.name, *args)
         try:
-            if self._lead:  # what key() computes, inline (a call saved on every replay)
+            if self._lead:  # one leading 2-D / 3-D tensor, then scalars: the key inline (every replay)
                 x = args[0]
                 s = x.shape
                 key = (x.dtype, x.device, len(s), s[-1] if len(s) == 2 else (s[1], s[2]))
@@ -145,24 +146,14 @@ class OpSpec:
         return self.checked(args, key)
 
     def key(self, args: tuple) -> tuple:
-        """The configuration of ``args``: per tensor its dtype, device, rank and sizes but the
-        first; every other argument with its type (TypeError if one is unhashable, AttributeError
-        or IndexError where a tensor is not one of the declared rank: those take the checked
-        path).  Float parameters would need their bits (``0.0 == -0.0``): none is declared yet."""
-        if self._lead:  # one leading 2-D / 3-D tensor
-            x = args[0]
-            s = x.shape
-            key = (x.dtype, x.device, len(s), s[-1] if len(s) == 2 else (s[1], s[2]))
-            return (key, args[1:], tuple(map(type, args))) if self._scalars else key
-        parts = []
-        for i, value in enumerate(args):
-            if i in self._tensors:
-                parts.append((value.dtype, value.device, value.dim(), tuple(value.shape[1:])))
-            else:
-                parts.append((type(value), value))
-        key = tuple(parts)
-        hash(key)
-        return key
+        """The configuration of ``args`` (:meth:`__call__` computes the same inline for a
+        leading 2-D / 3-D tensor): per tensor its dtype, device, rank and sizes but the first;
+        every other argument with its type.  AttributeError or IndexError where a tensor is
+        not one, TypeError (at the memo lookup) where an argument is unhashable: those calls
+        take the checked path.  Float parameters would need their bits (``0.0 == -0.0``): none
+        is declared yet."""
+        return tuple((v.dtype, v.device, v.dim(), tuple(v.shape[1:])) if i in self._tensors else (type(v), v)
+                     for i, v in enumerate(args))
 
     def checked(self, args: tuple, key: Optional[tuple]) -> Any:
         """Every check, then the launch; stores the configuration when every check passed."""

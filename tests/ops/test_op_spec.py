@@ -122,3 +122,20 @@ def test_a_wrong_argument_type_takes_the_checked_path(ops):
         st.normalize_weight([[1.0]])
     with pytest.raises(ArgumentError, match="num_experts must be an int, got list"):
         st.aux_fi(_idx(), [64], 2)
+
+
+def test_the_generic_key_equals_for_equal_configurations():
+    spec = _spec.OpSpec("toy", (_spec.IntParam("n"), _spec.TensorParam("x", (torch.float32,), None)), "Tensor",
+                        lambda values: None)
+    assert not spec._lead
+    a, b = torch.zeros(3, 4), torch.zeros(9, 4)
+    assert spec.key((2, a)) == spec.key((2, b)) != spec.key((True, a))
+    assert spec.key((2, a)) != spec.key((2, torch.zeros(3, 5)))
+    with pytest.raises(AttributeError):
+        spec.key((2, [1.0]))
+
+
+def test_a_limit_that_is_not_a_power_of_two_is_named_as_is():
+    param = _spec.TensorParam("w", (torch.float32,), 2, max_numel=10)
+    with pytest.raises(ArgumentError, match="w has 3 x 4 entries, more than 10; split the tokens"):
+        param.check_call("toy", torch.zeros(3, 4))
