@@ -32,10 +32,10 @@ tile_kernels 1.0.0 in parentheses; compare_peer, 2026-12-02): per_channel_cast 4
 9.5 (8.5), 8064x2048 18.4 -> 15.5 (15.1), 4096x6144 25.4 -> 21.8 (21.3), 8064x6144 44.1 -> 39.7
 (39.4), per_channel_cast_fused 4096x4096 19.1 -> 15.6 (15.4) us; outputs bit-equal.
 
-The scale arithmetic (``sf_from_amax``) and the scaling ``e4m3(v * sf_inv)`` are the fused
-kernel's expressions on the same fp32 values, so ``out`` and ``out_sf`` are bit-identical.  A NaN
-input differs (the integer maximum lets a NaN win; the fused kernel's fmax ignores it): neither
-matches the torch reference, which propagates NaN.
+The scale arithmetic and its stores (``publish_scale``, the fused kernel's macro) and the scaling
+``e4m3(v * sf_inv)`` are the fused kernel's expressions on the same fp32 values, so ``out`` and
+``out_sf`` are bit-identical.  A NaN input differs (the integer maximum lets a NaN win; the fused
+kernel's fmax ignores it): neither matches the torch reference, which propagates NaN.
 """
 
 # No ``from __future__ import annotations``: TileLang evaluates the PrimFunc's tensor
@@ -43,10 +43,9 @@ matches the torch reference, which propagates NaN.
 import tilelang.language as T
 
 from .._declare import KernelDecl
-from ._formats import bf16_hi, bf16_lo, sf_from_amax, to_e4m3
+from ._formats import bf16_hi, bf16_lo, to_e4m3
+from .per_channel_cast_fused import TILE_H, TILE_T, publish_scale
 
-TILE_T = 128  # tokens per tile = tokens per scale
-TILE_H = 128  # channels per tile
 VEC = 8  # channels per thread (one 16-byte bf16 load per row)
 WORDS = VEC // 2  # uint32 words per thread and row
 ROWS = 8  # rows per thread
@@ -136,10 +135,7 @@ def per_channel_cast_bf16(in_dtype: str, expand: bool):
                 for p in T.unroll(1, WARPS):
                     acc = _vmax2(acc, partial[p, tid // 2])
                 m = T.Select(tid % 2 == 0, bf16_lo(acc), bf16_hi(acc))
-                sf[0], sf_inv[0] = sf_from_amax(m, "e4m3", round_sf)
-                inv_shared[tid] = sf_inv[0]
-                if bh * TILE_H + tid < hidden:
-                    out_sf[bt, bh * TILE_H + tid] = sf[0]
+                publish_scale(m, round_sf, sf, sf_inv, inv_shared, out_sf, bt, bh, tid, hidden)
             T.sync_threads()
 
             for j in T.vectorized(VEC):

@@ -75,6 +75,17 @@ def _value(raw, row_sf, i, j, with_sf: bool):
     return T.Cast("float32", raw[i, j])
 
 
+@T.macro
+def publish_scale(m: T.Ref, round_sf, sf, sf_inv, inv_shared, out_sf, bt, bh, tid, hidden):
+    """Channel ``tid`` of the tile, whose amax is ``m``: its sf into ``out_sf``, its sf_inv into
+    ``inv_shared`` (also ``quant.per_channel_cast_bf16``'s).  Callers pass their own names (a macro
+    binds its arguments by name); ``m`` goes by reference, which spares the kernel a copy of it."""
+    sf[0], sf_inv[0] = sf_from_amax(m, "e4m3", round_sf)
+    inv_shared[tid] = sf_inv[0]
+    if bh * TILE_H + tid < hidden:
+        out_sf[bt, bh * TILE_H + tid] = sf[0]
+
+
 def per_channel_cast_fused(in_dtype: str, expand: bool):
     """Build the PrimFunc for one input dtype (torch naming) with or without ``pos_to_token``."""
     if in_dtype not in _IN_DTYPES:
@@ -159,10 +170,7 @@ def per_channel_cast_fused(in_dtype: str, expand: bool):
                 m = partial[0, tid]
                 for w in T.unroll(1, WARPS):
                     m = T.max(m, partial[w, tid])
-                sf[0], sf_inv[0] = sf_from_amax(m, "e4m3", round_sf)
-                inv_shared[tid] = sf_inv[0]
-                if bh * TILE_H + tid < hidden:
-                    out_sf[bt, bh * TILE_H + tid] = sf[0]
+                publish_scale(m, round_sf, sf, sf_inv, inv_shared, out_sf, bt, bh, tid, hidden)
             T.sync_threads()
 
             for j in T.vectorized(VEC):
@@ -190,4 +198,4 @@ KERNELS = (
     ),
 )
 
-__all__ = ["KERNELS", "per_channel_cast_fused"]
+__all__ = ["KERNELS", "TILE_H", "TILE_T", "per_channel_cast_fused", "publish_scale"]
