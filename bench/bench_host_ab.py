@@ -30,7 +30,7 @@ _CORE = 2
 def calls():
     """(label, fn) of decode-size calls of the common ops (inputs built once)."""
     import torch
-    from tilebin.ops import moe, quant
+    from tilebin.ops import moe, quant, transpose
 
     dev = "cuda"
     x = torch.randn(4, 7168, device=dev, dtype=torch.bfloat16)
@@ -52,6 +52,9 @@ def calls():
         ("moe.top2_sum_gate(256 experts, 8 groups)",
          lambda: moe.top2_sum_gate(logits, bias, 8, 4, 8, False, 0, 2.5, 0, 1, 0, 1, "sigmoid")),
         ("moe.normalize_weight(topk_w)", lambda: moe.normalize_weight(topk_w)),
+        ("moe.aux_fi(topk_idx, 256, 8)", lambda: moe.aux_fi(topk_idx, 256, 8)),
+        ("moe.mask_indices_by_tp(topk_idx, 256, 8, 1, 2)", lambda: moe.mask_indices_by_tp(topk_idx, 256, 8, 1, 2)),
+        ("transpose.transpose(x)", lambda: transpose.transpose(x)),
         ("moe.get_fused_mapping(topk_idx, 256, n, 128)",
          lambda: moe.get_fused_mapping(topk_idx, 256, 4 * 8 + 256 * 127, 128)),
         ("moe.expand_to_fused(x, ...)", lambda: moe.expand_to_fused(x, mapping[3], mapping[0])),
