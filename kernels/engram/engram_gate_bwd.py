@@ -71,6 +71,7 @@ version of this kernel executed 1.77x tile_kernels' instructions for the same by
 import tilelang.language as T
 
 from .._declare import KernelDecl
+from ._gate_bwd_common import bf16_hi, bf16_lo, cp_async, f32
 from .engram_gate_fwd import MAX_HIDDEN, PASS_CONFIGS, THREADS, U, V, WARPS
 
 HALF = THREADS // 2  # threads per segment (as in the forward)
@@ -83,27 +84,6 @@ W = V // 2  # 32-bit words (bf16 pairs) per 16-byte vector
 GO, VV, XX, KK = 0, 1, 2, 3  # the staged streams
 NS = 4 + HEADS_IN_FLIGHT  # per-half staged fp32 scalars: dot, gate, rstd_x, rstd_k of the row, then gate[t, q]
 SR = 3  # scalar ring depth: read by every thread after the barrier, so a slot is refilled two tokens later
-
-
-def _f(x):
-    return T.Cast("float32", x)
-
-
-def _lo(w):
-    """The bf16 in the low half of a 32-bit word, as fp32 (exact)."""
-    return T.reinterpret(w << T.uint32(16), "float32")
-
-
-def _hi(w):
-    """The bf16 in the high half of a 32-bit word, as fp32 (exact)."""
-    return T.reinterpret(w & T.uint32(0xFFFF0000), "float32")
-
-
-def _cp(dst, src, n, pred=None):
-    """One cp.async of ``n`` elements (16 bytes of 32-bit words, or one fp32) into shared memory;
-    with ``pred``, the zero-fill form (``pred`` false: nothing is read, the slot gets zeros), so
-    the copies of all slots are straight-line code on one address plus immediates."""
-    return T.ptx_cp_async(T.access_ptr(dst, "w", n), T.access_ptr(src, "r", n), n, pred)
 
 
 def engram_gate_bwd():
@@ -217,7 +197,7 @@ def engram_gate_bwd():
             per = T.truncdiv(num_tokens + num_blocks - 1, num_blocks)
             t0 = T.min(p * per, num_tokens)
             n = T.min(per, num_tokens - t0)
-            fh = _f(hidden)
+            fh = f32(hidden)
             # the thread's valid slots: base + u * HALF < nvec for u < nu
             nu = T.max(T.min(T.truncdiv(nvec - base + HALF - 1, HALF), U), 0) * ok
             # grad_v slots (u % hc == h, as in the current kernel), a bit mask
@@ -247,28 +227,28 @@ def engram_gate_bwd():
                     rks = tn * (ks0 // V) + h * (ks1 // V) + base
                     rvs = tn * (vs0 // V) + base
                     for u in T.unroll(U):
-                        _cp(stg[sn, GO, u, tid * W], T.Tensor(x_w, "uint32", grad_out.data)[
+                        cp_async(stg[sn, GO, u, tid * W], T.Tensor(x_w, "uint32", grad_out.data)[
                             (rs + u * HALF) * W], W, u < nu)
-                        _cp(stg[sn, VV, u, tid * W], T.Tensor(v_w, "uint32", v.data)[
+                        cp_async(stg[sn, VV, u, tid * W], T.Tensor(v_w, "uint32", v.data)[
                             (rvs + u * HALF) * W], W, u < nu)
-                        _cp(stg[sn, XX, u, tid * W], T.Tensor(x_w, "uint32", hidden_states.data)[
+                        cp_async(stg[sn, XX, u, tid * W], T.Tensor(x_w, "uint32", hidden_states.data)[
                             (rs + u * HALF) * W], W, u < nu)
-                        _cp(stg[sn, KK, u, tid * W], T.Tensor(k_w, "uint32", k.data)[
+                        cp_async(stg[sn, KK, u, tid * W], T.Tensor(k_w, "uint32", k.data)[
                             (rks + u * HALF) * W], W, u < nu)
                     # this thread's first grad_v slot (u == h): the first heads' grad_out vectors
                     rq = rs + h * (HALF - nvec)  # [tn, 0, base + h * HALF] in vectors
                     for q in T.unroll(HEADS_IN_FLIGHT):
-                        _cp(gvs[sn, q, tid * W], T.Tensor(x_w, "uint32", grad_out.data)[(rq + q * nvec) * W], W,
+                        cp_async(gvs[sn, q, tid * W], T.Tensor(x_w, "uint32", grad_out.data)[(rq + q * nvec) * W], W,
                             h < U and h < nu and q < hc)
                     # the row's statistics and the first heads' gates: one thread per half copies them
                     if tr == 0:
                         si = tn * hc + h
-                        _cp(scl[ss, tid // HALF, 0], T.Tensor((num_tokens * hc,), "float32", dot.data)[si], 1)
-                        _cp(scl[ss, tid // HALF, 1], T.Tensor((num_tokens * hc,), "float32", gate_score.data)[si], 1)
-                        _cp(scl[ss, tid // HALF, 2], T.Tensor((num_tokens * hc,), "float32", rstd_x.data)[si], 1)
-                        _cp(scl[ss, tid // HALF, 3], T.Tensor((num_tokens * hc,), "float32", rstd_k.data)[si], 1)
+                        cp_async(scl[ss, tid // HALF, 0], T.Tensor((num_tokens * hc,), "float32", dot.data)[si], 1)
+                        cp_async(scl[ss, tid // HALF, 1], T.Tensor((num_tokens * hc,), "float32", gate_score.data)[si], 1)
+                        cp_async(scl[ss, tid // HALF, 2], T.Tensor((num_tokens * hc,), "float32", rstd_x.data)[si], 1)
+                        cp_async(scl[ss, tid // HALF, 3], T.Tensor((num_tokens * hc,), "float32", rstd_k.data)[si], 1)
                         for q in T.unroll(HEADS_IN_FLIGHT):
-                            _cp(scl[ss, tid // HALF, 4 + q], T.Tensor((num_tokens * hc,), "float32", gate_score.data)[
+                            cp_async(scl[ss, tid // HALF, 4 + q], T.Tensor((num_tokens * hc,), "float32", gate_score.data)[
                                 si - h + q], 1, q < hc)
                 T.ptx_commit_group()  # one group per iteration, possibly empty
                 if it > 0:
@@ -297,10 +277,10 @@ def engram_gate_bwd():
                             for i in T.vectorized(W):
                                 vq[i] = stg[sc, VV, u, tid * W + i]
                             for i in T.unroll(W):  # elements 2i, 2i + 1 in order, as the current kernel
-                                gof[u * V + 2 * i] = _lo(gq[i])
-                                gof[u * V + 2 * i + 1] = _hi(gq[i])
-                                acc += gof[u * V + 2 * i] * _lo(vq[i])
-                                acc += gof[u * V + 2 * i + 1] * _hi(vq[i])
+                                gof[u * V + 2 * i] = bf16_lo(gq[i])
+                                gof[u * V + 2 * i + 1] = bf16_hi(gq[i])
+                                acc += gof[u * V + 2 * i] * bf16_lo(vq[i])
+                                acc += gof[u * V + 2 * i + 1] * bf16_hi(vq[i])
                     for r in T.unroll(5):
                         acc += T.shfl_xor(acc, 16 >> r)
                     if tid % 32 == 0:
@@ -327,10 +307,10 @@ def engram_gate_bwd():
                                 for i in T.vectorized(W):
                                     kq[i] = stg[sc, KK, u, tid * W + i]
                                 for i in T.unroll(W):
-                                    xlo = _lo(xq[i])
-                                    xhi = _hi(xq[i])
-                                    klo = _lo(kq[i])
-                                    khi = _hi(kq[i])
+                                    xlo = bf16_lo(xq[i])
+                                    xhi = bf16_hi(xq[i])
+                                    klo = bf16_lo(kq[i])
+                                    khi = bf16_hi(kq[i])
                                     fx[2 * i] = gof[u * V + 2 * i] + big * (klo * ws[u * V + 2 * i] - xlo * cx)
                                     fk[2 * i] = big * (xlo * ws[u * V + 2 * i] - klo * ck)
                                     gw[u * V + 2 * i] += big * xlo * klo
@@ -357,16 +337,16 @@ def engram_gate_bwd():
                                         vq[i] = gvs[sc, q, tid * W + i]
                                     for i in T.unroll(W):
                                         gva[2 * i] = T.ieee_add(gva[2 * i], T.ieee_mul(
-                                            _lo(vq[i]), scl[sr, tid // HALF, 4 + q]))
+                                            bf16_lo(vq[i]), scl[sr, tid // HALF, 4 + q]))
                                         gva[2 * i + 1] = T.ieee_add(gva[2 * i + 1], T.ieee_mul(
-                                            _hi(vq[i]), scl[sr, tid // HALF, 4 + q]))
+                                            bf16_hi(vq[i]), scl[sr, tid // HALF, 4 + q]))
                             for q in T.serial(hc - HEADS_IN_FLIGHT):
                                 for i in T.vectorized(V):
                                     gol[i] = T.Tensor(x_flat, "bfloat16", grad_out.data)[
                                         ((t * hc + q + HEADS_IN_FLIGHT) * nvec + base + h * HALF) * V + i]
                                 for i in T.unroll(V):
                                     gva[i] = T.ieee_add(gva[i], T.ieee_mul(
-                                        _f(gol[i]), gate_score[t, q + HEADS_IN_FLIGHT]))
+                                        f32(gol[i]), gate_score[t, q + HEADS_IN_FLIGHT]))
                             for i in T.vectorized(V):
                                 gvo[i] = T.Cast("bfloat16", gva[i])
                             T.stg128(T.Tensor(gv_flat, "bfloat16", grad_v.data)[(t * nvec + base + h * HALF) * V],
@@ -382,7 +362,7 @@ def engram_gate_bwd():
                                             gol[i] = T.Tensor(x_vec, "bfloat16", grad_out.data)[
                                                 t, q, (base + u * HALF) * V + i]
                                         for i in T.unroll(V):
-                                            gva[i] = T.ieee_add(gva[i], T.ieee_mul(_f(gol[i]), gate_score[t, q]))
+                                            gva[i] = T.ieee_add(gva[i], T.ieee_mul(f32(gol[i]), gate_score[t, q]))
                                     for i in T.vectorized(V):
                                         gvo[i] = T.Cast("bfloat16", gva[i])
                                     T.stg128(T.Tensor(gv_flat, "bfloat16", grad_v.data)[

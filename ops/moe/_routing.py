@@ -27,9 +27,10 @@ import torch
 from torch.compiler import is_compiling
 
 from .._common import (TRACING, aligned_input, check_cuda, check_flag, check_int, check_tensor, fail, kernel_meta,
-                       launcher, memo_table, ptr, typed_key)
+                       launcher, memo_table, typed_key)
 from .._torch import traced
 from ..config import get_num_sms
+from ._routing_checks import check_contiguous, check_mapping, check_reduce_out, check_rows
 
 QuantTensor = tuple[torch.Tensor, torch.Tensor]
 
@@ -52,34 +53,6 @@ _OUT_KEYS = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float8_
 
 def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
-
-
-def _contiguous(op: str, name: str, t: torch.Tensor) -> None:
-    if not t.is_contiguous():
-        raise fail(op, f"{name} must be contiguous (shape {tuple(t.shape)}, strides {tuple(t.stride())}); "
-                       f"call {name}.contiguous()")
-
-
-def _rows(op: str, name: str, t: torch.Tensor) -> None:
-    """Contiguous, rows of a multiple of 16 bytes, 16-byte aligned pointer (vector copies)."""
-    _contiguous(op, name, t)
-    if (t.size(1) * t.element_size()) % 16:
-        per = 16 // t.element_size()
-        raise fail(op, f"{name} has hidden size {t.size(1)} ({str(t.dtype).removeprefix('torch.')}); this op "
-                       f"needs hidden % {per} == 0 (rows of a multiple of 16 bytes): pad the hidden dimension")
-    if ptr(t) % 16:
-        raise fail(op, f"{name}'s data pointer {t.data_ptr():#x} is not 16-byte aligned; pass {name}.clone()")
-
-
-def _mapping(op: str, token_topk_to_pos: Any, num_tokens: int, pos_to_expert: Any) -> None:
-    """The slot maps of the expand ops: both are required tensors (``None`` is an ArgumentError)."""
-    check_tensor(op, "token_topk_to_pos", token_topk_to_pos, _INT32, 2)
-    _contiguous(op, "token_topk_to_pos", token_topk_to_pos)
-    if token_topk_to_pos.size(0) != num_tokens:
-        raise fail(op, f"token_topk_to_pos has {token_topk_to_pos.size(0)} rows but x has {num_tokens} tokens; "
-                       "pass the token_topk_to_pos get_fused_mapping returned for these tokens")
-    check_tensor(op, "pos_to_expert", pos_to_expert, _INT32, 1)
-    _contiguous(op, "pos_to_expert", pos_to_expert)
 
 
 _FAST: dict[tuple, Any] = {}  # validated configurations (see _fast_table)
@@ -140,7 +113,7 @@ def get_fused_mapping(
                                   alignment, should_sync, dev)
     op = "get_fused_mapping"
     check_tensor(op, "topk_idx", topk_idx, (torch.int64,), 2)
-    _contiguous(op, "topk_idx", topk_idx)
+    check_contiguous(op, "topk_idx", topk_idx)
     num_experts = check_int(op, "num_experts", num_experts, 1, kernel_meta(_MAPPING, "max_experts"))
     num_expanded_tokens = check_int(op, "num_expanded_tokens", num_expanded_tokens, 0)
     alignment = check_int(op, "alignment", alignment, 1)
@@ -224,8 +197,8 @@ def expand_to_fused(x: torch.Tensor, token_topk_to_pos: torch.Tensor, pos_to_exp
         return out
     op = "expand_to_fused"
     check_tensor(op, "x", x, tuple(_EXPAND_DTYPES), 2)
-    _rows(op, "x", x)
-    _mapping(op, token_topk_to_pos, x.size(0), pos_to_expert)
+    check_rows(op, "x", x)
+    check_mapping(op, token_topk_to_pos, x.size(0), pos_to_expert)
     check_cuda(op, x=x, token_topk_to_pos=token_topk_to_pos, pos_to_expert=pos_to_expert)
     token_topk_to_pos, pos_to_expert = aligned_input(token_topk_to_pos), aligned_input(pos_to_expert)
     out = torch.empty((pos_to_expert.size(0), x.size(1)), dtype=x.dtype, device=x.device)
@@ -256,9 +229,9 @@ def expand_to_fused_with_sf(
         raise fail(op, f"x must be a (data, sf) tuple, got {type(x).__name__}; use expand_to_fused for a plain tensor")
     data, x_sf = x
     check_tensor(op, "x[0] (data)", data, tuple(_EXPAND_SF_DTYPES), 2)
-    _rows(op, "x[0] (data)", data)
+    check_rows(op, "x[0] (data)", data)
     check_tensor(op, "x[1] (sf)", x_sf, tuple(_SF_DTYPES), 2)
-    _contiguous(op, "x[1] (sf)", x_sf)
+    check_contiguous(op, "x[1] (sf)", x_sf)
     if type(num_per_channels) is not int or num_per_channels not in (32, 128):
         raise fail(op, f"num_per_channels={num_per_channels!r} is not supported; supported: 32, 128")
     col = check_flag(op, "use_tma_aligned_col_major_sf", use_tma_aligned_col_major_sf)
@@ -272,7 +245,7 @@ def expand_to_fused_with_sf(
         raise fail(op, f"x[1] (sf) has shape {tuple(x_sf.shape)}; for data {tuple(data.shape)} with "
                        f"num_per_channels={num_per_channels} ({str(x_sf.dtype).removeprefix('torch.')}) it must be "
                        f"{(num_tokens, sf_cols)}; pass a row-major (.contiguous()) sf")
-    _mapping(op, token_topk_to_pos, num_tokens, pos_to_expert)
+    check_mapping(op, token_topk_to_pos, num_tokens, pos_to_expert)
     check_cuda(op, data=data, sf=x_sf, token_topk_to_pos=token_topk_to_pos, pos_to_expert=pos_to_expert)
     x_sf, token_topk_to_pos, pos_to_expert = (aligned_input(x_sf), aligned_input(token_topk_to_pos),
                                               aligned_input(pos_to_expert))
@@ -288,13 +261,6 @@ def expand_to_fused_with_sf(
 
 
 # ---------------------------------------------------------------- reduce_fused
-def _reduce_out(op: str, out: Any, shape: tuple, dtype: torch.dtype) -> None:
-    check_tensor(op, "out", out, (dtype,), 2)
-    if tuple(out.shape) != shape:
-        raise fail(op, f"out has shape {tuple(out.shape)}; it must be {shape} (num_tokens, hidden)")
-    _rows(op, "out", out)
-
-
 def reduce_fused(
     x: Union[torch.Tensor, QuantTensor],
     topk_weights: Optional[torch.Tensor],
@@ -343,19 +309,19 @@ def reduce_fused(
             raise fail(op, "x is an (x, x_sf) pair with x_sf None; pass the plain tensor x for unscaled rows, or "
                            "fp32 x_sf [slots]")
     check_tensor(op, "x", x, tuple(_REDUCE_DTYPES), 2)
-    _rows(op, "x", x)
+    check_rows(op, "x", x)
     slots, hidden = x.shape
     if x_sf is not None:
         check_tensor(op, "x_sf", x_sf, (torch.float32,), 1)
-        _contiguous(op, "x_sf", x_sf)
+        check_contiguous(op, "x_sf", x_sf)
         if x_sf.size(0) != slots:
             raise fail(op, f"x_sf has {x_sf.size(0)} scales but x has {slots} rows; pass one fp32 scale per row")
     check_tensor(op, "token_topk_to_pos", token_topk_to_pos, _INT32, 2)
-    _contiguous(op, "token_topk_to_pos", token_topk_to_pos)
+    check_contiguous(op, "token_topk_to_pos", token_topk_to_pos)
     num_tokens = token_topk_to_pos.size(0)
     if topk_weights is not None:
         check_tensor(op, "topk_weights", topk_weights, (torch.float32,), 2)
-        _contiguous(op, "topk_weights", topk_weights)
+        check_contiguous(op, "topk_weights", topk_weights)
         if topk_weights.shape != token_topk_to_pos.shape:
             raise fail(op, f"topk_weights has shape {tuple(topk_weights.shape)} but token_topk_to_pos has "
                            f"{tuple(token_topk_to_pos.shape)}; they must match")
@@ -372,7 +338,7 @@ def reduce_fused(
         if sf.size(0) != 1:
             raise fail(op, f"sf has shape {tuple(sf.shape)}; it must be a [1] fp32 tensor")
     if out is not None:
-        _reduce_out(op, out, (num_tokens, hidden), out_dtype)
+        check_reduce_out(op, out, (num_tokens, hidden), out_dtype)
     check_cuda(op, x=x, x_sf=x_sf, topk_weights=topk_weights, token_topk_to_pos=token_topk_to_pos, sf=sf, out=out)
     # read-only inputs in a view that starts inside a tensor (a later chunk of tokens): copied
     x_sf, topk_weights, token_topk_to_pos, sf = (aligned_input(x_sf), aligned_input(topk_weights),

@@ -22,17 +22,16 @@ device sync): the values of the index tensors (``pos_to_token_topk`` must index
 from __future__ import annotations
 
 import math
-import os
 from typing import Any, Optional
 
 import torch
 from torch.compiler import is_compiling
 
-from .._common import (TRACING, aligned_input, check_aligned, check_cuda, check_flag, check_float32, check_tensor, fail,
-                       launcher, typed_key)
+from .._common import TRACING, aligned_input, check_cuda, check_flag, check_tensor, fail, launcher, typed_key
 from ..config import get_num_sms
 from .._torch import traced
 from ._sf import SfLayout, check_fmt, output_layout
+from ._swiglu_checks import check_bwd_x, check_contiguous, check_float, check_vector
 
 QuantTensor = tuple[torch.Tensor, torch.Tensor]
 
@@ -60,29 +59,6 @@ def _dummy(device: torch.device, dtype: torch.dtype, shape: tuple[int, ...]) -> 
     if t is None:
         t = _DUMMIES[key] = torch.zeros(shape, dtype=dtype, device=device)
     return t
-
-
-def _check_float(op: str, name: str, value: Any, default: float) -> float:
-    """``value`` as a float (``default`` when None); real numbers only, NaN refused."""
-    if value is None:
-        return default
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
-        raise fail(op, f"{name} must be a float or None, got {type(value).__name__} {value!r}")
-    return check_float32(op, name, value)  # beyond float32's range: +-inf, as the kernel's float32 holds it
-
-
-def _check_contiguous(op: str, name: str, t: torch.Tensor, align: int = 16) -> None:
-    if not t.is_contiguous():
-        raise fail(op, f"{name} must be contiguous (got strides {tuple(t.stride())} for shape {tuple(t.shape)}); "
-                       f"pass {name}.contiguous()")
-    check_aligned(op, name, t, align)
-
-
-def _check_vector(op: str, name: str, t: Any, length: int, dtype: torch.dtype = torch.int32) -> None:
-    check_tensor(op, name, t, (dtype,), 1)
-    if t.size(0) != length:
-        raise fail(op, f"{name} has {t.size(0)} entries; it needs one per row of x ({length})")
-    _check_contiguous(op, name, t, 4)
 
 
 # ----------------------------------------------------------------------------- per-token forward
@@ -230,7 +206,7 @@ def _forward_checked(x: Any, fmt: Any, num_per_channels: Any, pos_to_token_topk:
     ``memo_key`` (when given) once every check passed."""
     op = "swiglu_forward_and_per_token_cast"
     check_tensor(op, "x", x, tuple(_IN_KEY), 2)
-    _check_contiguous(op, "x", x)
+    check_contiguous(op, "x", x)
     rows, width = x.shape
     if width == 0 or width % (2 * _FWD_HIDDEN_ALIGN):
         raise fail(op, f"x has {width} columns; it needs 2 * hidden with hidden % {_FWD_HIDDEN_ALIGN} == 0 and "
@@ -240,22 +216,22 @@ def _forward_checked(x: Any, fmt: Any, num_per_channels: Any, pos_to_token_topk:
     kind, layout, round_sf = _fwd_layout(op, hidden, num_per_channels, use_tma_aligned_col_major_sf, round_sf,
                                use_packed_ue8m0)
     if pos_to_token_topk is not None:
-        _check_vector(op, "pos_to_token_topk", pos_to_token_topk, rows)
+        check_vector(op, "pos_to_token_topk", pos_to_token_topk, rows)
         if topk_weights is None:
             raise fail(op, "pos_to_token_topk needs topk_weights (float32 [num_tokens, num_topk])")
         check_tensor(op, "topk_weights", topk_weights, (torch.float32,), 2)
-        _check_contiguous(op, "topk_weights", topk_weights, 4)
+        check_contiguous(op, "topk_weights", topk_weights, 4)
     if pos_to_expert is not None:
-        _check_vector(op, "pos_to_expert", pos_to_expert, rows)
-    clamp = _check_float(op, "swiglu_clamp_value", swiglu_clamp_value, math.inf)
+        check_vector(op, "pos_to_expert", pos_to_expert, rows)
+    clamp = check_float(op, "swiglu_clamp_value", swiglu_clamp_value, math.inf)
     if clamped_count is not None:
         if swiglu_clamp_value is None:
             raise fail(op, "clamped_count needs swiglu_clamp_value (there is nothing to count without a clamp)")
         check_tensor(op, "clamped_count", clamped_count, (torch.int64,), 1)
         if clamped_count.size(0) != 3:
             raise fail(op, f"clamped_count has {clamped_count.size(0)} entries; it needs 3 (gate > c, up > c, up < -c)")
-        _check_contiguous(op, "clamped_count", clamped_count, 16)  # written in place: never copied
-    sf_min = _check_float(op, "sf_clamp_min", sf_clamp_min, 1e-4)
+        check_contiguous(op, "clamped_count", clamped_count, 16)  # written in place: never copied
+    sf_min = check_float(op, "sf_clamp_min", sf_clamp_min, 1e-4)
     weights = topk_weights if pos_to_token_topk is not None else None
     check_cuda(op, x=x, pos_to_token_topk=pos_to_token_topk, topk_weights=weights, pos_to_expert=pos_to_expert,
                clamped_count=clamped_count)
@@ -270,31 +246,6 @@ def _forward_checked(x: Any, fmt: Any, num_per_channels: Any, pos_to_token_topk:
 
 
 # -------------------------------------------------------------------------------------- backward
-def _check_bwd_x(op: str, x: Any, num_per_channels: int) -> tuple[torch.Tensor, torch.Tensor, int]:
-    """The forward input ``(data, sf)``: e4m3 ``[..., 2h]`` (2-D or 3-D), fp32 ``[rows, 2h / npc]``."""
-    if not (isinstance(x, tuple) and len(x) == 2):
-        raise fail(op, f"x must be a (data, sf) pair (the quantized forward input), got {type(x).__name__}")
-    data, sf = x
-    check_tensor(op, "x[0] (data)", data, (_E4M3,))
-    if data.dim() not in (2, 3):
-        raise fail(op, f"x[0] (data) must be 2-D or 3-D, got shape {tuple(data.shape)}")
-    _check_contiguous(op, "x[0] (data)", data)
-    if data.size(-1) == 0 or data.size(-1) % (2 * num_per_channels):
-        raise fail(op, f"x[0] (data) has {data.size(-1)} channels; it needs 2 * hidden with hidden a multiple of "
-                       f"num_per_channels={num_per_channels}")
-    hidden = data.size(-1) // 2
-    rows = data.numel() // max(data.size(-1), 1)
-    check_tensor(op, "x[1] (sf)", sf, (torch.float32,), 2)
-    want = (rows, 2 * hidden // num_per_channels)
-    if tuple(sf.shape) != want:
-        raise fail(op, f"x[1] (sf) has shape {tuple(sf.shape)}; it must be {want} (one scale per row and "
-                       f"{num_per_channels} channels)")
-    if not sf.is_contiguous():
-        raise fail(op, f"x[1] (sf) must be row-major contiguous (got strides {tuple(sf.stride())}); column-major "
-                       "and packed UE8M0 scales are not supported here: pass sf.contiguous()")
-    return data.view(rows, 2 * hidden), aligned_input(sf), hidden
-
-
 def swiglu_backward_and_per_token_cast(
     x: QuantTensor,
     grad_out: torch.Tensor,
@@ -320,23 +271,24 @@ def swiglu_backward_and_per_token_cast(
     op = "swiglu_backward_and_per_token_cast"
     if isinstance(num_per_channels, bool) or not isinstance(num_per_channels, int) or num_per_channels not in (32, 128):
         raise fail(op, f"num_per_channels={num_per_channels!r} is not supported; supported: 32, 128")
-    data, sf, hidden = _check_bwd_x(op, x, num_per_channels)
+    data, sf, hidden = check_bwd_x(op, x, num_per_channels)
+    sf = aligned_input(sf)  # read 16-byte aligned (the manifest): a misaligned view is copied
     rows = data.size(0)
     check_tensor(op, "grad_out", grad_out, (torch.bfloat16,))
     if grad_out.numel() != rows * hidden:
         raise fail(op, f"grad_out has shape {tuple(grad_out.shape)}; it must hold [{rows}, {hidden}] values "
                        "(one row of hidden values per row of x)")
-    _check_contiguous(op, "grad_out", grad_out)
+    check_contiguous(op, "grad_out", grad_out)
     check_tensor(op, "token_topk_to_pos", token_topk_to_pos, (torch.int32,), 2)
-    _check_contiguous(op, "token_topk_to_pos", token_topk_to_pos, 4)
+    check_contiguous(op, "token_topk_to_pos", token_topk_to_pos, 4)
     check_tensor(op, "weight", weight, (torch.float32,), 2)
     if weight.shape != token_topk_to_pos.shape:
         raise fail(op, f"weight has shape {tuple(weight.shape)}; it must match token_topk_to_pos "
                        f"{tuple(token_topk_to_pos.shape)} ([num_tokens, num_topk])")
-    _check_contiguous(op, "weight", weight, 4)
-    _check_vector(op, "pos_to_token_topk", pos_to_token_topk, rows)
+    check_contiguous(op, "weight", weight, 4)
+    check_vector(op, "pos_to_token_topk", pos_to_token_topk, rows)
     round_sf = check_flag(op, "round_sf", round_sf)
-    clamp = _check_float(op, "swiglu_clamp_value", swiglu_clamp_value, math.inf)
+    clamp = check_float(op, "swiglu_clamp_value", swiglu_clamp_value, math.inf)
     check_cuda(op, x=data, sf=sf, grad_out=grad_out, weight=weight, pos_to_token_topk=pos_to_token_topk,
                token_topk_to_pos=token_topk_to_pos)
 
@@ -379,7 +331,7 @@ def swiglu_forward_and_per_channel_cast_and_transpose(
     op = "swiglu_forward_and_per_channel_cast_and_transpose"
     check_fmt(op, fmt, ("e4m3",))
     check_tensor(op, "x", x, (torch.bfloat16,), 2)
-    _check_contiguous(op, "x", x)
+    check_contiguous(op, "x", x)
     tokens, width = x.shape
     if tokens % 128 or width % 128:
         raise fail(op, f"x has shape {tuple(x.shape)}; both the token count and the width (2 * hidden) must be "
@@ -388,7 +340,7 @@ def swiglu_forward_and_per_channel_cast_and_transpose(
         raise fail(op, f"num_per_tokens={num_per_tokens!r} is not supported; supported: 32, 128")
     round_sf = check_flag(op, "round_sf", round_sf)
     transpose = not check_flag(op, "without_transpose", without_transpose)
-    clamp = _check_float(op, "swiglu_clamp_value", swiglu_clamp_value, math.inf)
+    clamp = check_float(op, "swiglu_clamp_value", swiglu_clamp_value, math.inf)
     check_cuda(op, x=x)
 
     hidden = width // 2

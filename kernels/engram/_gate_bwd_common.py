@@ -1,0 +1,31 @@
+"""TileLang helpers of ``engram.engram_gate_bwd`` (``engram_gate_bwd.py``): the fp32 cast, the
+exact bf16 -> fp32 widening of either half of a 32-bit word, and the (zero-fill) cp.async into
+shared memory.  Declares no kernels."""
+
+# No ``from __future__ import annotations``: TileLang evaluates the kernels' annotations.
+import tilelang.language as T
+
+
+def f32(x):
+    """``x`` cast to fp32."""
+    return T.Cast("float32", x)
+
+
+def bf16_lo(w):
+    """The bf16 in the low half of a 32-bit word, as fp32 (exact)."""
+    return T.reinterpret(w << T.uint32(16), "float32")
+
+
+def bf16_hi(w):
+    """The bf16 in the high half of a 32-bit word, as fp32 (exact)."""
+    return T.reinterpret(w & T.uint32(0xFFFF0000), "float32")
+
+
+def cp_async(dst, src, n, pred=None):
+    """One cp.async of ``n`` elements (16 bytes of 32-bit words, or one fp32) into shared memory;
+    with ``pred``, the zero-fill form (``pred`` false: nothing is read, the slot gets zeros), so
+    the copies of all slots are straight-line code on one address plus immediates."""
+    return T.ptx_cp_async(T.access_ptr(dst, "w", n), T.access_ptr(src, "r", n), n, pred)
+
+
+__all__ = ["bf16_hi", "bf16_lo", "cp_async", "f32"]
