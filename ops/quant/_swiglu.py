@@ -272,7 +272,6 @@ def swiglu_backward_and_per_token_cast(
     if isinstance(num_per_channels, bool) or not isinstance(num_per_channels, int) or num_per_channels not in (32, 128):
         raise fail(op, f"num_per_channels={num_per_channels!r} is not supported; supported: 32, 128")
     data, sf, hidden = check_bwd_x(op, x, num_per_channels)
-    sf = aligned_input(sf)  # read 16-byte aligned (the manifest): a misaligned view is copied
     rows = data.size(0)
     check_tensor(op, "grad_out", grad_out, (torch.bfloat16,))
     if grad_out.numel() != rows * hidden:
@@ -292,10 +291,11 @@ def swiglu_backward_and_per_token_cast(
     check_cuda(op, x=data, sf=sf, grad_out=grad_out, weight=weight, pos_to_token_topk=pos_to_token_topk,
                token_topk_to_pos=token_topk_to_pos)
 
-    # the index maps and weights are read as the manifest declares them (16-byte aligned): a view
-    # that starts inside a tensor (a later chunk of tokens) is copied, never refused
-    weight, pos_to_token_topk, token_topk_to_pos = (aligned_input(weight), aligned_input(pos_to_token_topk),
-                                                    aligned_input(token_topk_to_pos))
+    # sf, the index maps and weights are read as the manifest declares them (16-byte aligned): a view
+    # that starts inside a tensor (a later chunk of tokens) is copied, never refused; after every
+    # check, so a refused call does no GPU work
+    sf, weight = aligned_input(sf), aligned_input(weight)
+    pos_to_token_topk, token_topk_to_pos = aligned_input(pos_to_token_topk), aligned_input(token_topk_to_pos)
     dev = data.device
     out = torch.empty((rows, hidden), dtype=torch.bfloat16, device=dev)
     x_grad_fp8 = torch.empty((rows, 2 * hidden), dtype=_E4M3, device=dev)
