@@ -4,11 +4,13 @@ it launches; everything else about the op comes from it.
 * **Checks**: each parameter's type, dtype, rank, range, contiguity and size limit, in the
   wording of :mod:`._common`'s checks, then the op's ``relations`` (checks between parameters),
   then the device of every tensor (last, so CPU tensors reach every other check).
-* **Memo key**: a call's configuration is every tensor's dtype, rank, device and sizes but the
-  first (the token count), and every other argument with its type (``True``, ``1`` and ``1.0``
-  differ).  The first call of a configuration runs every check and builds the op's launch
-  (``plan``); a later call of the same configuration runs only the per-call checks (the first
-  size's limit, contiguity) and that launch.  A call that fails a check stores nothing.
+* **Memo key**: a call's configuration is each argument's part as its parameter states it: a
+  tensor's dtype, rank, device and sizes (but the first where that is the token count,
+  ``rows_vary``), every other argument with its type (``True``, ``1`` and ``1.0`` differ; floats
+  by their bits).  The first call of a configuration runs every check and builds the op's
+  launch (``plan``); a later call of the same configuration runs only the per-call checks
+  (contiguity, size limits, and the op's ``per_call`` check: token counts that must agree,
+  strides, pointers) and that launch.  A call that fails a check stores nothing.
 * **Output allocation** and **launch**: the op's ``plan(values)`` returns the function that
   allocates the outputs and launches for a call's arguments; it is built once per configuration.
 * **torch.library**: :meth:`OpSpec.torch_op` is the ``TorchOp`` of ``tilebin::<name>``, its schema
@@ -27,7 +29,7 @@ from typing import Any, Callable, Optional
 import torch
 from torch.compiler import is_compiling
 
-from ._common import TRACING, check_cuda, check_flag, check_int, check_tensor, fail
+from ._common import _NESTED, TRACING, check_cuda, check_flag, check_int, check_tensor, fail, typed_key
 from ._torch import TorchOp, traced
 
 _MEMO_MAX = 256  # configurations kept per op (a process sees a handful; the cap bounds a shape sweep)
@@ -36,7 +38,14 @@ _MEMO_MAX = 256  # configurations kept per op (a process sees a handful; the cap
 @dataclass(frozen=True)
 class TensorParam:
     """A tensor parameter: one of ``dtypes``, ``ndim`` dims (None: any), contiguous if asked, at
-    most ``max_numel`` elements (checked per call), written by the op if ``mutated``."""
+    most ``max_numel`` elements (checked per call), written by the op if ``mutated``; None
+    accepted if ``optional``.
+
+    ``rows_vary``: its first size may differ between calls of one configuration (the token
+    count): only the other sizes are part of the memo key, and a relation that involves the
+    first size (two tensors' token counts agree) belongs in the spec's ``per_call`` check.
+    False: the whole shape is part of the configuration (a bias ``[num_experts]``, a weight).
+    """
 
     name: str
     dtypes: tuple
@@ -44,16 +53,25 @@ class TensorParam:
     contiguous: bool = False
     max_numel: Optional[int] = None
     mutated: bool = False
+    optional: bool = False
+    rows_vary: bool = True
+    default: Optional[str] = None  # the schema's default, e.g. "None"
 
-    schema_type = "Tensor"
+    @property
+    def schema_type(self) -> str:
+        return ("Tensor(a!)" if self.mutated else "Tensor") + ("?" if self.optional else "")
 
     def check(self, op: str, value: Any) -> Any:
+        if value is None and self.optional:
+            return None
         check_tensor(op, self.name, value, self.dtypes, self.ndim)
         self.check_call(op, value)
         return value
 
-    def check_call(self, op: str, t: torch.Tensor) -> None:
+    def check_call(self, op: str, t: Optional[torch.Tensor]) -> None:
         """The checks a replayed configuration still runs (they depend on the first size or strides)."""
+        if t is None:
+            return
         if self.contiguous and not t.is_contiguous():
             raise fail(op, f"{self.name} must be contiguous (shape {tuple(t.shape)}, strides {tuple(t.stride())}); "
                            f"call {self.name}.contiguous()")
@@ -63,20 +81,36 @@ class TensorParam:
             most = f"2**{limit.bit_length() - 1}" if limit & (limit - 1) == 0 else str(limit)
             raise fail(op, f"{self.name} has {sizes} entries, more than {most}; split the tokens")
 
+    def key(self, t: Any) -> Any:
+        """This argument's part of the memo key (AttributeError for a non-tensor: the checked path)."""
+        if t is None:
+            return None  # only an optional parameter's None ever reaches a stored key
+        s = t.shape
+        return (t.dtype, t.device, len(s), s[1:]) if self.rows_vary else (t.dtype, t.device, s)
+
 
 @dataclass(frozen=True)
 class IntParam:
     """An int parameter in ``[lo, hi]`` (integer-likes converted; bools, floats and tensors refused);
-    ``hi`` defaults to the kernels' int32 limit."""
+    ``hi`` defaults to the kernels' int32 limit; None accepted if ``optional``."""
 
     name: str
     lo: int = -2**31
     hi: int = 2**31 - 1
+    optional: bool = False
+    default: Optional[str] = None
 
-    schema_type = "int"
+    @property
+    def schema_type(self) -> str:
+        return "int?" if self.optional else "int"
 
-    def check(self, op: str, value: Any) -> int:
+    def check(self, op: str, value: Any) -> Optional[int]:
+        if value is None and self.optional:
+            return None
         return check_int(op, self.name, value, self.lo, self.hi)
+
+    def key(self, value: Any) -> Any:
+        return type(value), value
 
 
 @dataclass(frozen=True)
@@ -84,14 +118,37 @@ class FlagParam:
     """A bool parameter (the ints 0 and 1 accepted, as tile_kernels' callers pass them)."""
 
     name: str
+    default: Optional[str] = None
 
     schema_type = "bool"
 
     def check(self, op: str, value: Any) -> bool:
         return check_flag(op, self.name, value)
 
+    def key(self, value: Any) -> Any:
+        return type(value), value
 
-Param = Any  # TensorParam | IntParam | FlagParam
+
+@dataclass(frozen=True)
+class Param:
+    """Any other parameter: ``schema_type`` as torch.library writes it (``"str"``, ``"float?"``,
+    ``"int[]"``, ``"ScalarType"``...), checked by ``check(op, value) -> checked value`` (raise
+    with :func:`._common.fail`).  Its memo-key part is the value with its type, element by
+    element for tuples and lists and by its bits for a float (:func:`._common.typed_key`);
+    ``key(value)`` overrides that (raise AttributeError or TypeError where a value must take
+    the checked path every time)."""
+
+    name: str
+    schema_type: str
+    check_value: Callable[[str, Any], Any]
+    key_of: Optional[Callable[[Any], Any]] = None
+    default: Optional[str] = None
+
+    def check(self, op: str, value: Any) -> Any:
+        return self.check_value(op, value)
+
+    def key(self, value: Any) -> Any:
+        return typed_key(value) if self.key_of is None else self.key_of(value)
 
 
 @dataclass
@@ -104,8 +161,16 @@ class OpSpec:
     ``run(*args) -> result``, which allocates the outputs and launches for one call's (already
     checked) arguments; ``run`` reads only the tensors among them (a replayed call passes the
     caller's objects: scalars as given, e.g. a numpy int), the scalars' checked values come from
-    ``plan``'s ``values``.  ``relations(op, values)``: checks between parameters (raise with
-    :func:`._common.fail`).
+    ``plan``'s ``values``.  ``relations(op, values)``: checks between parameters, run once per
+    configuration (raise with :func:`._common.fail`).  ``per_call(op, args)``: the checks that
+    depend on what the memo key leaves out (token counts that must agree, strides, pointers),
+    run on every call, the first one included (after the parameters' own checks, before
+    ``relations``), on the caller's arguments.
+
+    Where the public signature does not map one to one onto the torch schema (a ``(data, sf)``
+    pair, outputs that are views of one buffer, a data-dependent output size), ``schema_args``
+    replaces the schema's argument list and ``torch`` holds :class:`TorchOp`'s conversions
+    (``to_schema``, ``to_public``, ``result_to_schema``, ``result_to_public``, ``eager_only``).
     """
 
     name: str
@@ -113,27 +178,35 @@ class OpSpec:
     returns: str
     plan: Callable[[dict], Callable[..., Any]]
     relations: Optional[Callable[[str, dict], None]] = None
+    per_call: Optional[Callable[[str, tuple], None]] = None
+    schema_args: Optional[str] = None
+    torch: dict = field(default_factory=dict, repr=False)
     memo: dict = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
-        self._tensors = tuple(i for i, p in enumerate(self.params) if isinstance(p, TensorParam))
-        self._per_call = tuple((i, self.params[i]) for i in self._tensors
-                               if self.params[i].contiguous or self.params[i].max_numel is not None)
-        # one leading 2-D / 3-D tensor, then scalars (every op declared so far): the key inline
-        self._lead = self._tensors == (0,) and self.params[0].ndim in (2, 3)
-        self._scalars = len(self.params) > 1
+        params = self.params
+        self._tensors = tuple(i for i, p in enumerate(params) if isinstance(p, TensorParam))
+        self._per_call = tuple((i, params[i]) for i in self._tensors
+                               if params[i].contiguous or params[i].max_numel is not None)
+        # one leading 2-D / 3-D tensor whose first size varies, then no tensor: the key inline
+        first = params[0] if params else None
+        self._lead = (self._tensors == (0,) and first.ndim in (2, 3) and first.rows_vary and not first.optional
+                      and all(not isinstance(p, Param) or p.key_of is None for p in params))
+        self._keys = tuple(p.key for p in params)
 
     def __call__(self, *args: Any) -> Any:
         """The op on its arguments (every parameter, positionally)."""
         if is_compiling() and not TRACING.on:  # torch.compile / export: record tilebin::<name>
             return traced(self.name, *args)
         try:
-            if self._lead:  # one leading 2-D / 3-D tensor, then scalars: the key inline (every replay)
+            if self._lead:  # one leading 2-D / 3-D tensor: its key inline, the scalars as typed_key tags them
                 x = args[0]
                 s = x.shape
-                key = (x.dtype, x.device, len(s), s[-1] if len(s) == 2 else (s[1], s[2]))
-                if self._scalars:
-                    key = (key, args[1:], tuple(map(type, args)))
+                rest = args[1:]
+                types = tuple(map(type, rest))
+                if not _NESTED.isdisjoint(types):
+                    rest, types = typed_key(*rest), ()
+                key = (x.dtype, x.device, len(s), s[-1] if len(s) == 2 else (s[1], s[2]), rest, types)
             else:
                 key = self.key(args)
             run = self.memo.get(key)
@@ -142,18 +215,20 @@ class OpSpec:
         if run is not None and not TRACING.on:  # fake tensors never replay a real configuration
             for i, p in self._per_call:
                 p.check_call(self.name, args[i])
+            if self.per_call is not None:
+                self.per_call(self.name, args)
             return run(*args)
         return self.checked(args, key)
 
     def key(self, args: tuple) -> tuple:
-        """The configuration of ``args`` (:meth:`__call__` computes the same inline for a
-        leading 2-D / 3-D tensor): per tensor its dtype, device, rank and sizes but the first;
-        every other argument with its type.  AttributeError or IndexError where a tensor is
-        not one, TypeError (at the memo lookup) where an argument is unhashable: those calls
-        take the checked path.  Float parameters would need their bits (``0.0 == -0.0``): none
-        is declared yet."""
-        return tuple((v.dtype, v.device, v.dim(), tuple(v.shape[1:])) if i in self._tensors else (type(v), v)
-                     for i, v in enumerate(args))
+        """The configuration of ``args`` (:meth:`__call__` computes the same inline for a leading
+        2-D / 3-D tensor): each parameter's ``key`` of its argument (a tensor: dtype, device,
+        rank and sizes, the first only if it does not vary; a scalar: its value and type).
+        AttributeError or IndexError where a tensor is not one, TypeError (at the memo lookup)
+        where an argument is unhashable: those calls take the checked path."""
+        if len(args) != len(self._keys):
+            raise TypeError("wrong number of arguments")
+        return tuple([k(v) for k, v in zip(self._keys, args)])
 
     def checked(self, args: tuple, key: Optional[tuple]) -> Any:
         """Every check, then the launch; stores the configuration when every check passed."""
@@ -161,6 +236,8 @@ class OpSpec:
         if len(args) != len(self.params):
             raise fail(op, f"takes {len(self.params)} arguments, got {len(args)}")
         values = {p.name: p.check(op, v) for p, v in zip(self.params, args)}
+        if self.per_call is not None:
+            self.per_call(op, args)
         if self.relations is not None:
             self.relations(op, values)
         check_cuda(op, **{self.params[i].name: args[i] for i in self._tensors})
@@ -170,17 +247,24 @@ class OpSpec:
             self.memo[key] = run  # after the launch: a call that raised stores nothing
         return result
 
+    def fake(self, *args: Any) -> Any:
+        """The op without its memo: what ``torch.library``'s fake implementation runs (on fake tensors)."""
+        return self.checked(args, None)
+
     def schema(self) -> str:
-        """The torch.library schema: the parameters in order, mutated tensors marked ``(a!)``."""
+        """The torch.library schema: the parameters in order (mutated tensors marked ``(a!)``,
+        declared defaults written), or ``schema_args``."""
+        if self.schema_args is not None:
+            return f"({self.schema_args}) -> {self.returns}"
         parts = []
         for p in self.params:
-            kind = "Tensor(a!)" if getattr(p, "mutated", False) else p.schema_type
-            parts.append(f"{kind} {p.name}")
+            default = "" if p.default is None else f"={p.default}"
+            parts.append(f"{p.schema_type} {p.name}{default}")
         return f"({', '.join(parts)}) -> {self.returns}"
 
     def torch_op(self, public: Callable[..., Any]) -> TorchOp:
         """The ``tilebin::<name>`` declaration (``ops/_torch.py``) of ``public``, this spec's op."""
-        return TorchOp(self.name, self.schema(), public)
+        return TorchOp(self.name, self.schema(), public, self.fake, **self.torch)
 
 
-__all__ = ["FlagParam", "IntParam", "OpSpec", "TensorParam"]
+__all__ = ["FlagParam", "IntParam", "OpSpec", "Param", "TensorParam"]
