@@ -22,9 +22,10 @@ import torch
 from torch.compiler import is_compiling
 
 from .._common import TRACING, check_float32, check_tensor, fail, launcher, memo_table, typed_key
-from .._torch import traced
+from .._torch import TorchOp, traced
 from ._gating_checks import (check_contiguous, check_map, check_ranks, check_routing, check_token_mask,
                              check_unmapped, strict_int)
+
 
 __all__ = ["top2_sum_gate", "topk_gate", "topk_sum_and_topk_group_idx"]
 
@@ -337,3 +338,17 @@ def top2_sum_gate(
                                                                       flags, num_extra),
                                             (ep_rank, num_ep_ranks, tp_rank, num_tp_ranks)))
     return topk_idx, topk_weights
+
+
+# the tilebin::<op> declarations (ops/_torch.py), registered through ops/moe/_torch_ops.py
+TORCH_OPS = (
+    TorchOp("topk_gate", "(Tensor scores, int num_topk) -> Tensor", topk_gate),
+    TorchOp("topk_sum_and_topk_group_idx", "(Tensor scores, int num_topk_sum, int num_topk_groups) -> Tensor",
+            topk_sum_and_topk_group_idx),
+    TorchOp("top2_sum_gate",
+            "(Tensor logits, Tensor bias, int num_topk, int num_topk_groups, int num_groups, bool use_shared_as_routed, "
+            "int num_shared_experts, float routed_scaling_factor, int ep_rank, int num_ep_ranks, int tp_rank, "
+            "int num_tp_ranks, str scoring_func, Tensor? mask=None, Tensor? fix_routing_mask=None, "
+            "Tensor? to_physical_map=None, Tensor? logical_count=None, Tensor(a!)? unmapped_topk_idx=None) "
+            "-> (Tensor, Tensor)", top2_sum_gate),
+)

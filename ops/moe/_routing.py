@@ -28,7 +28,7 @@ from torch.compiler import is_compiling
 
 from .._common import (TRACING, aligned_input, check_cuda, check_flag, check_int, check_tensor, fail, kernel_meta,
                        launcher, memo_table, typed_key)
-from .._torch import traced
+from .._torch import TorchOp, traced, pair_to_public, pair_to_schema
 from ..config import get_num_sms
 from ._routing_checks import check_contiguous, check_mapping, check_reduce_out, check_rows
 
@@ -388,6 +388,52 @@ class _Reduce:
         fn = self.fn if num_tokens >= _REDUCE_SPLIT_TOKENS else self.fn_few
         fn(x, topk_weights, token_topk_to_pos, out, x if sf is None else sf, x_sf, *self.flags)
         return out
+
+
+def _mapping_to_schema(result: tuple) -> tuple:
+    """get_fused_mapping's outputs without aliases: the three slot maps are rows of one [3, n]
+    tensor and the per-expert vectors rows of one [3, num_experts] tensor (a custom op's outputs
+    may not alias each other): return those two."""
+    return _rows_base(result[0], 3), result[3], _rows_base(result[4], 3)
+
+
+def _rows_base(first: torch.Tensor, rows: int) -> torch.Tensor:
+    """The ``[rows, n]`` tensor whose first row is ``first`` (rows of one contiguous allocation;
+    ``first._base`` is not kept inside a fake implementation)."""
+    n = first.shape[0]
+    return first.as_strided((rows, n), (n, 1), first.storage_offset())
+
+
+def _mapping_to_public(outputs: tuple) -> tuple:
+    slots, token_topk_to_pos, per_expert = outputs
+    return (*slots.unbind(0), token_topk_to_pos, *per_expert.unbind(0), [])
+
+
+def _syncs(topk_idx: Any, num_experts: Any, num_expanded_tokens: Any, alignment: Any, force_no_sync: Any) -> bool:
+    """get_fused_mapping sizes its outputs from the data (a host sync): not traceable."""
+    return num_expanded_tokens == 0 and not force_no_sync
+
+
+# the tilebin::<op> declarations (ops/_torch.py), registered through ops/moe/_torch_ops.py
+TORCH_OPS = (
+    TorchOp("get_fused_mapping", "(Tensor topk_idx, int num_experts, int num_expanded_tokens, int alignment, "
+                                 "bool force_no_sync=False) -> (Tensor, Tensor, Tensor)",
+            get_fused_mapping, result_to_schema=_mapping_to_schema, result_to_public=_mapping_to_public,
+            eager_only=_syncs),
+    TorchOp("expand_to_fused", "(Tensor x, Tensor token_topk_to_pos, Tensor pos_to_expert) -> Tensor", expand_to_fused),
+    TorchOp("expand_to_fused_with_sf", "(Tensor x, Tensor x_sf, int num_per_channels, Tensor token_topk_to_pos, "
+                                       "Tensor pos_to_expert, bool use_tma_aligned_col_major_sf=False) -> (Tensor, Tensor)",
+            expand_to_fused_with_sf, to_schema=pair_to_schema, to_public=lambda x, s, *r: ((x, s), *r)),
+    # reduce_fused with a preallocated out writes it: its own op, which mutates out and returns nothing
+    TorchOp("reduce_fused", "(Tensor x, Tensor? x_sf, Tensor? topk_weights, Tensor token_topk_to_pos, "
+                            "str fp8_format=\"\", Tensor? sf=None) -> Tensor",
+            lambda *a: reduce_fused(*a, None), to_schema=lambda *a: pair_to_schema(*a[:-1]),
+            to_public=pair_to_public),
+    TorchOp("reduce_fused_out", "(Tensor x, Tensor? x_sf, Tensor? topk_weights, Tensor token_topk_to_pos, "
+                                "str fp8_format, Tensor? sf, Tensor(a!) out) -> ()",
+            reduce_fused, to_schema=pair_to_schema,
+            to_public=pair_to_public, result_to_schema=lambda r: None),
+)
 
 
 __all__ = ["expand_to_fused", "expand_to_fused_with_sf", "get_fused_mapping", "reduce_fused"]

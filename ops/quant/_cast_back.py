@@ -26,7 +26,7 @@ import torch
 from torch.compiler import is_compiling
 
 from .._common import TRACING, aligned_input, check_cuda, fail, launcher, ptr, typed_key
-from .._torch import traced
+from .._torch import TorchOp, traced, pair_to_public, pair_to_schema
 from ._sf import input_sf
 
 QuantTensor = tuple[torch.Tensor, torch.Tensor]
@@ -252,6 +252,18 @@ def unpack_from_e2m1fn_x2(x: torch.Tensor, out_dtype: torch.dtype = torch.float3
     byte = x.view(torch.uint8).to(torch.int64)
     codes = torch.stack((byte & 0xF, byte >> 4), dim=-1)
     return table[codes].reshape(*x.shape[:-1], x.shape[-1] * 2).to(out_dtype)
+
+
+# the tilebin::<op> declarations (ops/_torch.py), registered through ops/quant/_torch_ops.py
+TORCH_OPS = (
+    TorchOp("cast_back", "(Tensor x, Tensor x_sf, str fmt, int[] x_block_size, str? x_special_fmt=None) -> Tensor",
+            cast_back, lambda *a: _cast_back_checked(*a, None), pair_to_schema, pair_to_public),
+    TorchOp("per_token_cast_back", "(Tensor x, Tensor x_sf, str fmt, int num_per_channels, str? x_special_fmt=None) "
+                                   "-> Tensor", per_token_cast_back,
+            lambda x, fmt, n, special: _cast_back_checked(x, fmt, (1, n), special, None), pair_to_schema,
+            pair_to_public),
+    TorchOp("unpack_from_e2m1fn_x2", "(Tensor x, ScalarType out_dtype) -> Tensor", unpack_from_e2m1fn_x2),
+)
 
 
 __all__ = ["cast_back", "per_token_cast_back", "unpack_from_e2m1fn_x2"]

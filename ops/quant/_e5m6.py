@@ -25,7 +25,7 @@ import torch
 from torch.compiler import is_compiling
 
 from .._common import TRACING, ptr, check_cuda, check_flag, check_tensor, fail, kernel_meta, launcher
-from .._torch import traced
+from .._torch import TorchOp, traced
 from ._sf import output_layout
 
 QuantTensor = tuple[torch.Tensor, torch.Tensor]
@@ -105,6 +105,14 @@ def per_token_cast_to_e5m6(
             fn = launcher(_KERNEL, in_dtype="bfloat16", sf_kind=layout.kind)
             fn(_kernel_input(x), out, raw_sf, int(rnd), _tokens_per_block(hidden))
     return out, layout.finish(raw_sf, tokens)
+
+
+# the tilebin::<op> declarations (ops/_torch.py), registered through ops/quant/_torch_ops.py
+TORCH_OPS = (
+    TorchOp("per_token_cast_to_e5m6", "(Tensor x, int num_per_channels, bool use_tma_aligned_col_major_sf=False, "
+                                      "bool round_sf=False, bool use_packed_ue8m0=False) -> (Tensor, Tensor)",
+            per_token_cast_to_e5m6),
+)
 
 
 __all__ = ["per_token_cast_to_e5m6"]

@@ -15,8 +15,8 @@ from torch.compiler import is_compiling
 
 from .._common import (TRACING, aligned_input, check_aligned, check_cuda, check_flag, check_tensor, fail, launcher, ptr,
                        typed_key)
-from .._torch import traced
-from ._sf import SfLayout, check_fmt, input_sf, output_layout
+from .._torch import TorchOp, traced, pair_to_public, pair_to_schema
+from ._sf import SCHEMA_FLAGS as _FLAGS, SfLayout, check_fmt, input_sf, output_layout
 
 BLOCKS = ((128, 128), (32, 32))
 LOSSLESS_IN_BLOCK = (1, 32)
@@ -225,6 +225,20 @@ def per_block_cast_lossless(x: tuple[torch.Tensor, torch.Tensor], fmt: str, x_bl
         fn(data.view(torch.int8), _byte_view(aligned_input(x_sf)), out, _byte_view(raw), _KIND[in_layout.kind],
            _KIND[layout.kind])
     return out, layout.finish(raw, tokens)
+
+
+# the tilebin::<op> declarations (ops/_torch.py), registered through ops/quant/_torch_ops.py
+TORCH_OPS = (
+    TorchOp("per_block_cast", f"(Tensor x, str fmt, int[] block_size, {_FLAGS}) -> (Tensor, Tensor)", per_block_cast,
+            fake=lambda *a: _per_block("per_block_cast", *a)),
+    TorchOp("per_block_cast_with_sf_only", f"(Tensor x, str fmt, int[] block_size, {_FLAGS}) -> Tensor",
+            per_block_cast_with_sf_only),
+    TorchOp("per_block_cast_with_precomputed_sf", f"(Tensor x, str fmt, int[] block_size, Tensor sf, {_FLAGS}) -> Tensor",
+            per_block_cast_with_precomputed_sf),
+    TorchOp("per_block_cast_lossless", f"(Tensor x, Tensor x_sf, str fmt, int[] x_block_size, int[] out_block_size, "
+                                       f"{_FLAGS}) -> (Tensor, Tensor)",
+            per_block_cast_lossless, to_schema=pair_to_schema, to_public=pair_to_public),
+)
 
 
 __all__ = ["per_block_cast", "per_block_cast_with_sf_only", "per_block_cast_with_precomputed_sf",

@@ -26,7 +26,7 @@ import torch
 from torch.compiler import is_compiling
 
 from .._common import TRACING, aligned_input, check_aligned, check_cuda, check_flag, check_tensor, fail, launcher
-from .._torch import traced
+from .._torch import TorchOp, traced, pair_to_public, pair_to_schema
 from ._sf import check_fmt
 
 QuantTensor = tuple[torch.Tensor, torch.Tensor]
@@ -200,6 +200,18 @@ def per_channel_cast_and_transpose(x: torch.Tensor, fmt: str, num_per_tokens: in
     if num_tokens and hidden:
         launcher(_TRANSPOSE, num_per_tokens=num_per_tokens)(x, out, out_sf, int(round_sf))
     return out, out_sf
+
+
+# the tilebin::<op> declarations (ops/_torch.py), registered through ops/quant/_torch_ops.py
+TORCH_OPS = (
+    TorchOp("per_channel_cast", "(Tensor x, str fmt, int num_per_tokens, bool round_sf=False) -> (Tensor, Tensor)",
+            per_channel_cast),
+    TorchOp("per_channel_cast_fused", "(Tensor x, Tensor? x_sf, str fmt, int num_per_tokens, bool round_sf=False, "
+                                      "int? num_per_channels=None, Tensor? pos_to_token=None) -> (Tensor, Tensor)",
+            per_channel_cast_fused, to_schema=pair_to_schema, to_public=pair_to_public),
+    TorchOp("per_channel_cast_and_transpose", "(Tensor x, str fmt, int num_per_tokens, bool round_sf=False) -> "
+                                              "(Tensor, Tensor)", per_channel_cast_and_transpose),
+)
 
 
 __all__ = ["per_channel_cast", "per_channel_cast_fused", "per_channel_cast_and_transpose"]

@@ -44,8 +44,8 @@ import torch
 from torch.compiler import is_compiling
 
 from .._common import TRACING, aligned_input, check_cuda, check_flag, check_tensor, fail, kernel_meta, launcher, ptr
-from .._torch import traced
-from ._sf import FMT_DTYPES, SfLayout, check_fmt, input_sf, output_layout
+from .._torch import TorchOp, traced, pair_to_public, pair_to_schema
+from ._sf import SCHEMA_FLAGS as _FLAGS, FMT_DTYPES, SfLayout, check_fmt, input_sf, output_layout
 
 QuantTensor = tuple[torch.Tensor, torch.Tensor]
 
@@ -361,6 +361,27 @@ def per_token_cast_with_precomputed_sf(
                       use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0)
     return _run("per_token_cast_with_precomputed_sf", "precomputed", x, fmt, num_per_channels, x_block_size,
                 use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0, sf=sf)
+
+
+def _cast_checked(x: Any, fmt: Any, num_per_channels: Any, x_block_size: Any, col: Any, rnd: Any, packed: Any) -> Any:
+    """per_token_cast without its memo (the fake implementation)."""
+    if fmt == "e5m6":
+        return per_token_cast(x, fmt, num_per_channels, x_block_size, col, rnd, packed)
+    return _run("per_token_cast", "cast", x, fmt, num_per_channels, x_block_size, col, rnd, packed)
+
+
+# the tilebin::<op> declarations (ops/_torch.py), registered through ops/quant/_torch_ops.py
+TORCH_OPS = (
+    TorchOp("per_token_cast", f"(Tensor x, Tensor? x_sf, str fmt, int num_per_channels, int[]? x_block_size=None, "
+                              f"{_FLAGS}) -> (Tensor, Tensor)",
+            per_token_cast, _cast_checked, pair_to_schema, pair_to_public),
+    TorchOp("per_token_cast_with_sf_only", f"(Tensor x, str fmt, int num_per_channels, int[]? x_block_size=None, "
+                                           f"{_FLAGS}) -> Tensor",
+            per_token_cast_with_sf_only),
+    TorchOp("per_token_cast_with_precomputed_sf", f"(Tensor x, str fmt, int num_per_channels, Tensor sf, "
+                                                  f"int[]? x_block_size=None, {_FLAGS}) -> Tensor",
+            per_token_cast_with_precomputed_sf),
+)
 
 
 __all__ = ["per_token_cast", "per_token_cast_with_precomputed_sf", "per_token_cast_with_sf_only"]

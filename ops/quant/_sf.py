@@ -27,6 +27,8 @@ import torch
 
 from .._common import check_flag, fail
 
+# the three scale-layout flags as the torch.library schemas of the quant ops write them
+SCHEMA_FLAGS = "bool use_tma_aligned_col_major_sf=False, bool round_sf=False, bool use_packed_ue8m0=False"
 FMT_DTYPES = {"e4m3": torch.float8_e4m3fn, "e2m1": torch.int8}  # e2m1: two values per byte
 
 

@@ -29,7 +29,7 @@ from torch.compiler import is_compiling
 
 from .._common import TRACING, aligned_input, check_cuda, check_flag, check_tensor, fail, launcher, typed_key
 from ..config import get_num_sms
-from .._torch import traced
+from .._torch import TorchOp, traced, pair_to_public, pair_to_schema
 from ._sf import SfLayout, check_fmt, output_layout
 from ._swiglu_checks import check_bwd_x, check_contiguous, check_float, check_vector
 
@@ -350,6 +350,31 @@ def swiglu_forward_and_per_channel_cast_and_transpose(
     if tokens > 0 and hidden > 0:
         launcher(_CHANNEL, num_per_tokens=num_per_tokens, transpose=transpose)(x, out, out_sf, clamp, int(round_sf))
     return out, out_sf
+
+
+def _bwd_result(result: Any) -> tuple:
+    out, (x_grad_fp8, x_grad_sf), x_grad, weight_grad = result
+    return out, x_grad_fp8, x_grad_sf, x_grad, weight_grad
+
+
+# the tilebin::<op> declarations (ops/_torch.py), registered through ops/quant/_torch_ops.py
+TORCH_OPS = (
+    TorchOp("swiglu_forward_and_per_token_cast",
+            "(Tensor x, str fmt, int num_per_channels, Tensor? pos_to_token_topk=None, Tensor? topk_weights=None, "
+            "Tensor? pos_to_expert=None, bool use_tma_aligned_col_major_sf=False, bool round_sf=False, "
+            "bool use_packed_ue8m0=False, float? swiglu_clamp_value=None, Tensor(a!)? clamped_count=None, "
+            "float? sf_clamp_min=None) -> (Tensor, Tensor)",
+            swiglu_forward_and_per_token_cast, lambda *a: _forward_checked(*a, None)),
+    TorchOp("swiglu_backward_and_per_token_cast",
+            "(Tensor x, Tensor x_sf, Tensor grad_out, Tensor weight, Tensor pos_to_token_topk, Tensor token_topk_to_pos, "
+            "int num_per_channels, bool round_sf=False, float? swiglu_clamp_value=None) "
+            "-> (Tensor, Tensor, Tensor, Tensor, Tensor)",
+            swiglu_backward_and_per_token_cast, to_schema=pair_to_schema, to_public=pair_to_public,
+            result_to_schema=_bwd_result, result_to_public=lambda r: (r[0], (r[1], r[2]), r[3], r[4])),
+    TorchOp("swiglu_forward_and_per_channel_cast_and_transpose",
+            "(Tensor x, str fmt, int num_per_tokens, bool round_sf=False, bool without_transpose=False, "
+            "float? swiglu_clamp_value=None) -> (Tensor, Tensor)", swiglu_forward_and_per_channel_cast_and_transpose),
+)
 
 
 __all__ = [
