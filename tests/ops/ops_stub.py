@@ -26,7 +26,7 @@ class StubbedOps:
 
     def __init__(self, monkeypatch: Any) -> None:
         self.launches: list[tuple[str, dict, tuple]] = []
-        self.modules = [importlib.import_module(m) for m in OP_MODULES]
+        self.modules = _op_modules()
         for mod in self.modules:
             if hasattr(mod, "launcher"):
                 monkeypatch.setattr(mod, "launcher", self._launcher)
@@ -63,6 +63,19 @@ class StubbedOps:
                     table.clear()
             for spec in _specs(mod):
                 spec.memo.clear()
+
+
+def _op_modules() -> list:
+    """OP_MODULES, then every other module of ``tilebin.ops`` loaded by then (an op's checks or
+    spec may live in a helper module: ``_<op>_checks.py``), except the shared ``_common``."""
+    import sys
+
+    mods = [importlib.import_module(m) for m in OP_MODULES]
+    seen = {m.__name__ for m in mods} | {"tilebin.ops._common"}
+    for name in sorted(sys.modules):
+        if name.startswith("tilebin.ops.") and name not in seen and sys.modules[name] is not None:
+            mods.append(sys.modules[name])
+    return mods
 
 
 def _specs(mod: Any) -> list:

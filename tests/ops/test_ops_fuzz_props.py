@@ -84,9 +84,11 @@ def fresh_outcome(stub: StubbedOps, call: F.Call):
 
 
 def _memos(mod):
-    from ops_stub import MEMO_NAMES
+    """The module's memo tables and the memo of every OpSpec it declares."""
+    from ops_stub import MEMO_NAMES, _specs
 
-    return [getattr(mod, n) for n in MEMO_NAMES if isinstance(getattr(mod, n, None), dict)]
+    return ([getattr(mod, n) for n in MEMO_NAMES if isinstance(getattr(mod, n, None), dict)]
+            + [spec.memo for spec in _specs(mod)])
 
 
 @settings(max_examples=EXAMPLES, derandomize=True, deadline=None, database=None, print_blob=True,
