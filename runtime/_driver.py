@@ -1,6 +1,10 @@
-"""The CUDA driver, reached through cuda-python only: lazy init, one ``check``, devices, contexts.
+"""The CUDA driver: lazy init, one ``check``, devices, contexts.
 
-``cuda.bindings.driver`` is imported at the first launch, never at import time.  Each
+The driver is reached at the first launch, never at import time: through ``ctypes`` on
+``libcuda.so.1`` for the runtime's own calls (:mod:`._cudrv`: no ~20 ms import of
+``cuda.bindings`` in a cold start), or through ``cuda.bindings.driver``, which serves the
+pure-Python launch twin and replaces the ctypes calls where those are unavailable or
+``TILEBIN_DRIVER=cuda-python``.  Each
 device is checked once (architecture and driver version against the manifest) and its
 primary context retained; :func:`enter` makes that context current in the calling thread.
 Thread-safe: initialisation and the device table are guarded by one lock; which device a
@@ -16,6 +20,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from . import _cudrv, _settings
 from ._record import record
 from ._errors import DeviceError
 
@@ -49,11 +54,12 @@ _HINTS = {
 
 
 def driver(min_driver_cuda: int = 13000) -> Any:
-    """The initialised ``cuda.bindings.driver`` module (imported and ``cuInit`` on first call).
+    """The initialised driver (``cuInit`` done on first call): a :class:`._cudrv.CtypesDriver` on
+    ``libcuda.so.1``, or the ``cuda.bindings.driver`` module where that cannot be opened or
+    ``TILEBIN_DRIVER=cuda-python``; both answer the same calls the same way.
 
-    Raises :class:`DeviceError` ("no NVIDIA driver found ...") when cuda-python cannot be
-    imported, libcuda cannot be loaded, or no GPU is visible; ``min_driver_cuda`` only shapes
-    that message.  Thread-safe.
+    Raises :class:`DeviceError` ("no NVIDIA driver found ...") when neither can reach a driver,
+    or no GPU is visible; ``min_driver_cuda`` only shapes that message.  Thread-safe.
     """
     mod = _STATE.get("driver")
     if mod is not None:
@@ -62,6 +68,19 @@ def driver(min_driver_cuda: int = 13000) -> Any:
         if "driver" not in _STATE:
             _STATE["driver"] = _init(min_driver_cuda)
     return _STATE["driver"]
+
+
+def bindings() -> Any:
+    """``cuda.bindings.driver`` (imported on first use): for what the ctypes driver does not
+    offer (the pure-Python launch twin, TMA encoding through the bindings' wrapper)."""
+    mod = _STATE.get("bindings")
+    if mod is None:
+        try:
+            from cuda.bindings import driver as mod
+        except Exception as exc:  # ImportError, or a broken install
+            raise _no_driver(f"cannot import cuda.bindings.driver: {exc}", 13000) from None
+        _STATE["bindings"] = mod
+    return mod
 
 
 def _no_driver(reason: str, min_driver_cuda: int) -> DeviceError:
@@ -74,10 +93,15 @@ def _no_driver(reason: str, min_driver_cuda: int) -> DeviceError:
 
 
 def _init(min_driver_cuda: int) -> Any:
-    try:
-        from cuda.bindings import driver as mod
-    except Exception as exc:  # ImportError, or a broken install
-        raise _no_driver(f"cannot import cuda.bindings.driver: {exc}", min_driver_cuda) from None
+    auto = _settings.driver() == "auto"
+    mod = _cudrv.load() if auto else None
+    if mod is None:
+        try:
+            from cuda.bindings import driver as mod
+        except Exception as exc:  # ImportError, or a broken install
+            tried = "libcuda.so.1 does not open through ctypes and " if auto else ""
+            raise _no_driver(f"{tried}cannot import cuda.bindings.driver: {exc}", min_driver_cuda) from None
+        _STATE["bindings"] = mod
     _STATE["mod"] = mod
     try:
         (err,) = mod.cuInit(0)
@@ -88,6 +112,15 @@ def _init(min_driver_cuda: int) -> Any:
     check((err,), "cuInit")
     _STATE["version"] = check(mod.cuDriverGetVersion(), "cuDriverGetVersion")
     return mod
+
+
+def result(code: int) -> Any:
+    """A CUresult code as :func:`check` takes it (cuda-python's enum member where it knows the code)."""
+    enum = getattr(_STATE.get("mod"), "CUresult", None)
+    try:
+        return enum(code) if callable(enum) else code
+    except ValueError:  # a code this cuda-python does not know: report the number
+        return code
 
 
 def error_name(err: Any) -> str:
@@ -292,18 +325,20 @@ def relaxed_capture() -> Iterator[None]:
 
 def ex_config(spec: Any, grid: tuple, block: tuple, smem: int, stream: int = 0) -> Any:
     """A cuda-python ``CUlaunchConfig`` with the launch's cooperative / PDL / cluster attributes."""
-    mod = driver()
+    driver()
+    mod = bindings()
     cfg = mod.CUlaunchConfig()
     cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ = grid
     cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = block
     cfg.sharedMemBytes, cfg.hStream = smem, stream
     attrs = []
+    ids = _cudrv.CUlaunchAttributeID
     for ident, value in launch_attributes(spec):
         a = mod.CUlaunchAttribute()
-        a.id = ident
-        if ident == mod.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION:
+        a.id = mod.CUlaunchAttributeID(int(ident))
+        if int(ident) == ids.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION:
             a.value.clusterDim.x, a.value.clusterDim.y, a.value.clusterDim.z = value
-        elif ident == mod.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_COOPERATIVE:
+        elif int(ident) == ids.CU_LAUNCH_ATTRIBUTE_COOPERATIVE:
             a.value.cooperative = value
         else:
             a.value.programmaticStreamSerializationAllowed = value
@@ -314,7 +349,7 @@ def ex_config(spec: Any, grid: tuple, block: tuple, smem: int, stream: int = 0) 
 
 def launch_attributes(spec: Any) -> list[tuple[Any, Any]]:
     """``(CUlaunchAttributeID, value)`` of a launch: cooperative, PDL, cluster dims -- in that order."""
-    ids = driver().CUlaunchAttributeID
+    ids = _cudrv.CUlaunchAttributeID  # cuda.h's values, whichever driver layer is in use
     out: list[tuple[Any, Any]] = []
     if spec.cooperative:
         out.append((ids.CU_LAUNCH_ATTRIBUTE_COOPERATIVE, 1))

@@ -100,10 +100,7 @@ class Launcher:
         self._devices: dict[int, tuple[Any, list]] = {}
         self._tma: list[Any] = []
         self._ok_ptrs: tuple | None = None
-        mod = _driver.driver()
-        self._launch, self._launch_ex = mod.cuLaunchKernel, mod.cuLaunchKernelEx
-        self._configs = [_driver.ex_config(ln.spec, (1, 1, 1), ln.block, ln.smem) if ln.special else None
-                         for ln in layout.launches]
+        self._configs: list | None = None  # cuda-python launch configs: made at this twin's first launch
         if bound is None:
             self._stream = torch_stream_getter()
         else:
@@ -215,12 +212,23 @@ class Launcher:
     def _drive(self, i: int, fn: Any, grid: tuple, stream: int, address: int) -> Any:
         """One driver launch call; returns its CUresult."""
         ln = self.layout.launches[i]
+        if self._configs is None:
+            self._bind_driver()
+        if type(fn) is int:  # a handle the ctypes driver loaded: cuda-python's type for it
+            fn = self._function_type(fn)
         cfg = self._configs[i]
         if cfg is None:
             return self._launch(fn, *grid, *ln.block, ln.smem, stream, address, 0)[0]
         cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ = grid
         cfg.hStream = stream
         return self._launch_ex(cfg, fn, address, 0)[0]
+
+    def _bind_driver(self) -> None:
+        """cuda-python's launch calls and this launcher's launch configs (the twin's first launch)."""
+        mod = _driver.bindings()
+        self._launch, self._launch_ex, self._function_type = mod.cuLaunchKernel, mod.cuLaunchKernelEx, mod.CUfunction
+        self._configs = [_driver.ex_config(ln.spec, (1, 1, 1), ln.block, ln.smem) if ln.special else None
+                         for ln in self.layout.launches]
 
     def _failed(self, i: int, err: Any, grid: tuple, stream: int, address: int, dev: Any) -> None:
         """A launch failed: retry once after fixing the current context, else raise DeviceError."""
@@ -277,11 +285,7 @@ class Launcher:
     def _launch_failed(self, info: tuple) -> None:
         i, code, grid, stream, address, ordinal = info
         dev = self._devices[ordinal][0]
-        mod = _driver.driver()
-        try:
-            err = mod.CUresult(code)
-        except ValueError:  # a code this cuda-python does not know: report the number
-            err = code
+        err = _driver.result(code)
         if i < 0:
             _driver.check((err,), "cuCtxSetCurrent (restoring the caller's context)", dev.describe())
             return

@@ -55,7 +55,15 @@ HOT_PATH = EnvVar(
     "auto",
 )
 
-ALL = (ARTIFACTS_DIR, KERNEL_PATH, PLAN_CACHE_SIZE, HOT_PATH)
+DRIVER = EnvVar(
+    "TILEBIN_DRIVER",
+    "how the runtime calls the CUDA driver: auto (ctypes on libcuda.so.1 for its own calls, which spares a cold "
+    "start the ~20 ms import of cuda.bindings; cuda-python where libcuda.so.1 cannot be opened that way and for "
+    "the pure-Python launch path), cuda-python (cuda.bindings for every call)",
+    "auto",
+)
+
+ALL = (ARTIFACTS_DIR, KERNEL_PATH, PLAN_CACHE_SIZE, HOT_PATH, DRIVER)
 
 
 def artifacts_dir() -> Traversable:
@@ -86,4 +94,12 @@ def hot_path() -> str:
     raw = (HOT_PATH.raw() or "auto").strip().lower()
     if raw not in ("auto", "c", "python"):
         raise TilebinError(f"{HOT_PATH.name}={raw!r} is not one of auto, c, python; unset it or pick one of those")
+    return raw
+
+
+def driver() -> str:
+    """``$TILEBIN_DRIVER``: ``auto`` or ``cuda-python``; raises :class:`TilebinError` otherwise."""
+    raw = (DRIVER.raw() or "auto").strip().lower()
+    if raw not in ("auto", "cuda-python"):
+        raise TilebinError(f"{DRIVER.name}={raw!r} is not one of auto, cuda-python; unset it or pick one of those")
     return raw

@@ -110,15 +110,11 @@ class TmaArg:
         err = fn(out, b.dtype, b.rank, ptr, self._dims, self._strides, self._box, self._estr,
                  b.interleave, b.swizzle, b.l2_promotion, b.oob_fill)
         if err:
-            mod = _driver.driver()
-            try:
-                err = mod.CUresult(err)
-            except ValueError:  # a code this cuda-python does not know: report the number
-                pass
-            _driver.check((err,), "cuTensorMapEncodeTiled", self._describe(ptr))
+            _driver.check((_driver.result(err),), "cuTensorMapEncodeTiled", self._describe(ptr))
 
     def _encode_bindings(self, out: int, ptr: int) -> None:
-        mod, b = _driver.driver(), self.bound
+        _driver.driver()
+        mod, b = _driver.bindings(), self.bound
         u64, u32 = mod.cuuint64_t, mod.cuuint32_t
         result = mod.cuTensorMapEncodeTiled(
             mod.CUtensorMapDataType(b.dtype), b.rank, ptr,

@@ -74,7 +74,7 @@ def fake_gpu(monkeypatch, hot_path):
     fake = rt_fakes.FakeDriver(real, counts, {"gemm_1024_1024": {0}, "gemm_4096_7168": {0}})
     fake.encodes = []
     fake.hot = hot_path
-    monkeypatch.setattr(_driver, "_STATE", {"driver": fake, "mod": fake, "version": 13000})
+    monkeypatch.setattr(_driver, "_STATE", {"driver": fake, "mod": fake, "bindings": fake, "version": 13000})
     info = _driver.DeviceInfo(0, 0, "NVIDIA H200 (fake)", (9, 0), real.CUcontext(0x1234), 0x1234, 232448, 13000)
     monkeypatch.setattr(_driver, "_DEVICES", {0: info})
     monkeypatch.setattr(_driver, "_SUPPORTED", set())

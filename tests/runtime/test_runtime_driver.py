@@ -46,6 +46,7 @@ def test_no_driver_simulated_cuinit_failure(make_registry, rt, monkeypatch):
         raise DynamicLibNotFoundError('"cuda" is an NVIDIA driver library and can only be found via system search')
 
     monkeypatch.setattr(_driver, "_STATE", {})
+    monkeypatch.setenv("TILEBIN_DRIVER", "cuda-python")  # the bindings' cuInit, not the ctypes one
     monkeypatch.setattr(driver, "cuInit", cuinit)
     with pytest.raises(rt.DeviceError, match=r"no NVIDIA driver found \(DynamicLibNotFoundError: .*driver >= 580"):
         _valid_call(make_registry())
@@ -55,6 +56,7 @@ def test_no_cuda_python(make_registry, rt, monkeypatch):
     import cuda.bindings
 
     monkeypatch.setattr(_driver, "_STATE", {})
+    monkeypatch.setenv("TILEBIN_DRIVER", "cuda-python")  # else the ctypes driver serves where libcuda.so.1 opens
     monkeypatch.setitem(sys.modules, "cuda.bindings.driver", None)
     monkeypatch.delattr(cuda.bindings, "driver", raising=False)
     with pytest.raises(rt.DeviceError, match="no NVIDIA driver found .cannot import cuda.bindings.driver"):
@@ -152,7 +154,7 @@ def real_loader_fake_driver(fake_gpu, monkeypatch):
     from cuda.bindings import driver as real
 
     monkeypatch.setattr(_launcher, "_HOT", hot)
-    monkeypatch.setattr(_driver, "_STATE", {"driver": fake_gpu, "mod": fake_gpu, "version": 13000})
+    monkeypatch.setattr(_driver, "_STATE", {"driver": fake_gpu, "mod": fake_gpu, "bindings": fake_gpu, "version": 13000})
     info = _driver.DeviceInfo(0, 0, "NVIDIA H200 (fake)", (9, 0), real.CUcontext(0x1234), 0x1234, 232448, 13000)
     monkeypatch.setattr(_driver, "_DEVICES", {0: info})
     monkeypatch.setattr(_driver, "_SUPPORTED", set())
