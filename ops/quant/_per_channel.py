@@ -11,22 +11,28 @@ Kernels: ``quant.per_channel_cast_bf16`` for a plain bf16 ``x`` without ``pos_to
 ``quant.per_channel_cast_fused`` for every other input (same parameters and bits),
 ``quant.per_channel_cast_and_transpose`` for the transpose.
 
-Every argument is validated before any GPU work (:class:`tilebin.runtime.ArgumentError`
-naming the op, the value and the fix; the device is checked last); the outputs are allocated
-here on ``x``'s device and the kernel runs on torch's current stream.  Not checked (it would
-need a device sync): the values of ``pos_to_token``; a position ``>= num_tokens`` gives a
-row of zeros, like a negative one, instead of reading out of bounds.
+Each op is declared by one :class:`tilebin.ops._spec.OpSpec`.  Every argument is validated
+before any GPU work (:class:`tilebin.runtime.ArgumentError` naming the op, the value and the
+fix; the device is checked last); a configuration (dtypes, hidden, device, the scalars with
+their types, whether ``x`` is a pair and ``pos_to_token`` given) is checked once, a later call
+of it checks only contiguity, pointer alignment and the input scales' row count.  The outputs
+are allocated here on ``x``'s device and the kernel runs on torch's current stream.  Not
+checked (it would need a device sync): the values of ``pos_to_token``; a position
+``>= num_tokens`` gives a row of zeros, like a negative one, instead of reading out of bounds.
 """
 
 from __future__ import annotations
 
-from typing import Any, Optional, Union
+from dataclasses import dataclass
+from typing import Any, Callable, Optional, Union
 
 import torch
-from torch.compiler import is_compiling
 
-from .._common import TRACING, aligned_input, check_aligned, check_cuda, check_flag, check_tensor, fail, launcher
-from .._torch import TorchOp, traced, pair_to_public, pair_to_schema
+from .._common import TRACING, aligned_input, check_cuda, fail, launcher, ptr
+from .._spec import FlagParam, OpSpec, Param, TensorParam
+from .._torch import pair_to_public, pair_to_schema
+from ._per_channel_checks import (HIDDEN_ALIGN, IN_GROUP, PLAIN_DTYPES, check_int, check_matrix, check_pos,
+                                  fused_per_call, fused_x, fused_x_key)
 from ._sf import check_fmt
 
 QuantTensor = tuple[torch.Tensor, torch.Tensor]
@@ -36,16 +42,9 @@ _FUSED = "quant.per_channel_cast_fused"
 _PLAIN_BF16 = "quant.per_channel_cast_bf16"
 _TRANSPOSE = "quant.per_channel_cast_and_transpose"
 _E4M3 = torch.float8_e4m3fn
-_PLAIN_DTYPES = (torch.bfloat16, torch.float32)
 _DTYPE_KEY = {torch.bfloat16: "bfloat16", torch.float32: "float32", _E4M3: "float8_e4m3fn"}
-_IN_GROUP = 128  # channels per input scale of a quantized input (num_per_channels)
-_HIDDEN_ALIGN = 16  # fused kernel: 16 channels per thread (16-byte e4m3 stores)
 _TRANSPOSE_HIDDEN_ALIGN = 64  # transpose kernel: 64-channel tiles
 _DUMMIES: dict[tuple, torch.Tensor] = {}  # (device, dtype, ndim) -> stand-in for an unread parameter
-
-
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 def _dummy(device: torch.device, dtype: torch.dtype, ndim: int) -> torch.Tensor:
@@ -58,84 +57,93 @@ def _dummy(device: torch.device, dtype: torch.dtype, ndim: int) -> torch.Tensor:
     return t
 
 
-def _check_int(op: str, name: str, value: Any, allowed: tuple[int, ...]) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value not in allowed:
-        raise fail(op, f"{name}={value!r} is not supported; supported: {', '.join(map(str, allowed))}")
-    return value
+@dataclass(frozen=True)
+class _Matrix(TensorParam):
+    """A 2-D tensor of ``dtypes``, contiguous, ``hidden % align == 0``, 16-byte aligned, in this
+    module's wording (:func:`check_matrix`); contiguity and alignment checked on every call.
+    ``pair_hint``: the message for a ``(data, sf)`` pair given where a plain tensor belongs."""
+
+    contiguous: bool = True  # OpSpec runs check_call on every call of a parameter that says so
+    align: int = HIDDEN_ALIGN
+    pair_hint: Optional[str] = None
+
+    def check(self, op: str, value: Any) -> Any:
+        if self.pair_hint is not None and isinstance(value, tuple):
+            raise fail(op, self.pair_hint)
+        check_matrix(op, self.name, value, self.dtypes, self.align)
+        return value
+
+    def check_call(self, op: str, t: torch.Tensor) -> None:
+        if not t.is_contiguous() or ptr(t) % 16:
+            check_matrix(op, self.name, t, self.dtypes, self.align)  # says which (the first call's message)
 
 
-def _check_matrix(op: str, name: str, t: Any, dtypes: tuple, align: int) -> None:
-    """A 2-D contiguous tensor of ``dtypes`` with ``hidden % align == 0`` and an aligned pointer."""
-    check_tensor(op, name, t, dtypes, 2)
-    if not t.is_contiguous():
-        raise fail(op, f"{name} must be contiguous (got strides {tuple(t.stride())} for shape {tuple(t.shape)}); "
-                       f"pass {name}.contiguous()")
-    if t.size(1) % align:
-        raise fail(op, f"{name} has hidden size {t.size(1)}; this op needs a multiple of {align} "
-                       f"(pad the hidden dimension)")
-    check_aligned(op, name, t)
+@dataclass(frozen=True)
+class _Positions(TensorParam):
+    """``pos_to_token``: None, or int32 ``[num_tokens_out]``, contiguous, 4-byte aligned
+    (:func:`check_pos`; contiguity and alignment checked on every call)."""
+
+    contiguous: bool = True
+
+    def check(self, op: str, value: Any) -> Any:
+        if value is not None:
+            check_pos(op, value)
+        return value
+
+    def check_call(self, op: str, t: Optional[torch.Tensor]) -> None:
+        if t is not None and (not t.is_contiguous() or ptr(t) % 4):
+            check_pos(op, t)
 
 
-def _check_quantized(op: str, x: tuple, num_per_channels: Any) -> tuple[torch.Tensor, torch.Tensor]:
-    """A ``(data, sf)`` input: e4m3 data, fp32 row-major sf of one scale per 128 channels."""
-    if len(x) != 2:
-        raise fail(op, f"a quantized input must be a (data, sf) pair, got a tuple of {len(x)}")
-    if num_per_channels is None:
-        raise fail(op, "a quantized (data, sf) input needs num_per_channels=128 (channels per input scale)")
-    _check_int(op, "num_per_channels", num_per_channels, (_IN_GROUP,))
-    data, sf = x
-    _check_matrix(op, "x[0] (data)", data, (_E4M3,), _HIDDEN_ALIGN)
-    check_tensor(op, "x[1] (sf)", sf, (torch.float32,), 2)
-    want = (data.size(0), _cdiv(data.size(1), _IN_GROUP))
-    if tuple(sf.shape) != want:
-        raise fail(op, f"x[1] (sf) has shape {tuple(sf.shape)}; for data of shape {tuple(data.shape)} with "
-                       f"{_IN_GROUP} channels per scale it must be {want} (one scale per token and 128 channels)")
-    if not sf.is_contiguous():
-        raise fail(op, f"x[1] (sf) must be row-major contiguous (got strides {tuple(sf.stride())}); column-major "
-                       f"and packed UE8M0 input scales are not supported here: pass sf.contiguous()")
-    check_aligned(op, "x[1] (sf)", sf, 4)
-    return data, sf
+def _fmt() -> Param:
+    return Param("fmt", "str", lambda op, value: check_fmt(op, value, ("e4m3",)))
 
 
-def _check_pos(op: str, pos_to_token: Any) -> None:
-    check_tensor(op, "pos_to_token", pos_to_token, (torch.int32,), 1)
-    if not pos_to_token.is_contiguous():
-        raise fail(op, f"pos_to_token must be contiguous (stride {pos_to_token.stride(0)}); "
-                       "pass pos_to_token.contiguous()")
-    check_aligned(op, "pos_to_token", pos_to_token, 4)
+def _tokens(allowed: tuple[int, ...]) -> Param:
+    return Param("num_per_tokens", "int", lambda op, value: check_int(op, "num_per_tokens", value, allowed))
 
 
-def _fused(op: str, x: Any, fmt: Any, num_per_tokens: Any, round_sf: Any, num_per_channels: Any,
-           pos_to_token: Any) -> QuantTensor:
-    check_fmt(op, fmt, ("e4m3",))
-    _check_int(op, "num_per_tokens", num_per_tokens, (128,))
-    round_sf = check_flag(op, "round_sf", round_sf)
-    if isinstance(x, tuple):
-        data, sf = _check_quantized(op, x, num_per_channels)
+def _plan_fused(values: dict) -> Callable[..., QuantTensor]:
+    """per_channel_cast and per_channel_cast_fused: the kernel for the configuration's form."""
+    x, pos = values["x"], values.get("pos_to_token")
+    pair = isinstance(x, tuple)
+    data = x[0] if pair else x
+    if not pair and pos is None and data.dtype == torch.bfloat16:
+        fn = launcher(_PLAIN_BF16, in_dtype="bfloat16", expand=False)
     else:
-        if num_per_channels is not None:
-            raise fail(op, f"num_per_channels={num_per_channels!r} is only for a quantized (data, sf) input; "
-                           "pass num_per_channels=None with a plain tensor")
-        _check_matrix(op, "x", x, _PLAIN_DTYPES, _HIDDEN_ALIGN)
-        data, sf = x, None
-    if pos_to_token is not None:
-        _check_pos(op, pos_to_token)
-    check_cuda(op, x=data, sf=sf, pos_to_token=pos_to_token)
+        fn = launcher(_FUSED, in_dtype=_DTYPE_KEY[data.dtype], expand=pos is not None)
+    round_sf = int(values["round_sf"])
+    sf_dummy = None if pair else _dummy(data.device, torch.float32, 2)
+    pos_dummy = None if pos is not None else _dummy(data.device, torch.int32, 1)
 
-    num_tokens, hidden = data.shape
-    num_out = num_tokens if pos_to_token is None else pos_to_token.size(0)
-    out = torch.empty((num_out, hidden), dtype=_E4M3, device=data.device)
-    out_sf = torch.empty((_cdiv(num_out, 128), hidden), dtype=torch.float32, device=data.device)
-    if num_out and hidden:
-        if sf is None and pos_to_token is None and data.dtype == torch.bfloat16:
-            fn = launcher(_PLAIN_BF16, in_dtype="bfloat16", expand=False)
-        else:
-            fn = launcher(_FUSED, in_dtype=_DTYPE_KEY[data.dtype], expand=pos_to_token is not None)
-        fn(data, out, out_sf,
-           aligned_input(sf) if sf is not None else _dummy(data.device, torch.float32, 2),
-           aligned_input(pos_to_token) if pos_to_token is not None else _dummy(data.device, torch.int32, 1),
-           int(round_sf))
-    return out, out_sf
+    def plain(x: torch.Tensor, *_: Any) -> QuantTensor:
+        num_tokens, hidden = x.shape
+        out = torch.empty((num_tokens, hidden), dtype=_E4M3, device=x.device)
+        out_sf = torch.empty((-(-num_tokens // 128), hidden), dtype=torch.float32, device=x.device)
+        if num_tokens and hidden:
+            fn(x, out, out_sf, sf_dummy, pos_dummy, round_sf)
+        return out, out_sf
+
+    def general(x: Any, _fmt: Any, _npt: Any, _round: Any, _npc: Any, pos: Optional[torch.Tensor]) -> QuantTensor:
+        data, sf = x if pair else (x, None)
+        num_tokens, hidden = data.shape
+        num_out = num_tokens if pos is None else pos.size(0)
+        out = torch.empty((num_out, hidden), dtype=_E4M3, device=data.device)
+        out_sf = torch.empty((-(-num_out // 128), hidden), dtype=torch.float32, device=data.device)
+        if num_out and hidden:
+            fn(data, out, out_sf, aligned_input(sf) if pair else sf_dummy,
+               aligned_input(pos) if pos is not None else pos_dummy, round_sf)
+        return out, out_sf
+
+    return plain if not pair and pos is None else general
+
+
+PER_CHANNEL_CAST = OpSpec(
+    "per_channel_cast",
+    (_Matrix("x", PLAIN_DTYPES, 2, pair_hint="x must be a plain bf16/fp32 tensor; for a quantized (data, sf) input "
+                                             "use per_channel_cast_fused(..., num_per_channels=128)"),
+     _fmt(), _tokens((128,)), FlagParam("round_sf", "False")),
+    "(Tensor, Tensor)", _plan_fused)
 
 
 def per_channel_cast(x: torch.Tensor, fmt: str, num_per_tokens: int, round_sf: bool = False) -> QuantTensor:
@@ -146,12 +154,35 @@ def per_channel_cast(x: torch.Tensor, fmt: str, num_per_tokens: int, round_sf: b
     both contiguous; ``out_sf`` holds dequantization scales.  ``round_sf`` rounds the scales up
     to powers of two.  Raises :class:`tilebin.runtime.ArgumentError` for any unsupported input.
     """
-    if is_compiling() and not TRACING.on:
-        return traced("per_channel_cast", x, fmt, num_per_tokens, round_sf)
+    return PER_CHANNEL_CAST(x, fmt, num_per_tokens, round_sf)
+
+
+def _fused_relations(op: str, values: dict) -> None:
+    """``num_per_channels`` goes with the form of ``x`` (128 for a pair, None for a plain tensor);
+    then the device of every tensor (the pair's are not a TensorParam's)."""
+    x, num_per_channels, pos = values["x"], values["num_per_channels"], values["pos_to_token"]
     if isinstance(x, tuple):
-        raise fail("per_channel_cast", "x must be a plain bf16/fp32 tensor; for a quantized (data, sf) input "
-                                       "use per_channel_cast_fused(..., num_per_channels=128)")
-    return _fused("per_channel_cast", x, fmt, num_per_tokens, round_sf, None, None)
+        if num_per_channels is None:
+            raise fail(op, "a quantized (data, sf) input needs num_per_channels=128 (channels per input scale)")
+        check_int(op, "num_per_channels", num_per_channels, (IN_GROUP,))
+        data, sf = x
+    else:
+        if num_per_channels is not None:
+            raise fail(op, f"num_per_channels={num_per_channels!r} is only for a quantized (data, sf) input; "
+                           "pass num_per_channels=None with a plain tensor")
+        data, sf = x, None
+    check_cuda(op, x=data, sf=sf, pos_to_token=pos)
+
+
+PER_CHANNEL_CAST_FUSED = OpSpec(
+    "per_channel_cast_fused",
+    (Param("x", "Tensor", fused_x, key_of=fused_x_key), _fmt(), _tokens((128,)), FlagParam("round_sf", "False"),
+     Param("num_per_channels", "int?", lambda op, value: value, default="None"),  # checked with x (relations)
+     _Positions("pos_to_token", (torch.int32,), 1, optional=True, default="None")),
+    "(Tensor, Tensor)", _plan_fused, relations=_fused_relations, per_call=fused_per_call,
+    schema_args="Tensor x, Tensor? x_sf, str fmt, int num_per_tokens, bool round_sf=False, "
+                "int? num_per_channels=None, Tensor? pos_to_token=None",
+    torch=dict(to_schema=pair_to_schema, to_public=pair_to_public))
 
 
 def per_channel_cast_fused(
@@ -171,9 +202,29 @@ def per_channel_cast_fused(
     negative value).  Returns ``(out [num_tokens_out, hidden] e4m3, out_sf
     [ceil(num_tokens_out / 128), hidden] fp32)``.
     """
-    if is_compiling() and not TRACING.on:
-        return traced("per_channel_cast_fused", x, fmt, num_per_tokens, round_sf, num_per_channels, pos_to_token)
-    return _fused("per_channel_cast_fused", x, fmt, num_per_tokens, round_sf, num_per_channels, pos_to_token)
+    return PER_CHANNEL_CAST_FUSED(x, fmt, num_per_tokens, round_sf, num_per_channels, pos_to_token)
+
+
+def _plan_transpose(values: dict) -> Callable[..., QuantTensor]:
+    num_per_tokens, round_sf = values["num_per_tokens"], int(values["round_sf"])
+    fn = launcher(_TRANSPOSE, num_per_tokens=num_per_tokens)
+
+    def run(x: torch.Tensor, *_: Any) -> QuantTensor:
+        num_tokens, hidden = x.shape
+        out = torch.empty((hidden, num_tokens), dtype=_E4M3, device=x.device)
+        out_sf = torch.empty((-(-num_tokens // num_per_tokens), hidden), dtype=torch.float32, device=x.device)
+        if num_tokens and hidden:
+            fn(x, out, out_sf, round_sf)
+        return out, out_sf
+
+    return run
+
+
+PER_CHANNEL_CAST_AND_TRANSPOSE = OpSpec(
+    "per_channel_cast_and_transpose",
+    (_Matrix("x", (torch.bfloat16,), 2, align=_TRANSPOSE_HIDDEN_ALIGN), _fmt(), _tokens((32, 128)),
+     FlagParam("round_sf", "False")),
+    "(Tensor, Tensor)", _plan_transpose)
 
 
 def per_channel_cast_and_transpose(x: torch.Tensor, fmt: str, num_per_tokens: int,
@@ -185,33 +236,12 @@ def per_channel_cast_and_transpose(x: torch.Tensor, fmt: str, num_per_tokens: in
     num_per_tokens), hidden] fp32)``; ``out.T`` equals :func:`per_channel_cast`'s ``out`` for
     128.  ``hidden % 64 == 0`` is required.
     """
-    if is_compiling() and not TRACING.on:
-        return traced("per_channel_cast_and_transpose", x, fmt, num_per_tokens, round_sf)
-    op = "per_channel_cast_and_transpose"
-    check_fmt(op, fmt, ("e4m3",))
-    _check_int(op, "num_per_tokens", num_per_tokens, (32, 128))
-    round_sf = check_flag(op, "round_sf", round_sf)
-    _check_matrix(op, "x", x, (torch.bfloat16,), _TRANSPOSE_HIDDEN_ALIGN)
-    check_cuda(op, x=x)
-
-    num_tokens, hidden = x.shape
-    out = torch.empty((hidden, num_tokens), dtype=_E4M3, device=x.device)
-    out_sf = torch.empty((_cdiv(num_tokens, num_per_tokens), hidden), dtype=torch.float32, device=x.device)
-    if num_tokens and hidden:
-        launcher(_TRANSPOSE, num_per_tokens=num_per_tokens)(x, out, out_sf, int(round_sf))
-    return out, out_sf
+    return PER_CHANNEL_CAST_AND_TRANSPOSE(x, fmt, num_per_tokens, round_sf)
 
 
+SPECS = (PER_CHANNEL_CAST, PER_CHANNEL_CAST_FUSED, PER_CHANNEL_CAST_AND_TRANSPOSE)
 # the tilebin::<op> declarations (ops/_torch.py), registered through ops/quant/_torch_ops.py
-TORCH_OPS = (
-    TorchOp("per_channel_cast", "(Tensor x, str fmt, int num_per_tokens, bool round_sf=False) -> (Tensor, Tensor)",
-            per_channel_cast),
-    TorchOp("per_channel_cast_fused", "(Tensor x, Tensor? x_sf, str fmt, int num_per_tokens, bool round_sf=False, "
-                                      "int? num_per_channels=None, Tensor? pos_to_token=None) -> (Tensor, Tensor)",
-            per_channel_cast_fused, to_schema=pair_to_schema, to_public=pair_to_public),
-    TorchOp("per_channel_cast_and_transpose", "(Tensor x, str fmt, int num_per_tokens, bool round_sf=False) -> "
-                                              "(Tensor, Tensor)", per_channel_cast_and_transpose),
-)
-
+TORCH_OPS = (PER_CHANNEL_CAST.torch_op(per_channel_cast), PER_CHANNEL_CAST_FUSED.torch_op(per_channel_cast_fused),
+             PER_CHANNEL_CAST_AND_TRANSPOSE.torch_op(per_channel_cast_and_transpose))
 
 __all__ = ["per_channel_cast", "per_channel_cast_fused", "per_channel_cast_and_transpose"]
