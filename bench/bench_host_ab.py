@@ -4,6 +4,8 @@
     python3 bench/bench_host_ab.py --site before=/tmp/tb-old --site after=/tmp/tb-new [--md F]
 
 Each site is a folder a tilebin wheel was installed into (``pip install --no-deps --target``).
+Give the first site twice under two labels (``--site before=F --site before2=F``) for an A/A
+control: its ratio is this run's noise, the yardstick for the other sites' ratios.
 Every site is measured in its own child process (one tilebin per interpreter), all pinned to
 one CPU core, in ABBA order over ``--rounds`` rounds (so neither site always runs first); a row
 reports each site's median over rounds of ``_common.host_us`` (median over batches of 50 calls,
@@ -59,6 +61,10 @@ def calls():
          lambda: moe.get_fused_mapping(topk_idx, 256, 4 * 8 + 256 * 127, 128)),
         ("moe.expand_to_fused(x, ...)", lambda: moe.expand_to_fused(x, mapping[3], mapping[0])),
         ("moe.reduce_fused(expanded, topk_w, ...)", lambda: moe.reduce_fused(expanded, topk_w, mapping[3])),
+        ("quant.per_token_cast_back(q, 'bf16', 128)", lambda: quant.per_token_cast_back(q, "bf16", 128)),
+        ("moe.group_count(topk_idx, 256)", lambda: moe.group_count(topk_idx, 256)),
+        ("moe.expand_to_fused_with_sf(q, 128, ...)",
+         lambda: moe.expand_to_fused_with_sf(q, 128, mapping[3], mapping[0])),
     ]
 
 
