@@ -16,24 +16,33 @@ Every argument is validated before any GPU work (:class:`tilebin.runtime.Argumen
 the op, the value received, what is supported and the fix; the device is checked last).  Data
 that is not contiguous or not 16-byte aligned is copied first.  The kernels run on torch's
 current stream.
+
+Each op is declared by an :class:`~tilebin.ops._spec.OpSpec`.  ``per_token_cast_back`` is
+``cast_back`` with ``(1, num_per_channels)`` blocks: its own spec and custom op, the same checks
+(whose messages name ``cast_back``).  A configuration of the pair (data dtype, device and width;
+sf dtype, device, width and orientation; fmt; the block sizes with their types; x_special_fmt)
+is checked once; later calls check only what the token count decides (the sf's rows, the 32-bit
+element limit, a token block that is not a power of two spanning every token).
 """
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import torch
-from torch.compiler import is_compiling
 
-from .._common import TRACING, aligned_input, check_cuda, fail, launcher, ptr, typed_key
-from .._torch import TorchOp, traced, pair_to_public, pair_to_schema
+from .._common import aligned_input, check_cuda, fail, launcher, ptr
+from .._spec import OpSpec, Param
+from .._torch import pair_to_public, pair_to_schema
 from ._sf import input_sf
 
 QuantTensor = tuple[torch.Tensor, torch.Tensor]
 
+_OP = "cast_back"  # the op the checks name (per_token_cast_back's too, as when it called cast_back)
 _OUT = {"bf16": (torch.bfloat16, "bfloat16"), "fp32": (torch.float32, "float32")}
 _DATA_FMT = {torch.float8_e4m3fn: "e4m3", torch.int8: "e2m1"}
 _INT32_MAX = 2**31 - 1
+_SURE_ELEMENTS = _INT32_MAX // 2  # tokens * data width up to this: the output is within 32-bit indexing
 _WHOLE = 31  # shift for a block spanning its dimension: every index maps to block 0
 # e2m1 code -> value; code 8 is -0.0 (sign bit set on a zero magnitude)
 _E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
@@ -43,34 +52,148 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def _check_out_fmt(op: str, fmt: Any) -> tuple[torch.dtype, str]:
+# ------------------------------------------------------------------------------------- the checks
+def _check_out_fmt(op: str, fmt: Any) -> str:
     if not isinstance(fmt, str) or fmt not in _OUT:
-        raise fail(op, f"fmt={fmt!r} is not supported; supported: 'bf16', 'fp32' (the output dtype)")
-    return _OUT[fmt]
+        raise fail(_OP, f"fmt={fmt!r} is not supported; supported: 'bf16', 'fp32' (the output dtype)")
+    return fmt
 
 
-def _block_shift(op: str, what: str, size: Any, extent: int) -> int:
+def _check_special(op: str, special: Any) -> Optional[str]:
+    if special not in (None, "e5m6"):
+        raise fail(_OP, f"x_special_fmt={special!r} is not supported; supported: None, 'e5m6'")
+    return special
+
+
+def _later(op: str, value: Any) -> Any:
+    """The pair and the block sizes: checked together by :func:`_read_input` (``relations``)."""
+    return value
+
+
+def _block_shift(what: str, size: Any, extent: int) -> int:
     """Shift that maps an index to its block: log2 of a power-of-two block, or ``_WHOLE``."""
     if isinstance(size, bool) or not isinstance(size, int) or size <= 0:
-        raise fail(op, f"x_block_size {what} must be a positive int, got {size!r}")
+        raise fail(_OP, f"x_block_size {what} must be a positive int, got {size!r}")
     if size & (size - 1) == 0:
         return size.bit_length() - 1
     if size >= extent:
         return _WHOLE
-    raise fail(op, f"x_block_size {what}={size} is not supported for a dimension of {extent}: a block must be "
-                   f"a power of two or span the whole dimension (use e.g. {1 << (size.bit_length() - 1)})")
+    raise fail(_OP, f"x_block_size {what}={size} is not supported for a dimension of {extent}: a block must be "
+                    f"a power of two or span the whole dimension (use e.g. {1 << (size.bit_length() - 1)})")
 
 
-def _check_sf(op: str, user_sf: torch.Tensor, sf: torch.Tensor, layout, tokens: int, hidden: int) -> None:
+def _check_sf(user_sf: torch.Tensor, sf: torch.Tensor, layout, tokens: int, hidden: int) -> None:
     """The kernel-orientation ``sf`` has the shape ``layout`` gives for a tokens x hidden input."""
     if tuple(sf.shape) != tuple(layout.shape(tokens, hidden)):
         m, k = layout.blocks(tokens, hidden)
         want = (m, _cdiv(k, 4)) if layout.packed_ue8m0 else (m, k)
-        raise fail(op, f"x's sf has shape {tuple(user_sf.shape)} but blocks {tuple(layout.block)} of a {tokens} x "
-                       f"{hidden} input need {want} ({layout.kind} layout); pass the sf the cast returned for "
-                       "this x_block_size")
+        raise fail(_OP, f"x's sf has shape {tuple(user_sf.shape)} but blocks {tuple(layout.block)} of a {tokens} x "
+                        f"{hidden} input need {want} ({layout.kind} layout); pass the sf the cast returned for "
+                        "this x_block_size")
 
 
+def _data_fmt(data: torch.Tensor, special: Optional[str]) -> tuple[str, int]:
+    """The data's format and the hidden size it holds."""
+    if special == "e5m6":
+        if data.dtype != torch.uint8:
+            raise fail(_OP, f"x_special_fmt='e5m6' needs uint8 packed data, got {data.dtype}")
+        if data.size(1) % 12:
+            raise fail(_OP, f"E5M6 data has {data.size(1)} bytes per row; it must be a multiple of 12 "
+                            "(hidden % 8 == 0, 8 values in 12 bytes)")
+        return "e5m6", data.size(1) * 2 // 3
+    if data.dtype not in _DATA_FMT:
+        raise fail(_OP, f"x's data has dtype {data.dtype}; supported: float8_e4m3fn (e4m3), int8 (packed e2m1); "
+                        "uint8 is packed E5M6: pass x_special_fmt='e5m6'")
+    fmt = _DATA_FMT[data.dtype]
+    hidden = data.size(1) * (2 if fmt == "e2m1" else 1)
+    if hidden % 64:
+        raise fail(_OP, f"hidden={hidden} is not supported: e4m3/e2m1 cast_back needs hidden % 64 == 0")
+    return fmt, hidden
+
+
+def _read_input(x: Any, x_block_size: Any, special: Optional[str]):
+    """Validate a (data, sf) input; returns (data, kernel sf, layout, data fmt, tokens, hidden,
+    (shift_t, shift_c))."""
+    if not isinstance(x, tuple) or len(x) != 2:
+        raise fail(_OP, f"x must be a (data, sf) tuple, got {type(x).__name__}")
+    data, sf, layout = input_sf(_OP, x, x_block_size)
+    if data.dim() != 2:
+        raise fail(_OP, f"x's data must be 2-D [tokens, hidden], got shape {tuple(data.shape)}")
+    tokens = data.size(0)
+    fmt, hidden = _data_fmt(data, special)
+    shifts = (_block_shift("tokens per scale", x_block_size[0], tokens),
+              _block_shift("channels per scale", x_block_size[1], hidden))
+    _check_sf(x[1], sf, layout, tokens, hidden)
+    if tokens * hidden > _INT32_MAX:
+        raise fail(_OP, f"the output has {tokens * hidden} elements; at most {_INT32_MAX} (32-bit indexing): "
+                        "split the tokens into smaller calls")
+    return data, sf, layout, fmt, tokens, hidden, shifts
+
+
+def _relations(block_of: Callable[[Any], tuple]) -> Callable[[str, dict], None]:
+    """Every check of the pair against the block sizes and x_special_fmt, then its device."""
+    def relations(op: str, values: dict) -> None:
+        data, sf, *_ = _read_input(values["x"], block_of(values), values["x_special_fmt"])
+        check_cuda(_OP, data=data, sf=sf)
+
+    return relations
+
+
+# --------------------------------------------------------------------------------- the memo keys
+def _pair_key(x: Any) -> tuple:
+    """The pair's part of a configuration: data dtype, device and sizes but the token count; sf
+    dtype, device and sizes but the first, whether it is column-major (``stride(0) == 1``) and
+    whether it is that or has unit column stride (a row-major sf must).  TypeError for anything
+    but a 2-tuple (the checked path)."""
+    if type(x) is not tuple or len(x) != 2:
+        raise TypeError("not a (data, sf) tuple")
+    data, sf = x
+    st = sf.stride()
+    col = st[0] == 1
+    return data.dtype, data.device, data.shape[1:], sf.dtype, sf.device, sf.shape[1:], col, col or st[1] == 1
+
+
+def _block_key(block: Any) -> tuple:
+    """x_block_size's part: the sizes with their types (TypeError for anything but a 2-tuple)."""
+    if type(block) is not tuple or len(block) != 2:
+        raise TypeError("not a (rows, cols) tuple")
+    return type(block[0]), block[0], type(block[1]), block[1]
+
+
+def _typed(value: Any) -> tuple:
+    return type(value), value
+
+
+# ------------------------------------------------------------------------- cast_back's per call
+def _cast_back_per_call(op: str, args: tuple) -> None:
+    """What the memo key leaves out, on every call (the first too): the sf has a row per token
+    block of the data, the output fits 32-bit indexing, and a token block that is not a power of
+    two spans every token.  Where that is not plainly so (or the arguments are not checked yet),
+    every check of the pair runs: a refusal reads as a first call's."""
+    try:
+        data, sf = args[0]
+        tokens, block_t = data.shape[0], args[2][0]
+        if (sf.shape[0] == -(-tokens // block_t) and tokens * data.shape[1] <= _SURE_ELEMENTS
+                and (not block_t & (block_t - 1) or tokens <= block_t)):
+            return
+    except Exception:  # noqa: BLE001 -- not a pair of tensors, a bad block: the checks below name it
+        pass
+    _read_input(args[0], args[2], args[3])
+
+
+def _per_token_per_call(op: str, args: tuple) -> None:
+    """:func:`_cast_back_per_call` for blocks ``(1, num_per_channels)``: an sf row per token."""
+    try:
+        data, sf = args[0]
+        tokens = data.shape[0]
+        if sf.shape[0] == tokens and tokens * data.shape[1] <= _SURE_ELEMENTS:
+            return
+    except Exception:  # noqa: BLE001
+        pass
+    _read_input(args[0], (1, args[2]), args[3])
+
+
+# ------------------------------------------------------------------------------------ the launch
 def _prepare_data(data: torch.Tensor) -> torch.Tensor:
     """``data`` contiguous with a 16-byte aligned pointer (a copy only when needed)."""
     if not data.is_contiguous():
@@ -80,93 +203,57 @@ def _prepare_data(data: torch.Tensor) -> torch.Tensor:
     return data
 
 
-def _read_input(op: str, x: Any, x_block_size: Any, special: Optional[str]):
-    """Validate a (data, sf) input; returns (data, kernel sf, layout, data fmt, tokens, hidden,
-    (shift_t, shift_c))."""
-    if not isinstance(x, tuple) or len(x) != 2:
-        raise fail(op, f"x must be a (data, sf) tuple, got {type(x).__name__}")
-    data, sf, layout = input_sf(op, x, x_block_size)
-    if data.dim() != 2:
-        raise fail(op, f"x's data must be 2-D [tokens, hidden], got shape {tuple(data.shape)}")
-    tokens = data.size(0)
-    if special == "e5m6":
-        if data.dtype != torch.uint8:
-            raise fail(op, f"x_special_fmt='e5m6' needs uint8 packed data, got {data.dtype}")
-        if data.size(1) % 12:
-            raise fail(op, f"E5M6 data has {data.size(1)} bytes per row; it must be a multiple of 12 "
-                           "(hidden % 8 == 0, 8 values in 12 bytes)")
-        fmt, hidden = "e5m6", data.size(1) * 2 // 3
-    else:
-        if data.dtype not in _DATA_FMT:
-            raise fail(op, f"x's data has dtype {data.dtype}; supported: float8_e4m3fn (e4m3), int8 (packed e2m1); "
-                           "uint8 is packed E5M6: pass x_special_fmt='e5m6'")
-        fmt = _DATA_FMT[data.dtype]
-        hidden = data.size(1) * (2 if fmt == "e2m1" else 1)
-        if hidden % 64:
-            raise fail(op, f"hidden={hidden} is not supported: e4m3/e2m1 cast_back needs hidden % 64 == 0")
-    shifts = (_block_shift(op, "tokens per scale", x_block_size[0], tokens),
-              _block_shift(op, "channels per scale", x_block_size[1], hidden))
-    _check_sf(op, x[1], sf, layout, tokens, hidden)
-    if tokens * hidden > _INT32_MAX:
-        raise fail(op, f"the output has {tokens * hidden} elements; at most {_INT32_MAX} (32-bit indexing): "
-                       "split the tokens into smaller calls")
-    return data, sf, layout, fmt, tokens, hidden, shifts
-
-
-class _Plan:
-    """The launch of ``cast_back`` for one validated configuration (data dtype and width, scale
-    layout and block, output dtype): everything but the token count and the pointers.  The checked
-    path builds one and runs it; the memo (``_FAST``) keeps it for later calls, so both paths
-    allocate and launch through this one piece of code."""
-
-    __slots__ = ("hidden", "out_dtype", "name", "key", "shifts", "fn")
-
-    def __init__(self, in_fmt: str, out_dtype: torch.dtype, out_key: str, kind: str, hidden: int,
-                 shifts: tuple[int, int]) -> None:
-        self.hidden = hidden
-        self.out_dtype = out_dtype
+def _plan(block_of: Callable[[dict], tuple]) -> Callable[[dict], Callable[..., torch.Tensor]]:
+    """The launch of one configuration (data format and width, scale layout and block, output
+    dtype): its kernel, shifts and output row width fixed; per call the output for the call's
+    token count, the sf in the kernel's orientation and the data contiguous and aligned."""
+    def plan(values: dict) -> Callable[..., torch.Tensor]:
+        _, _, layout, in_fmt, _, hidden, (shift_t, shift_c) = _read_input(
+            values["x"], block_of(values), values["x_special_fmt"])
+        out_dtype, out_key = _OUT[values["fmt"]]
         if in_fmt == "e5m6":
-            self.name, self.key = "quant.cast_back_e5m6", dict(out_dtype=out_key, sf_kind=kind)
+            fn = launcher("quant.cast_back_e5m6", out_dtype=out_key, sf_kind=layout.kind)
         else:
-            self.name, self.key = "quant.cast_back", dict(in_fmt=in_fmt, out_dtype=out_key, sf_kind=kind)
-        self.shifts = shifts
-        self.fn = None  # the launcher, looked up at the first launch
+            fn = launcher("quant.cast_back", in_fmt=in_fmt, out_dtype=out_key, sf_kind=layout.kind)
+        col, packed = layout.col_major, layout.packed_ue8m0
 
-    def __call__(self, data: torch.Tensor, sf: torch.Tensor, tokens: int) -> torch.Tensor:
-        """The output for ``data`` and kernel-orientation ``sf`` (validated for this configuration)."""
-        out = torch.empty((tokens, self.hidden), dtype=self.out_dtype, device=data.device)
-        if tokens == 0:
+        def run(x: QuantTensor, *_: Any) -> torch.Tensor:
+            data, sf = x
+            tokens = data.shape[0]
+            out = torch.empty((tokens, hidden), dtype=out_dtype, device=data.device)
+            if tokens:
+                if col:  # as input_sf: the kernel reads the transpose (packed UE8M0: its bytes)
+                    sf = sf.T.view(torch.uint8) if packed else sf.T
+                fn(_prepare_data(data), aligned_input(sf), out, shift_t, shift_c)
             return out
-        data, sf = _prepare_data(data), aligned_input(sf)
-        fn = self.fn
-        if fn is None:
-            fn = self.fn = launcher(self.name, **self.key)
-        fn(data, sf, out, *self.shifts)
-        return out
+
+        return run
+
+    return plan
 
 
-class _Fast:
-    """A memoized configuration: the checks that depend on the token count, then the plan."""
-
-    __slots__ = ("plan", "block_t", "sf_cols", "col", "packed")
-
-    def __init__(self, plan: _Plan, block_t: int, sf_cols: int, col: bool, packed: bool) -> None:
-        self.plan, self.block_t, self.sf_cols, self.col, self.packed = plan, block_t, sf_cols, col, packed
-
-    def __call__(self, data: torch.Tensor, sf: torch.Tensor) -> Optional[torch.Tensor]:
-        """The output, or None when a check fails (the checked path then says why)."""
-        tokens = data.shape[0]
-        if tokens * self.plan.hidden > _INT32_MAX or sf.shape != (-(-tokens // self.block_t), self.sf_cols):
-            return None
-        if self.col:  # as input_sf: the kernel reads the transpose (packed UE8M0: its bytes)
-            sf = sf.T.view(torch.uint8) if self.packed else sf.T
-        elif sf.stride(1) != 1:
-            return None
-        return self.plan(data, sf, tokens)
+def _blocks(values: dict) -> tuple:
+    return values["x_block_size"]
 
 
-_FAST: dict[tuple, _Fast] = {}
-_FAST_MAX = 256  # memoized cast_back configurations
+def _per_token_blocks(values: dict) -> tuple:
+    return 1, values["num_per_channels"]
+
+
+# ------------------------------------------------------------------------------------- the specs
+_PAIR = Param("x", "Tensor", _later, key_of=_pair_key)
+_FMT = Param("fmt", "str", _check_out_fmt, key_of=_typed)
+_SPECIAL = Param("x_special_fmt", "str?", _check_special, key_of=_typed, default="None")
+_PAIR_TORCH = dict(to_schema=pair_to_schema, to_public=pair_to_public)
+
+CAST_BACK = OpSpec(
+    "cast_back", (_PAIR, _FMT, Param("x_block_size", "int[]", _later, key_of=_block_key), _SPECIAL), "Tensor",
+    _plan(_blocks), relations=_relations(_blocks), per_call=_cast_back_per_call,
+    schema_args="Tensor x, Tensor x_sf, str fmt, int[] x_block_size, str? x_special_fmt=None", torch=_PAIR_TORCH)
+PER_TOKEN_CAST_BACK = OpSpec(
+    "per_token_cast_back", (_PAIR, _FMT, Param("num_per_channels", "int", _later, key_of=_typed), _SPECIAL),
+    "Tensor", _plan(_per_token_blocks), relations=_relations(_per_token_blocks), per_call=_per_token_per_call,
+    schema_args="Tensor x, Tensor x_sf, str fmt, int num_per_channels, str? x_special_fmt=None", torch=_PAIR_TORCH)
 
 
 def cast_back(
@@ -179,47 +266,11 @@ def cast_back(
     ('bf16' or 'fp32'); ``x_block_size = (tokens, channels)`` per scale; ``x_special_fmt``
     None (e4m3 / packed e2m1 data) or 'e5m6' (packed E5M6 uint8 data).  See the module docstring.
 
-    A configuration whose checks passed before (data dtype, dim, width and device; sf dtype, dim,
-    device and whether ``sf.stride(0) == 1``; fmt; x_block_size with its types, a power-of-two
-    token block; x_special_fmt) skips them (a dict lookup): per call only the token count, sf's
-    shape (and for row-major sf its last stride) and the 32-bit element limit are checked."""
-    if is_compiling() and not TRACING.on:
-        return traced("cast_back", x, fmt, x_block_size, x_special_fmt)
-    key = None
-    if type(x) is tuple and len(x) == 2:
-        data, sf = x
-        try:  # types too: True == 1 == 1.0 hash alike, but the checks take ints only
-            key = typed_key(data.dtype, data.dim(), data.shape[-1], data.device, sf.dtype, sf.dim(), sf.stride(0) == 1,
-                   sf.device, fmt, x_block_size, x_special_fmt)
-            fast = _FAST.get(key)
-        except (AttributeError, TypeError, IndexError):  # not tensors, an unhashable argument: the checks say
-            key, fast = None, None
-        if fast is not None:
-            out = fast(data, sf)
-            if out is not None:
-                return out
-    return _cast_back_checked(x, fmt, x_block_size, x_special_fmt, key)
-
-
-def _cast_back_checked(x: Any, fmt: Any, x_block_size: Any, x_special_fmt: Any,
-                       memo_key: Optional[tuple]) -> torch.Tensor:
-    """:func:`cast_back` with every check; memoizes its configuration under ``memo_key`` (when
-    given) once every check passed."""
-    op = "cast_back"
-    out_dtype, out_key = _check_out_fmt(op, fmt)
-    if x_special_fmt not in (None, "e5m6"):
-        raise fail(op, f"x_special_fmt={x_special_fmt!r} is not supported; supported: None, 'e5m6'")
-    data, sf, layout, in_fmt, tokens, hidden, shifts = _read_input(op, x, x_block_size, x_special_fmt)
-    check_cuda(op, data=data, sf=sf)
-    plan = _Plan(in_fmt, out_dtype, out_key, layout.kind, hidden, shifts)
-    out = plan(data, sf, tokens)
-    block_t = x_block_size[0]
-    if memo_key is not None and block_t & (block_t - 1) == 0 and len(_FAST) < _FAST_MAX:
-        # a power-of-two token block: its shift does not depend on the token count
-        _, k = layout.blocks(tokens, hidden)
-        _FAST[memo_key] = _Fast(plan, block_t, _cdiv(k, 4) if layout.packed_ue8m0 else k, layout.col_major,
-                                layout.packed_ue8m0)
-    return out
+    A configuration whose checks passed before (data dtype, width and device; sf dtype, width,
+    device and orientation; fmt; x_block_size with its types; x_special_fmt) skips them: per
+    call only the sf's rows against the token count, the 32-bit element limit and (a token block
+    that is not a power of two) the token count against the block are checked."""
+    return CAST_BACK(x, fmt, x_block_size, x_special_fmt)
 
 
 def per_token_cast_back(
@@ -229,41 +280,59 @@ def per_token_cast_back(
     x_special_fmt: Optional[str] = None,
 ) -> torch.Tensor:
     """``cast_back(x, fmt, (1, num_per_channels), x_special_fmt)``: one scale per token and group."""
-    if is_compiling() and not TRACING.on:
-        return traced("per_token_cast_back", x, fmt, num_per_channels, x_special_fmt)
-    return cast_back(x, fmt, (1, num_per_channels), x_special_fmt=x_special_fmt)
+    return PER_TOKEN_CAST_BACK(x, fmt, num_per_channels, x_special_fmt)
 
 
-def unpack_from_e2m1fn_x2(x: torch.Tensor, out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """Decode packed e2m1 bytes (int8 / uint8 ``[..., k]``, low nibble first) into ``out_dtype``
-    values ``[..., 2 k]`` on ``x``'s device (torch ops, any device; code 8 gives -0.0)."""
-    if is_compiling() and not TRACING.on:
-        return traced("unpack_from_e2m1fn_x2", x, out_dtype)
-    op = "unpack_from_e2m1fn_x2"
+# --------------------------------------------------------------------------- unpack_from_e2m1fn_x2
+def _check_packed(op: str, x: Any) -> torch.Tensor:
     if not isinstance(x, torch.Tensor):
         raise fail(op, f"x must be a torch.Tensor, got {type(x).__name__}")
     if x.dtype not in (torch.int8, torch.uint8):
         raise fail(op, f"x has dtype {x.dtype}; supported: int8, uint8 (two e2m1 values per byte)")
     if x.dim() == 0:
         raise fail(op, "x must have at least 1 dimension (the packed one, doubled in the output)")
+    return x
+
+
+def _check_out_dtype(op: str, out_dtype: Any) -> torch.dtype:
     if not isinstance(out_dtype, torch.dtype):
         raise fail(op, f"out_dtype must be a torch.dtype, got {out_dtype!r}")
-    table = torch.tensor(_E2M1_VALUES, dtype=torch.float32, device=x.device)
-    byte = x.view(torch.uint8).to(torch.int64)
-    codes = torch.stack((byte & 0xF, byte >> 4), dim=-1)
-    return table[codes].reshape(*x.shape[:-1], x.shape[-1] * 2).to(out_dtype)
+    return out_dtype
 
 
+def _packed_key(x: Any) -> tuple:
+    """x's part of a configuration: dtype, device and rank (its sizes are read per call)."""
+    return x.dtype, x.device, x.dim()
+
+
+def _plan_unpack(values: dict) -> Callable[..., torch.Tensor]:
+    """The decode on x's device: the value table made once per configuration."""
+    out_dtype = values["out_dtype"]
+    table = torch.tensor(_E2M1_VALUES, dtype=torch.float32, device=values["x"].device)
+
+    def run(x: torch.Tensor, *_: Any) -> torch.Tensor:
+        byte = x.view(torch.uint8).to(torch.int64)
+        codes = torch.stack((byte & 0xF, byte >> 4), dim=-1)
+        return table[codes].reshape(*x.shape[:-1], x.shape[-1] * 2).to(out_dtype)
+
+    return run
+
+
+UNPACK_FROM_E2M1FN_X2 = OpSpec(
+    "unpack_from_e2m1fn_x2", (Param("x", "Tensor", _check_packed, key_of=_packed_key),
+                              Param("out_dtype", "ScalarType", _check_out_dtype, key_of=_typed)),
+    "Tensor", _plan_unpack)
+
+
+def unpack_from_e2m1fn_x2(x: torch.Tensor, out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Decode packed e2m1 bytes (int8 / uint8 ``[..., k]``, low nibble first) into ``out_dtype``
+    values ``[..., 2 k]`` on ``x``'s device (torch ops, any device; code 8 gives -0.0)."""
+    return UNPACK_FROM_E2M1FN_X2(x, out_dtype)
+
+
+SPECS = (CAST_BACK, PER_TOKEN_CAST_BACK, UNPACK_FROM_E2M1FN_X2)
 # the tilebin::<op> declarations (ops/_torch.py), registered through ops/quant/_torch_ops.py
-TORCH_OPS = (
-    TorchOp("cast_back", "(Tensor x, Tensor x_sf, str fmt, int[] x_block_size, str? x_special_fmt=None) -> Tensor",
-            cast_back, lambda *a: _cast_back_checked(*a, None), pair_to_schema, pair_to_public),
-    TorchOp("per_token_cast_back", "(Tensor x, Tensor x_sf, str fmt, int num_per_channels, str? x_special_fmt=None) "
-                                   "-> Tensor", per_token_cast_back,
-            lambda x, fmt, n, special: _cast_back_checked(x, fmt, (1, n), special, None), pair_to_schema,
-            pair_to_public),
-    TorchOp("unpack_from_e2m1fn_x2", "(Tensor x, ScalarType out_dtype) -> Tensor", unpack_from_e2m1fn_x2),
-)
-
+TORCH_OPS = (CAST_BACK.torch_op(cast_back), PER_TOKEN_CAST_BACK.torch_op(per_token_cast_back),
+             UNPACK_FROM_E2M1FN_X2.torch_op(unpack_from_e2m1fn_x2))
 
 __all__ = ["cast_back", "per_token_cast_back", "unpack_from_e2m1fn_x2"]

@@ -1,5 +1,5 @@
-"""The memoized fast paths of per_token_cast, swiglu_forward_and_per_token_cast and cast_back /
-per_token_cast_back (CPU, no GPU: the launcher records, the device check passes).
+"""The memoized fast paths of per_token_cast and swiglu_forward_and_per_token_cast (CPU, no GPU:
+the launcher records, the device check passes; cast_back's replay: test_cast_back_replay.py).
 
 A configuration is memoized only after the checked path accepted it; a later call with the same
 configuration skips the checks.  Here every fast call is compared with the checked path on the
@@ -16,13 +16,12 @@ import math
 import pytest
 import torch
 
-from tilebin.ops.quant import _cast_back as cb
 from tilebin.ops.quant import _per_token as pt
 from tilebin.ops.quant import _swiglu as sw
 from tilebin.runtime import ArgumentError
 
-BF16, FP32, E4M3, I8 = torch.bfloat16, torch.float32, torch.float8_e4m3fn, torch.int8
-CHECKED = {pt: "_run", sw: "_forward_checked", cb: "_cast_back_checked"}
+BF16, FP32, E4M3 = torch.bfloat16, torch.float32, torch.float8_e4m3fn
+CHECKED = {pt: "_run", sw: "_forward_checked"}
 
 
 class Recorder:
@@ -116,7 +115,7 @@ def _shares(t: torch.Tensor, k: torch.Tensor) -> bool:
 def _raises(match: str, fn, *args, **kwargs):
     """``fn`` raises ArgumentError matching ``match``, with a warm memo and with an empty one
     (the same message), and memoizes nothing."""
-    mod = {pt.per_token_cast: pt, sw.swiglu_forward_and_per_token_cast: sw, cb.cast_back: cb}.get(fn)
+    mod = {pt.per_token_cast: pt, sw.swiglu_forward_and_per_token_cast: sw}.get(fn)
     saved = dict(mod._FAST) if mod else {}
     with pytest.raises(ArgumentError, match=match) as warm:
         fn(*args, **kwargs)
@@ -327,142 +326,6 @@ def test_swiglu_other_device_misses(rec):
     assert len(sw._FAST) == 2
 
 
-# ------------------------------------------------------------------------------------ cast_back
-def _data(tokens, hidden, dtype):
-    if dtype == I8:
-        return torch.randint(-128, 128, (tokens, hidden // 2), dtype=I8)
-    return torch.randn(tokens, hidden).clamp(-400, 400).to(E4M3)
-
-
-def _sf(tokens, hidden, block, kind):
-    m, k = -(-tokens // block[0]), -(-hidden // block[1])
-    if kind == "row":
-        return torch.rand(m, k) + 0.5
-    if kind == "col":
-        return (torch.rand(k, m) + 0.5).T
-    return torch.randint(100, 140, (-(-k // 4), m), dtype=torch.int32).T  # packed UE8M0, column-major
-
-
-def _cb(data, sf, fmt, block):
-    return lambda: cb.cast_back((data, sf), fmt, block)
-
-
-def _cb_both(rec, data, sf, fmt, block):
-    slow = rec.checked_run(cb, _cb(data, sf, fmt, block))
-    fast = rec.run(cb, _cb(data, sf, fmt, block), fast=True)
-    assert_same(cb, slow, fast, [data, sf])
-
-
-@pytest.mark.parametrize("dtype", [E4M3, I8])
-@pytest.mark.parametrize("fmt", ["bf16", "fp32"])
-@pytest.mark.parametrize("hidden, block", [(576, (1, 128)), (576, (1, 32)), (7168, (1, 128)), (576, (128, 128)),
-                                           (576, (32, 32)), (576, (1, 576)), (576, (1, 64)), (1024, (1, 1024))])
-@pytest.mark.parametrize("kind", ["row", "col", "ue8m0"])
-def test_cast_back_fast_matches_checked(rec, dtype, fmt, hidden, block, kind):
-    rec.run(cb, _cb(_data(4, hidden, dtype), _sf(4, hidden, block, kind), fmt, block), fast=False)
-    assert len(cb._FAST) <= 1
-    for tokens in (4, 0, 1, 7, 300):  # (a one-column or one-row sf may read as column-major: another key)
-        _cb_both(rec, _data(tokens, hidden, dtype), _sf(tokens, hidden, block, kind), fmt, block)
-
-
-def test_per_token_cast_back_fast(rec):
-    data, sf = _data(4, 576, E4M3), _sf(4, 576, (1, 128), "row")
-    rec.run(cb, lambda: cb.per_token_cast_back((data, sf), "bf16", 128), fast=False)
-    slow = rec.checked_run(cb, lambda: cb.per_token_cast_back((data, sf), "bf16", 128))
-    fast = rec.run(cb, lambda: cb.per_token_cast_back((data, sf), "bf16", 128), fast=True)
-    assert_same(cb, slow, fast, [data, sf])
-    one = torch.rand(4, 1)  # one scale per token: strides (1, 1), read as column-major (the checks' rule)
-    rec.run(cb, lambda: cb.per_token_cast_back((data, one), "bf16", 576), fast=False)
-    slow = rec.checked_run(cb, lambda: cb.per_token_cast_back((data, one), "bf16", 576))
-    fast = rec.run(cb, lambda: cb.per_token_cast_back((data, one), "bf16", 576), fast=True)
-    assert_same(cb, slow, fast, [data, one])
-    assert slow[1][0][1]["sf_kind"] == "col"
-
-
-def test_cast_back_data_layouts(rec):
-    """Non-contiguous or misaligned data is copied, as by the checked path."""
-    block = (1, 128)
-    rec.run(cb, _cb(_data(4, 576, E4M3), _sf(4, 576, block, "row"), "bf16", block), fast=False)
-    wide = _data(5, 640, E4M3)
-    for data in (wide[:4, :576], wide[1:, 64:640], _misaligned((4, 576), FP32).to(E4M3)[:, :], wide[::2, :576]):
-        _cb_both(rec, data, _sf(data.shape[0], 576, block, "row"), "bf16", block)
-    flat = torch.zeros(4 * 576 + 1, dtype=torch.uint8)
-    _cb_both(rec, flat[1:].view(E4M3).view(4, 576), _sf(4, 576, block, "row"), "bf16", block)
-    # a row-major sf with a row stride (a slice of a wider one) passes as is
-    sf = (torch.rand(4, 9) + 0.5)[:, :5]
-    _cb_both(rec, _data(4, 576, E4M3), sf, "bf16", block)
-
-
-def test_cast_back_token_block_not_power_of_two(rec):
-    """A token block that is not a power of two depends on the token count: never memoized."""
-    data, sf = _data(2, 576, E4M3), _sf(2, 576, (3, 128), "row")
-    for _ in range(2):
-        rec.run(cb, _cb(data, sf, "bf16", (3, 128)), fast=False)
-    assert not cb._FAST
-    _raises(r"cast_back: x_block_size tokens per scale=3 is not supported for a dimension of 4",
-            cb.cast_back, (_data(4, 576, E4M3), _sf(4, 576, (3, 128), "row")), "bf16", (3, 128))
-
-
-def test_cast_back_refusals_after_warm(rec):
-    block = (1, 128)
-    data, sf = _data(4, 576, E4M3), _sf(4, 576, block, "row")
-    for kind in ("row", "col", "ue8m0"):
-        s = _sf(4, 576, block, kind)
-        rec.run(cb, _cb(data, s, "bf16", block), fast=False)
-        rec.run(cb, _cb(data, s, "bf16", block), fast=True)
-    assert len(cb._FAST) == 3
-    op = "cast_back"
-    _raises(rf"{op}: x's sf has shape \(5, 5\)", cb.cast_back, (data, _sf(5, 576, block, "row")), "bf16", block)
-    _raises(rf"{op}: x's sf has shape \(4, 6\)", cb.cast_back, (data, torch.ones(4, 6)), "bf16", block)
-    _raises(rf"{op}: x's sf has shape \(3, 5\)", cb.cast_back, (data, _sf(3, 576, block, "col")), "bf16", block)
-    _raises(rf"{op}: x's sf has shape \(4, 1\)", cb.cast_back, (data, _sf(4, 576, (1, 1024), "ue8m0")), "bf16",
-            block)
-    _raises(rf"{op}: row-major input sf must be float32 with stride\(1\) == 1", cb.cast_back,
-            (data, torch.ones(4, 10)[:, ::2]), "bf16", block)
-    _raises(rf"{op}: x_block_size channels per scale must be a positive int, got 128.0", cb.cast_back, (data, sf),
-            "bf16", (1, 128.0))
-    _raises(rf"{op}: x_block_size tokens per scale must be a positive int, got True", cb.cast_back, (data, sf),
-            "bf16", (True, 128))
-    _raises(rf"{op}: x_block_size must be a \(rows, cols\) tuple", cb.cast_back, (data, sf), "bf16", [1, 128])
-    _raises(rf"{op}: x must be a \(data, sf\) tuple, got list", cb.cast_back, [data, sf], "bf16", block)
-    _raises(rf"{op}: x must be a \(data, sf\) tuple, got tuple", cb.cast_back, (data, sf, sf), "bf16", block)
-    _raises(rf"{op}: fmt='fp16' is not supported", cb.cast_back, (data, sf), "fp16", block)
-    _raises(rf"{op}: x_special_fmt='e4m3' is not supported", cb.cast_back, (data, sf), "bf16", block, "e4m3")
-    _raises(rf"{op}: x_special_fmt='e5m6' needs uint8", cb.cast_back, (data, sf), "bf16", block, "e5m6")
-    _raises(rf"{op}: hidden=560 is not supported", cb.cast_back, (_data(4, 560, E4M3), torch.ones(4, 5)), "bf16",
-            block)
-    _raises(rf"{op}: quantized data has dtype torch.float32", cb.cast_back, (data.float(), sf), "bf16", block)
-    _raises(rf"{op}: the input's sf must be a 2-D tensor", cb.cast_back, (data, sf[None]), "bf16", block)
-    _raises(rf"{op}: the input's sf must be a 2-D tensor", cb.cast_back, (data, 1.0), "bf16", block)
-    _raises(rf"{op}: column-major input sf has dtype torch.float64", cb.cast_back, (data, _sf(4, 576, block, "col")
-                                                                                    .double()), "bf16", block)
-    assert len(cb._FAST) == 3
-
-
-def test_cast_back_int32_limit_after_warm(rec):
-    """The 32-bit element limit is checked per call (meta tensors: no memory)."""
-    block = (1, 128)
-    small = torch.empty(4, 4096, dtype=E4M3, device="meta")
-    rec.run(cb, _cb(small, torch.empty(4, 32, device="meta"), "bf16", block), fast=False)
-    rec.run(cb, _cb(small, torch.empty(4, 32, device="meta"), "bf16", block), fast=True)
-    big = torch.empty(2**19, 4096, dtype=E4M3, device="meta")
-    _raises(r"cast_back: the output has 2147483648 elements", cb.cast_back,
-            (big, torch.empty(2**19, 32, device="meta")), "bf16", block)
-    rec.run(cb, _cb(big[:-1], torch.empty(2**19 - 1, 32, device="meta"), "bf16", block), fast=True)
-
-
-def test_cast_back_e5m6_fast(rec):
-    block = (1, 128)
-    data = torch.randint(0, 256, (4, 576 * 3 // 2), dtype=torch.uint8)
-    sf = _sf(4, 576, block, "row")
-    rec.run(cb, lambda: cb.cast_back((data, sf), "bf16", block, "e5m6"), fast=False)
-    slow = rec.checked_run(cb, lambda: cb.cast_back((data, sf), "bf16", block, "e5m6"))
-    fast = rec.run(cb, lambda: cb.cast_back((data, sf), "bf16", block, "e5m6"), fast=True)
-    assert_same(cb, slow, fast, [data, sf])
-    assert fast[1][0][0] == "quant.cast_back_e5m6"
-    _raises(r"cast_back: x's data has dtype torch.uint8", cb.cast_back, (data, sf), "bf16", block)
-
-
 # ------------------------------------------------------------- the hot calls, spelled out in full
 def test_hot_launches_explicit(rec):
     """The launches both paths make for the decode-size hot calls, written out (independent of
@@ -496,10 +359,3 @@ def test_hot_launches_explicit(rec):
         (_, _), [(_, _, args)] = rec.run(sw, _sw(torch.zeros(5000, 2 * 7168, dtype=BF16), 7168, False, True,
                                                  swiglu_clamp_value=7.5), fast=fast)
         assert args[7:] == (7.5, 1e-4, 1, 0, 0, 264)
-
-    data, sf = torch.zeros(4, 7168, dtype=E4M3), torch.ones(4, 56)
-    for fast in (False, True):
-        out, [(name, key, args)] = rec.run(cb, lambda: cb.per_token_cast_back((data, sf), "bf16", 128), fast=fast)
-        assert name == "quant.cast_back" and key == dict(in_fmt="e4m3", out_dtype="bfloat16", sf_kind="row")
-        assert args[0] is data and args[1] is sf and args[2] is out and args[3:] == (0, 7)
-        assert (out.dtype, out.shape, out.stride()) == (BF16, (4, 7168), (7168, 1))
