@@ -39,7 +39,7 @@ def reduce_kernel(request, require, monkeypatch):
     for kernel in REDUCE_KERNELS:
         require(kernel)
     monkeypatch.setattr(_routing, "_REDUCE_SPLIT_TOKENS", split)
-    monkeypatch.setattr(_routing, "_FAST", {})
+    monkeypatch.setattr(_routing.REDUCE_FUSED, "memo", {})
     return name
 
 
@@ -124,7 +124,7 @@ def test_reduce_fused_split_by_tokens(moe, require, monkeypatch, tokens):
     from tilebin.ops.moe import _routing
 
     require(REDUCE_KERNELS[1])
-    monkeypatch.setattr(_routing, "_FAST", {})
+    monkeypatch.setattr(_routing.REDUCE_FUSED, "memo", {})
     seed("cand_reduce_split", tokens)
     idx = topk_idx(tokens, 8, 256, 1)[:tokens]
     x, w, _, ttp = _reduce_inputs(idx, 256, 16, 7168, torch.bfloat16)

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from tilebin.ops import _spec
-from tilebin.ops.moe import _gating as g, _routing as r, _stats as st
+from tilebin.ops.moe import _gating as g, _stats as st
 from tilebin.runtime import ArgumentError
 
 
@@ -19,15 +19,13 @@ def rec(monkeypatch):
     def launcher(name, **key):
         return lambda *args: calls.append((name, tuple(sorted(key.items())), args))
 
-    for m in (g, st, r):
+    for m in (g, st):
         monkeypatch.setattr(m, "launcher", launcher)
     monkeypatch.setattr(g, "_LAUNCHERS", {})
     monkeypatch.setattr(g, "_on_cuda", lambda op, first, **others: None)
     monkeypatch.setattr(_spec, "check_cuda", lambda op, **t: None)  # the statistics ops' OpSpecs
     for spec in st.SPECS:
         monkeypatch.setattr(spec, "memo", {})
-    monkeypatch.setattr(r, "check_cuda", lambda op, **t: None)
-    monkeypatch.setattr(r, "get_num_sms", lambda device=None: 132)
     return calls
 
 
@@ -41,7 +39,7 @@ def _sig(v):
 
 def _same(rec, fn, *args, **kw):
     """Slow (memo emptied) then fast call: identical launches and outputs; the memo was used."""
-    memos = [g._FAST, r._FAST] + [spec.memo for spec in st.SPECS]
+    memos = [g._FAST] + [spec.memo for spec in st.SPECS]
     for memo in memos:
         memo.clear()
     rec.clear()
@@ -66,7 +64,7 @@ def _err(fn, *args, **kw):
 
 def _same_error(rec, warm, fn, *args, **kw):
     """The error with the memo empty equals the error with the memo warm (``warm`` fills it)."""
-    memos = [g._FAST, r._FAST] + [spec.memo for spec in st.SPECS]
+    memos = [g._FAST] + [spec.memo for spec in st.SPECS]
     for memo in memos:
         memo.clear()
     cold = _err(fn, *args, **kw)
@@ -138,78 +136,11 @@ def test_gating_rejections_after_warm_up(rec):
 
 
 @pytest.mark.parametrize("tokens", [1, 7, 128])
-def test_stats_and_routing_same_launches(rec, tokens):
+def test_stats_same_launches(rec, tokens):
     assert _same(rec, st.normalize_weight, torch.rand(tokens, 8))
-    topk_idx = torch.randint(0, 64, (tokens, 8))
-    assert _same(rec, r.get_fused_mapping, topk_idx, 64, tokens * 8 + 64 * 16, 16, True)
-    assert _same(rec, r.get_fused_mapping, topk_idx, 64, 0, 16, True)
-    ttp = torch.randint(-1, 50, (tokens, 8), dtype=torch.int32)
-    pte = torch.zeros(50, dtype=torch.int32)
-    for dtype in (torch.bfloat16, torch.float32, torch.float8_e4m3fn):
-        assert _same(rec, r.expand_to_fused, torch.zeros(tokens, 64, dtype=dtype), ttp, pte)
-    for dtype in (torch.bfloat16, torch.float32):
-        y = torch.randn(50, 64).to(dtype)
-        w = torch.rand(tokens, 8)
-        assert _same(rec, r.reduce_fused, y, w, ttp)
-        assert _same(rec, r.reduce_fused, y, None, ttp)
-        assert _same(rec, r.reduce_fused, (y, torch.rand(50)), w, ttp, "e4m3", torch.ones(1))
-        assert _same(rec, r.reduce_fused, y, w, ttp, out=torch.empty(tokens, 64, dtype=dtype))
 
 
-def test_routing_varying_sizes(rec):
-    r.get_fused_mapping(torch.randint(0, 64, (4, 8)), 64, 4 * 8 + 64 * 16, 16, True)
-    rec.clear()
-    out = r.get_fused_mapping(torch.randint(0, 64, (9, 8)), 64, 100, 16, True)
-    assert out[0].shape == (100,) and out[3].shape == (9, 8) and rec[0][2][-1] == 16
-    assert rec[0][2][-2].shape == (2, 64)
-
-
-def test_reduce_fused_kernel_by_token_count(rec):
-    """moe.reduce_fused_few_tokens below _REDUCE_SPLIT_TOKENS tokens, moe.reduce_fused from there
-    on: first call (slow path) and memoized calls alike."""
-    y = torch.randn(50, 64)
-    for tokens in (1, r._REDUCE_SPLIT_TOKENS - 1, r._REDUCE_SPLIT_TOKENS, 1, r._REDUCE_SPLIT_TOKENS + 1):
-        rec.clear()
-        r.reduce_fused(y, torch.rand(tokens, 8), torch.randint(-1, 50, (tokens, 8), dtype=torch.int32))
-        want = "moe.reduce_fused" if tokens >= r._REDUCE_SPLIT_TOKENS else "moe.reduce_fused_few_tokens"
-        assert [name for name, _, _ in rec] == [want], (tokens, rec[0][:2])
-
-
-def test_stats_routing_rejections_after_warm_up(rec):
+def test_stats_rejections_after_warm_up(rec):
     warm = lambda: st.normalize_weight(torch.rand(4, 8))  # noqa: E731
     _same_error(rec, warm, st.normalize_weight, torch.rand(8, 4).t())
     _same_error(rec, warm, st.normalize_weight, torch.rand(4, 8, dtype=torch.float64))
-    idx = torch.randint(0, 64, (4, 8))
-    warm = lambda: r.get_fused_mapping(idx, 64, 1000, 16, True)  # noqa: E731
-    for args in [(idx, 64, True, 16, True), (idx, 64, 1000.0, 16, True), (idx, 64, -1, 16, True),
-                 (idx, 64, 1000, 16, 1.0), (idx, True, 1000, 16, True), (torch.randint(0, 64, (8, 4)).t(), 64,
-                                                                          1000, 16, True)]:
-        _same_error(rec, warm, r.get_fused_mapping, *args)
-    x = torch.zeros(4, 64, dtype=torch.bfloat16)
-    ttp = torch.zeros(4, 8, dtype=torch.int32)
-    pte = torch.zeros(50, dtype=torch.int32)
-    warm = lambda: r.expand_to_fused(x, ttp, pte)  # noqa: E731
-    _same_error(rec, warm, r.expand_to_fused, torch.zeros(4 * 64 + 1, dtype=torch.bfloat16)[1:].view(4, 64), ttp, pte)
-    _same_error(rec, warm, r.expand_to_fused, torch.zeros(64, 4, dtype=torch.bfloat16).t(), ttp, pte)
-    _same_error(rec, warm, r.expand_to_fused, x, torch.zeros(5, 8, dtype=torch.int32), pte)
-    _same_error(rec, warm, r.expand_to_fused, x, torch.zeros(8, 4, dtype=torch.int32).t(), pte)
-    _same_error(rec, warm, r.expand_to_fused, x, ttp, torch.zeros(100, dtype=torch.int32)[::2])
-    y = torch.zeros(50, 64)
-    w = torch.rand(4, 8)
-    warm = lambda: r.reduce_fused((y, torch.rand(50)), w, ttp, "e4m3", torch.ones(1), torch.empty(4, 64, dtype=torch.float8_e4m3fn))  # noqa: E731,E501
-    good = dict(x=(y, torch.rand(50)), topk_weights=w, token_topk_to_pos=ttp, fp8_format="e4m3", sf=torch.ones(1),
-                out=torch.empty(4, 64, dtype=torch.float8_e4m3fn))
-    for over in [dict(x=(y, torch.rand(49))), dict(x=(y, torch.rand(100)[::2])), dict(x=(y, torch.rand(50), 1)),
-                 dict(x=(torch.zeros(64, 50).t(), torch.rand(50))), dict(topk_weights=torch.rand(5, 8)),
-                 dict(topk_weights=torch.rand(8, 4).t()), dict(token_topk_to_pos=torch.zeros(8, 4, dtype=torch.int32).t()),
-                 dict(out=torch.empty(5, 64, dtype=torch.float8_e4m3fn)),
-                 dict(out=torch.empty(64, 4, dtype=torch.float8_e4m3fn).t()),
-                 dict(out=torch.empty(4 * 64 + 1, dtype=torch.float8_e4m3fn)[1:].view(4, 64))]:
-        _same_error(rec, warm, r.reduce_fused, **{**good, **over})
-
-
-def test_memo_dropped_when_stubs_change(rec, monkeypatch):
-    r.reduce_fused(torch.randn(50, 64), None, torch.randint(-1, 50, (4, 8), dtype=torch.int32))
-    assert r._fast_table()
-    monkeypatch.setattr(r, "check_cuda", r.check_cuda.__class__(r.check_cuda.__code__, r.__dict__))
-    assert not r._fast_table()
