@@ -1,5 +1,6 @@
-"""The memoized fast paths of per_token_cast and swiglu_forward_and_per_token_cast (CPU, no GPU:
-the launcher records, the device check passes; cast_back's replay: test_cast_back_replay.py).
+"""The memoized fast path of swiglu_forward_and_per_token_cast (CPU, no GPU: the launcher
+records, the device check passes; cast_back's replay: test_cast_back_replay.py; per_token_cast's:
+test_per_token_replay.py).
 
 A configuration is memoized only after the checked path accepted it; a later call with the same
 configuration skips the checks.  Here every fast call is compared with the checked path on the
@@ -16,12 +17,11 @@ import math
 import pytest
 import torch
 
-from tilebin.ops.quant import _per_token as pt
 from tilebin.ops.quant import _swiglu as sw
 from tilebin.runtime import ArgumentError
 
 BF16, FP32, E4M3 = torch.bfloat16, torch.float32, torch.float8_e4m3fn
-CHECKED = {pt: "_run", sw: "_forward_checked"}
+CHECKED = {sw: "_forward_checked"}
 
 
 class Recorder:
@@ -115,7 +115,7 @@ def _shares(t: torch.Tensor, k: torch.Tensor) -> bool:
 def _raises(match: str, fn, *args, **kwargs):
     """``fn`` raises ArgumentError matching ``match``, with a warm memo and with an empty one
     (the same message), and memoizes nothing."""
-    mod = {pt.per_token_cast: pt, sw.swiglu_forward_and_per_token_cast: sw}.get(fn)
+    mod = {sw.swiglu_forward_and_per_token_cast: sw}.get(fn)
     saved = dict(mod._FAST) if mod else {}
     with pytest.raises(ArgumentError, match=match) as warm:
         fn(*args, **kwargs)
@@ -135,107 +135,6 @@ def _misaligned(shape, dtype):
     """A contiguous tensor whose data pointer is one element past a 16-byte boundary."""
     flat = torch.randn(math.prod(shape) + 1).to(dtype)
     return flat[1:].view(shape)
-
-
-# ------------------------------------------------------------------------------- per_token_cast
-def _pt(x, fmt="e4m3", npc=128, *flags):
-    return lambda: pt.per_token_cast(x, fmt, npc, None, *flags)
-
-
-def _pt_both(rec, x, fmt, npc, *flags):
-    """The fast call and the checked call on the same arguments agree."""
-    slow = rec.checked_run(pt, _pt(x, fmt, npc, *flags))
-    fast = rec.run(pt, _pt(x, fmt, npc, *flags), fast=True)
-    assert_same(pt, slow, fast, [x])
-
-
-PT_FLAGS = [(), (False, False, False), (True, False, False), (False, True, False), (True, True, True), (1, 1, 1),
-            (True, 0, False)]
-
-
-@pytest.mark.parametrize("dtype", [BF16, FP32])
-@pytest.mark.parametrize("fmt", ["e4m3", "e2m1"])
-@pytest.mark.parametrize("hidden, npc", [(576, 16), (576, 32), (576, 64), (7168, 128), (576, 576), (7168, 7168),
-                                         (576, 128)])
-@pytest.mark.parametrize("flags", PT_FLAGS)
-def test_per_token_fast_matches_checked(rec, dtype, fmt, hidden, npc, flags):
-    x = torch.randn(4, hidden).to(dtype)
-    rec.run(pt, _pt(x, fmt, npc, *flags), fast=False)  # warms the memo
-    assert len(pt._FAST) == 1
-    for tokens in (4, 0, 1, 7, 300):
-        _pt_both(rec, torch.randn(tokens, hidden).to(dtype), fmt, npc, *flags)
-
-
-@pytest.mark.parametrize("dtype", [BF16, FP32])
-def test_per_token_fast_row_layouts(rec, dtype):
-    """Strided rows (passed as is), misaligned pointers and a transposed x (copied) take the fast
-    path too, with the checked path's kernel input."""
-    rec.run(pt, _pt(torch.randn(4, 576).to(dtype)), fast=False)
-    wide = torch.randn(5, 640).to(dtype)
-    for x in (wide[:, :576], wide[1:, 32:608], _misaligned((4, 576), dtype), _misaligned((1, 576), dtype),
-              torch.randn(576, 6).to(dtype).T, wide[:, :576][::2]):
-        _pt_both(rec, x, "e4m3", 128)
-
-
-def test_per_token_miss_other_configs(rec):
-    rec.run(pt, _pt(torch.randn(4, 576).to(BF16)), fast=False)
-    for call in (_pt(torch.randn(4, 576)), _pt(torch.randn(4, 640).to(BF16)), _pt(torch.randn(4, 576).to(BF16), "e2m1"),
-                 _pt(torch.randn(4, 576).to(BF16), "e4m3", 64), _pt(torch.randn(4, 576).to(BF16), "e4m3", 128, True),
-                 _pt(torch.randn(4, 576).to(BF16), "e4m3", 128, 0),  # False and 0: a key each (same launch)
-                 _pt(torch.empty(4, 576, dtype=BF16, device="meta"))):  # another device
-        rec.run(pt, call, fast=False)
-    assert len(pt._FAST) == 8
-
-
-def test_per_token_true_and_one_launch_alike(rec):
-    x = torch.randn(4, 576).to(BF16)
-    a = rec.run(pt, _pt(x, "e4m3", 128, True, True, True), fast=False)
-    b = rec.run(pt, _pt(x, "e4m3", 128, 1, 1, 1), fast=False)
-    assert_same(pt, a, b, [x])
-
-
-def test_per_token_refusals_after_warm(rec):
-    x = torch.randn(4, 576).to(BF16)
-    for flags in [(), (True, True, True)]:
-        rec.run(pt, _pt(x, "e4m3", 128, *flags), fast=False)
-        rec.run(pt, _pt(x, "e4m3", 128, *flags), fast=True)
-    op = "per_token_cast"
-    _raises(rf"{op}: num_per_channels=128.0 is not supported", pt.per_token_cast, x, "e4m3", 128.0)
-    _raises(rf"{op}: num_per_channels=True is not supported", pt.per_token_cast, x, "e4m3", True)
-    _raises(rf"{op}: round_sf must be a bool, got float 1.0", pt.per_token_cast, x, "e4m3", 128, None, True, 1.0, True)
-    _raises(rf"{op}: use_tma_aligned_col_major_sf must be a bool, got float 0.0", pt.per_token_cast, x, "e4m3", 128,
-            None, 0.0)
-    _raises(rf"{op}: use_packed_ue8m0=True needs use_tma_aligned_col_major_sf=True", pt.per_token_cast, x, "e4m3",
-            128, None, False, True, True)
-    _raises(rf"{op}: x has dtype float16", pt.per_token_cast, x.half(), "e4m3", 128)
-    _raises(rf"{op}: x must be 2-D, got shape \(1, 4, 576\)", pt.per_token_cast, x[None], "e4m3", 128)
-    _raises(rf"{op}: x has hidden size 584", pt.per_token_cast, torch.randn(4, 584).to(BF16), "e4m3", 128)
-    _raises(rf"{op}: x_block_size=\(1, 128\) is only for a quantized", pt.per_token_cast, x, "e4m3", 128, (1, 128))
-    _raises(rf"{op}: fmt='e3m2' is not supported", pt.per_token_cast, x, "e3m2", 128)
-    _raises(rf"{op}: fmt=\['e4m3'\] is not supported", pt.per_token_cast, x, ["e4m3"], 128)
-    _raises(rf"{op}: num_per_channels=\[128\] is not supported", pt.per_token_cast, x, "e4m3", [128])
-    _raises(rf"{op}: x must be a torch.Tensor, got list", pt.per_token_cast, [[1.0]], "e4m3", 128)
-    assert len(pt._FAST) == 2
-
-
-def test_per_token_memo_bounded(rec, monkeypatch):
-    monkeypatch.setattr(pt, "_FAST_MAX", 3)
-    for hidden in (64, 128, 192, 256, 320):
-        rec.run(pt, _pt(torch.randn(2, hidden).to(BF16)), fast=False)
-    assert len(pt._FAST) == 3
-    rec.run(pt, _pt(torch.randn(2, 320).to(BF16)), fast=False)  # not memoized: checked every time
-    rec.run(pt, _pt(torch.randn(2, 64).to(BF16)), fast=True)
-
-
-def test_per_token_other_forms_unchanged(rec):
-    """Quantized inputs, sf-only and precomputed scales never use or fill the memo."""
-    x = torch.randn(4, 576).to(BF16)
-    pair = (torch.zeros(4, 576, dtype=E4M3), torch.ones(1, 5))
-    for _ in range(2):
-        rec.run(pt, lambda: pt.per_token_cast(pair, "e4m3", 128, (128, 128)), fast=False)
-        rec.run(pt, lambda: pt.per_token_cast_with_sf_only(x, "e4m3", 128), fast=False)
-        rec.run(pt, lambda: pt.per_token_cast_with_precomputed_sf(x, "e4m3", 128, torch.ones(4, 5)), fast=False)
-    assert not pt._FAST
 
 
 # -------------------------------------------------------------------- swiglu per-token forward
@@ -330,21 +229,6 @@ def test_swiglu_other_device_misses(rec):
 def test_hot_launches_explicit(rec):
     """The launches both paths make for the decode-size hot calls, written out (independent of
     the ops' own arithmetic)."""
-    x = torch.randn(4, 7168).to(BF16)
-    for fast in (False, True):
-        (out, sf), [(name, key, args)] = rec.run(pt, _pt(x), fast=fast)
-        assert name == "quant.per_token_cast_decode"  # up to 256 tokens
-        assert key == dict(in_dtype="bfloat16", fmt="e4m3", sf="f32", mode="cast", in_sf="none")
-        assert args[0] is x and args[1] is out and args[2] is sf and args[3:] == (7, 0, 0, 0, 7)
-        assert (out.dtype, out.shape, out.stride()) == (E4M3, (4, 7168), (7168, 1))
-        assert (sf.dtype, sf.shape, sf.stride()) == (FP32, (4, 56), (56, 1))
-
-        (out, sf), [(name, key, args)] = rec.run(pt, _pt(x, "e4m3", 128, True, True, True), fast=fast)
-        assert name == "quant.per_token_cast"  # packed UE8M0: never the decode kernel
-        assert key["sf"] == "ue8m0" and args[3:] == (7, 0, 1, 1, 7)
-        assert (args[2].dtype, args[2].shape, args[2].stride()) == (torch.uint8, (14, 16), (16, 1))
-        assert (sf.dtype, sf.shape, sf.stride()) == (torch.int32, (4, 14), (1, 4))
-
     x2 = torch.zeros(4, 2 * 7168, dtype=BF16)
     for fast in (False, True):
         (out, sf), [(name, key, args)] = rec.run(sw, _sw(x2), fast=fast)

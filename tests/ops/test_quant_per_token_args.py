@@ -29,6 +29,33 @@ def _raises(match: str, fn, *args, **kwargs):
         fn(*args, **kwargs)
 
 
+# the torch.library schemas the ops registered before their OpSpec declarations (unchanged)
+SCHEMAS = {
+    "per_token_cast": "(Tensor x, Tensor? x_sf, str fmt, int num_per_channels, int[]? x_block_size=None, "
+                      "bool use_tma_aligned_col_major_sf=False, bool round_sf=False, bool use_packed_ue8m0=False) "
+                      "-> (Tensor, Tensor)",
+    "per_token_cast_with_sf_only": "(Tensor x, str fmt, int num_per_channels, int[]? x_block_size=None, "
+                                   "bool use_tma_aligned_col_major_sf=False, bool round_sf=False, "
+                                   "bool use_packed_ue8m0=False) -> Tensor",
+    "per_token_cast_with_precomputed_sf": "(Tensor x, str fmt, int num_per_channels, Tensor sf, "
+                                          "int[]? x_block_size=None, bool use_tma_aligned_col_major_sf=False, "
+                                          "bool round_sf=False, bool use_packed_ue8m0=False) -> Tensor",
+    "per_token_cast_to_e5m6": "(Tensor x, int num_per_channels, bool use_tma_aligned_col_major_sf=False, "
+                              "bool round_sf=False, bool use_packed_ue8m0=False) -> (Tensor, Tensor)",
+}
+
+
+def test_schemas_unchanged():
+    from tilebin.ops.quant import _e5m6
+
+    declared = {op.name: op for op in (*pt.TORCH_OPS, *_e5m6.TORCH_OPS)}
+    assert {name: op.schema for name, op in declared.items()} == SCHEMAS
+    for spec in (*pt.SPECS, *_e5m6.SPECS):
+        assert spec.schema() == SCHEMAS[spec.name], spec.name
+    assert declared["per_token_cast"].public is pt.per_token_cast
+    assert declared["per_token_cast_to_e5m6"].public is _e5m6.per_token_cast_to_e5m6
+
+
 def test_public_names():
     from tilebin.ops import quant
 
@@ -133,14 +160,31 @@ def test_strided_and_misaligned_plain_x_are_accepted():
 
 
 # ---------------------------------------------------------------------------- e5m6 dispatch
-def test_e5m6_dispatch(monkeypatch):
+@pytest.mark.parametrize("dtype", [BF16, FP32])
+@pytest.mark.parametrize("flags", [(False, False, False), (True, True, True), (1, 0, 0)])
+def test_e5m6_dispatch(monkeypatch, dtype, flags):
+    """per_token_cast(fmt='e5m6') runs per_token_cast_to_e5m6: the same launch and outputs."""
+    from ops_stub import StubbedOps, describe, describe_launches
     from tilebin.ops.quant import _e5m6
 
-    seen = []
-    monkeypatch.setattr(_e5m6, "per_token_cast_to_e5m6", lambda *a: seen.append(a) or "result")
-    x = _x(hidden=512)
-    assert pt.per_token_cast(x, "e5m6", 512, None, True, True, True) == "result"
-    assert seen == [(x, 512, True, True, True)]
+    stub = StubbedOps(monkeypatch)
+    x = _x(hidden=512, dtype=dtype)
+    via_cast = pt.per_token_cast(x, "e5m6", 512, None, *flags)
+    launched = describe_launches(stub.launches)
+    stub.launches.clear()
+    direct = _e5m6.per_token_cast_to_e5m6(x, 512, *flags)
+    assert describe_launches(stub.launches) == launched and len(launched) == 1
+    assert describe(via_cast) == describe(direct)
+
+
+def test_e5m6_errors_are_worded_as_before():
+    """fmt='e5m6' keeps per_token_cast_to_e5m6's wording, the device check included."""
+    _raises(r"per_token_cast\(fmt='e5m6'\): x has dtype float16", pt.per_token_cast, _x(dtype=torch.float16), "e5m6", 576)
+    _raises(r"per_token_cast\(fmt='e5m6'\): round_sf must be a bool, got str 'yes'", pt.per_token_cast, _x(), "e5m6",
+            576, None, False, "yes")
+    _raises(r"per_token_cast\(fmt='e5m6'\): x must be a torch.Tensor, got tuple", pt.per_token_cast, _pair(), "e5m6",
+            576)
+    _raises(r"per_token_cast\(fmt='e5m6'\): x is on cpu, not a CUDA device", pt.per_token_cast, _x(), "e5m6", 576)
 
 
 def test_e5m6_rejects_block_size():
