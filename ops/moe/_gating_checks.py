@@ -1,5 +1,9 @@
 """Argument checks of the gating ops (``_gating``): each raises an ArgumentError naming the op, the
-argument, the value received, what is supported and the fix (``ops._common.fail``).  No GPU work."""
+argument, the value received, what is supported and the fix (``ops._common.fail``).  No GPU work.
+
+The ops' OpSpecs check each tensor's type, dtype and rank first; the checks here then run in
+the order the ops have always run them (:func:`check_top2` is top2_sum_gate's whole sequence),
+so a call with one bad argument gets the same message as before the OpSpecs."""
 
 from __future__ import annotations
 
@@ -10,6 +14,17 @@ import torch
 from .._common import check_float32, check_tensor, fail
 
 _INT32_MAX = 2**31 - 1
+SLOTS = (2, 8, 32)  # kernels' register slots per lane: experts <= 32 * slots
+TOP2_SLOTS = (2, 4, 8)  # top2_sum_gate: experts <= 256 (4: 65-128 experts, half the padding slots of 8)
+SCORING = {"sigmoid": 0, "sqrtsoftplus": 1, "softmax": 2}
+
+
+def slots_for(op: str, num_experts: int, slots: tuple[int, ...] = SLOTS) -> int:
+    """The fewest register slots per lane that hold ``num_experts`` (32 lanes a warp)."""
+    for s in slots:
+        if num_experts <= 32 * s:
+            return s
+    raise fail(op, f"{num_experts} experts per token are not supported (at most {32 * slots[-1]})")
 
 
 def strict_int(op: str, name: str, value: Any, lo: int, hi: int = _INT32_MAX) -> int:
@@ -106,5 +121,49 @@ def check_unmapped(op: str, unmapped: torch.Tensor, num_tokens: int, num_topk: i
         raise fail(op, f"unmapped_topk_idx must have unit stride along topk (strides {tuple(unmapped.stride())})")
 
 
-__all__ = ["check_contiguous", "check_map", "check_ranks", "check_routing", "check_token_mask", "check_unmapped",
-           "strict_int"]
+def check_scoring(op: str, scoring_func: Any) -> int:
+    """The kernel's index of ``scoring_func`` (case-insensitive)."""
+    scoring = SCORING.get(scoring_func) if isinstance(scoring_func, str) else None
+    if scoring is None:
+        scoring = SCORING.get(scoring_func.lower()) if isinstance(scoring_func, str) else None
+        if scoring is None:
+            raise fail(op, f"scoring_func={scoring_func!r} is not supported; supported: 'sigmoid', "
+                           "'sqrtsoftplus', 'softmax'")
+    return scoring
+
+
+def check_top2(op: str, logits: torch.Tensor, bias: torch.Tensor, num_topk: Any, num_topk_groups: Any,
+               num_groups: Any, use_shared_as_routed: Any, num_shared_experts: Any, routed_scaling_factor: Any,
+               ep_rank: Any, num_ep_ranks: Any, tp_rank: Any, num_tp_ranks: Any, scoring_func: Any,
+               mask: Any, fix_routing_mask: Any, to_physical_map: Any, logical_count: Any,
+               unmapped_topk_idx: Any) -> None:
+    """Every check of top2_sum_gate but its tensors' own type, dtype and rank (checked before) and the
+    device (after), in the op's order; raises at the first that fails."""
+    check_contiguous(op, "logits", logits)
+    check_contiguous(op, "bias", bias)
+    num_tokens, num_experts = logits.shape
+    if bias.shape[0] != num_experts:
+        raise fail(op, f"bias has {bias.shape[0]} elements; want one per routed expert ({num_experts})")
+    slots_for(op, num_experts, TOP2_SLOTS)
+    num_shared = check_routing(op, num_experts, num_topk, num_topk_groups, num_groups, use_shared_as_routed,
+                               num_shared_experts)
+    check_scoring(op, scoring_func)
+    if mask is not None:
+        check_token_mask(op, "mask", mask, num_tokens)
+    if unmapped_topk_idx is not None:
+        check_unmapped(op, unmapped_topk_idx, num_tokens, num_topk)
+    if fix_routing_mask is not None:
+        if unmapped_topk_idx is None:
+            raise fail(op, "fix_routing_mask needs unmapped_topk_idx (the fixed routes are read from it)")
+        check_tensor(op, "fix_routing_mask", fix_routing_mask, (torch.bool,), 1)
+        check_token_mask(op, "fix_routing_mask", fix_routing_mask, num_tokens)
+    num_extra = check_map(op, to_physical_map, logical_count, num_experts + num_shared)
+    if num_shared > num_extra:
+        raise fail(op, f"num_shared_experts={num_shared} used as routed needs at least as many extra experts in "
+                       f"to_physical_map (it has {num_extra} extra columns); pass a map with "
+                       f"{num_shared + 1} or more columns")
+    check_ranks(op, num_experts, num_extra, ep_rank, num_ep_ranks, tp_rank, num_tp_ranks, routed_scaling_factor)
+
+
+__all__ = ["SCORING", "SLOTS", "TOP2_SLOTS", "check_contiguous", "check_map", "check_ranks", "check_routing",
+           "check_scoring", "check_token_mask", "check_top2", "check_unmapped", "slots_for", "strict_int"]
