@@ -1,5 +1,11 @@
 """Argument checks of the SwiGLU ops (``_swiglu``): each raises an ArgumentError naming the op, the
-argument, the value received and the fix (``ops._common.fail``).  No GPU work."""
+argument, the value received and the fix (``ops._common.fail``).  No GPU work.
+
+Per op: the checks of single parameters (its ``OpSpec`` params), the per-call checks (``*_per_call``:
+what the memo key leaves out -- row counts, contiguity, alignment -- run on every call, in the order
+the op has always checked them) and the checks between parameters that the key decides
+(``fwd_layout``).  The device check stays in ``_swiglu`` (tests stub it there).
+"""
 
 from __future__ import annotations
 
@@ -7,7 +13,11 @@ from typing import Any
 
 import torch
 
-from .._common import check_aligned, check_float32, check_tensor, fail
+from .._common import check_aligned, check_float32, check_tensor, fail, ptr
+from ._sf import SfLayout, check_fmt, output_layout
+
+GROUP = 128  # channels per scale of the grouped per-token forward
+FWD_HIDDEN_ALIGN = 64
 
 
 def check_float(op: str, name: str, value: Any, default: float) -> float:
@@ -20,43 +30,165 @@ def check_float(op: str, name: str, value: Any, default: float) -> float:
 
 
 def check_contiguous(op: str, name: str, t: torch.Tensor, align: int = 16) -> None:
+    if t.is_contiguous() and not ptr(t) % align:  # the common case: nothing more to read
+        return
     if not t.is_contiguous():
         raise fail(op, f"{name} must be contiguous (got strides {tuple(t.stride())} for shape {tuple(t.shape)}); "
                        f"pass {name}.contiguous()")
     check_aligned(op, name, t, align)
 
 
-def check_vector(op: str, name: str, t: Any, length: int, dtype: torch.dtype = torch.int32) -> None:
-    check_tensor(op, name, t, (dtype,), 1)
-    if t.size(0) != length:
-        raise fail(op, f"{name} has {t.size(0)} entries; it needs one per row of x ({length})")
+def check_rows(op: str, name: str, t: torch.Tensor, rows: int) -> None:
+    """A 1-D index tensor (dtype and rank checked already): one entry per row, contiguous, 4-byte aligned."""
+    if t.size(0) != rows:
+        raise fail(op, f"{name} has {t.size(0)} entries; it needs one per row of x ({rows})")
     check_contiguous(op, name, t, 4)
 
 
-def check_bwd_x(op: str, x: Any, num_per_channels: int) -> tuple[torch.Tensor, torch.Tensor, int]:
-    """The backward's forward input ``(data, sf)``: e4m3 ``[..., 2h]`` (2-D or 3-D), fp32
-    ``[rows, 2h / npc]``.  Returns ``(data as [rows, 2h], sf, h)``."""
+def exact_key(value: Any) -> tuple:
+    """A scalar's part of the memo key: its type and value, a float (or float subclass) by its bits
+    (``0.0`` and ``-0.0`` differ), None as is."""
+    if value is None:
+        return None
+    return type(value), (value.hex() if isinstance(value, float) else value)
+
+
+def later(op: str, value: Any) -> Any:
+    """A parameter checked with others (in the op's relations or per-call checks): passed as is."""
+    return value
+
+
+def e4m3_only(op: str, fmt: Any) -> str:
+    return check_fmt(op, fmt, ("e4m3",))
+
+
+def clamp_value(op: str, value: Any) -> float:
+    return check_float(op, "swiglu_clamp_value", value, float("inf"))
+
+
+def sf_clamp_min(op: str, value: Any) -> float:
+    return check_float(op, "sf_clamp_min", value, 1e-4)
+
+
+def one_of(name: str, allowed: tuple) -> Any:
+    """The check of an int parameter that takes only ``allowed`` (bools and other types refused)."""
+    def check(op: str, value: Any) -> int:
+        if isinstance(value, bool) or not isinstance(value, int) or value not in allowed:
+            raise fail(op, f"{name}={value!r} is not supported; supported: {', '.join(map(str, allowed))}")
+        return value
+
+    return check
+
+
+# ----------------------------------------------------------------------------- per-token forward
+def fwd_per_call(op: str, args: tuple) -> None:
+    """x's contiguity and alignment; each given index tensor has one entry per row; the weights
+    (read only through ``pos_to_token_topk``) and ``clamped_count`` as the kernel takes them."""
+    x, pos_to_token_topk, pos_to_expert, clamped_count = args[0], args[3], args[5], args[10]
+    check_contiguous(op, "x", x)
+    if pos_to_token_topk is not None:
+        check_rows(op, "pos_to_token_topk", pos_to_token_topk, x.shape[0])
+        topk_weights = args[4]
+        if topk_weights is None:
+            raise fail(op, "pos_to_token_topk needs topk_weights (float32 [num_tokens, num_topk])")
+        check_tensor(op, "topk_weights", topk_weights, (torch.float32,), 2)
+        check_contiguous(op, "topk_weights", topk_weights, 4)
+    if pos_to_expert is not None:
+        check_rows(op, "pos_to_expert", pos_to_expert, x.shape[0])
+    if clamped_count is not None:
+        if args[9] is None:
+            raise fail(op, "clamped_count needs swiglu_clamp_value (there is nothing to count without a clamp)")
+        if clamped_count.size(0) != 3:
+            raise fail(op, f"clamped_count has {clamped_count.size(0)} entries; it needs 3 (gate > c, up > c, up < -c)")
+        check_contiguous(op, "clamped_count", clamped_count, 16)  # written in place: never copied
+
+
+def fwd_layout(op: str, values: dict) -> tuple[int, str, SfLayout]:
+    """``(hidden, the kernel's sf kind, the output layout)`` of a forward call's checked values:
+    x's width is ``2 * hidden``, ``hidden % 64 == 0``; ``num_per_channels`` is 128 or hidden."""
+    width = values["x"].shape[1]
+    if width == 0 or width % (2 * FWD_HIDDEN_ALIGN):
+        raise fail(op, f"x has {width} columns; it needs 2 * hidden with hidden % {FWD_HIDDEN_ALIGN} == 0 and "
+                       f"hidden > 0 (width a positive multiple of {2 * FWD_HIDDEN_ALIGN}): pad the hidden dimension")
+    hidden = width // 2
+    npc = values["num_per_channels"]
+    if isinstance(npc, bool) or not isinstance(npc, int) or npc not in (GROUP, hidden):
+        raise fail(op, f"num_per_channels={npc!r} is not supported; supported: 128, or hidden "
+                       f"(= x.shape[1] // 2 = {hidden}) for one scale per row")
+    col = values["use_tma_aligned_col_major_sf"]
+    if npc != GROUP and col:
+        raise fail(op, f"use_tma_aligned_col_major_sf=True needs num_per_channels=128 (got {npc}); "
+                       "one scale per row is row-major only")
+    layout = output_layout(op, (1, npc), col, values["use_packed_ue8m0"], values["round_sf"])
+    return hidden, layout.kind if npc == GROUP else "full_row", layout
+
+
+# -------------------------------------------------------------------------------------- backward
+def bwd_pair(op: str, x: Any) -> Any:
+    """The backward's forward input ``(data, sf)``: a pair whose data is e4m3, 2-D or 3-D (the rest:
+    :func:`bwd_per_call`)."""
     if not (isinstance(x, tuple) and len(x) == 2):
         raise fail(op, f"x must be a (data, sf) pair (the quantized forward input), got {type(x).__name__}")
-    data, sf = x
+    data = x[0]
     check_tensor(op, "x[0] (data)", data, (torch.float8_e4m3fn,))
     if data.dim() not in (2, 3):
         raise fail(op, f"x[0] (data) must be 2-D or 3-D, got shape {tuple(data.shape)}")
+    return x
+
+
+def bwd_pair_key(x: Any) -> tuple:
+    """The pair's part of the memo key: data's and sf's dtype, device, rank and sizes but the first
+    (TypeError or AttributeError where x is not a pair of tensors: the checked path)."""
+    if type(x) is not tuple or len(x) != 2:
+        raise TypeError("not a (data, sf) pair")
+    data, sf = x
+    d, s = data.shape, sf.shape
+    return data.dtype, data.device, len(d), d[1:], sf.dtype, sf.device, len(s), s[1:]
+
+
+def bwd_per_call(op: str, args: tuple) -> None:
+    """What varies per call, in the op's order: data contiguous with ``2 * hidden`` channels, sf fp32
+    ``[rows, 2 * hidden / npc]`` row-major, grad_out ``rows * hidden`` values, the index maps and
+    weights contiguous and matching (their dtypes and ranks checked already)."""
+    (data, sf), grad_out, weight, pos_to_token_topk, token_topk_to_pos, npc = args[:6]
     check_contiguous(op, "x[0] (data)", data)
-    if data.size(-1) == 0 or data.size(-1) % (2 * num_per_channels):
-        raise fail(op, f"x[0] (data) has {data.size(-1)} channels; it needs 2 * hidden with hidden a multiple of "
-                       f"num_per_channels={num_per_channels}")
-    hidden = data.size(-1) // 2
-    rows = data.numel() // max(data.size(-1), 1)
+    width = data.size(-1)
+    if width == 0 or width % (2 * npc):
+        raise fail(op, f"x[0] (data) has {width} channels; it needs 2 * hidden with hidden a multiple of "
+                       f"num_per_channels={npc}")
+    rows = data.numel() // width
     check_tensor(op, "x[1] (sf)", sf, (torch.float32,), 2)
-    want = (rows, 2 * hidden // num_per_channels)
-    if tuple(sf.shape) != want:
-        raise fail(op, f"x[1] (sf) has shape {tuple(sf.shape)}; it must be {want} (one scale per row and "
-                       f"{num_per_channels} channels)")
+    if sf.shape != (rows, width // npc):
+        raise fail(op, f"x[1] (sf) has shape {tuple(sf.shape)}; it must be {(rows, width // npc)} (one scale per "
+                       f"row and {npc} channels)")
     if not sf.is_contiguous():
         raise fail(op, f"x[1] (sf) must be row-major contiguous (got strides {tuple(sf.stride())}); column-major "
                        "and packed UE8M0 scales are not supported here: pass sf.contiguous()")
-    return data.view(rows, 2 * hidden), sf, hidden
+    if grad_out.numel() != rows * (width // 2):
+        raise fail(op, f"grad_out has shape {tuple(grad_out.shape)}; it must hold [{rows}, {width // 2}] values "
+                       "(one row of hidden values per row of x)")
+    check_contiguous(op, "grad_out", grad_out)
+    check_contiguous(op, "token_topk_to_pos", token_topk_to_pos, 4)
+    if weight.dim() != 2:  # here, not in weight's parameter check: the op checks token_topk_to_pos first
+        raise fail(op, f"weight must be 2-D, got shape {tuple(weight.shape)}")
+    if weight.shape != token_topk_to_pos.shape:
+        raise fail(op, f"weight has shape {tuple(weight.shape)}; it must match token_topk_to_pos "
+                       f"{tuple(token_topk_to_pos.shape)} ([num_tokens, num_topk])")
+    check_contiguous(op, "weight", weight, 4)
+    check_rows(op, "pos_to_token_topk", pos_to_token_topk, rows)
 
 
-__all__ = ["check_bwd_x", "check_contiguous", "check_float", "check_vector"]
+# --------------------------------------------------------------------------- per-channel forward
+def channel_per_call(op: str, args: tuple) -> None:
+    """x contiguous and aligned, its token count and width multiples of 128."""
+    x = args[0]
+    check_contiguous(op, "x", x)
+    tokens, width = x.shape
+    if tokens % 128 or width % 128:
+        raise fail(op, f"x has shape {tuple(x.shape)}; both the token count and the width (2 * hidden) must be "
+                       "multiples of 128: pad the tokens (and the hidden dimension)")
+
+
+__all__ = ["bwd_pair", "bwd_pair_key", "bwd_per_call", "channel_per_call", "check_contiguous", "check_float",
+           "check_rows", "clamp_value", "e4m3_only", "exact_key", "fwd_layout", "fwd_per_call", "later", "one_of",
+           "sf_clamp_min"]
