@@ -44,9 +44,10 @@ class _Rows(TensorParam):
         check_rows(op, self.name, value, value.shape[1])
         return value
 
-    def check_call(self, op: str, t: torch.Tensor) -> None:
-        if not t.is_contiguous() or ptr(t) % 16 or t.shape[0] * t.shape[1] > _INT32_MAX:
-            check_rows(op, self.name, t, t.shape[1])  # says which (the first call's message)
+    def check_call(self, op: str, t: torch.Tensor) -> None:  # a replayed call: never a fake tensor
+        s = t.shape
+        if not t.is_contiguous() or t.data_ptr() & 15 or s[0] * s[1] > _INT32_MAX:
+            check_rows(op, self.name, t, s[1])  # says which (the first call's message)
 
 
 def _layout_relation(op: str, values: dict) -> None:

@@ -79,7 +79,8 @@ def lossless_x(op: str, x: Any) -> Any:
     2-D data; the rows and the scales' shape are checked per call (:func:`lossless_per_call`)."""
     data = input_sf(op, x, LOSSLESS_IN_BLOCK)[0]
     if data.dtype not in (torch.int8, torch.uint8):
-        raise fail(op, f"data has dtype {data.dtype}; supported: int8/uint8 (packed e2m1); the lossless cast reads e2m1 only")
+        raise fail(op, f"data has dtype {data.dtype}; supported: int8/uint8 (packed e2m1); "
+                       "the lossless cast reads e2m1 only")
     if data.dim() != 2:
         raise fail(op, f"data must be 2-D, got shape {tuple(data.shape)}")
     return x
@@ -87,14 +88,14 @@ def lossless_x(op: str, x: Any) -> Any:
 
 def lossless_x_key(x: Any) -> tuple:
     """The pair's part of the memo key: data's dtype, device, rank and sizes but the first; sf's
-    dtype, device, rank and which of its strides are 1 (the scale layout :func:`._sf.input_sf`
-    reads).  TypeError for anything but a pair of tensors (the checked path says why)."""
+    dtype, device, rank and the scale layout its strides give (the test :func:`._sf.input_sf`
+    makes).  TypeError for anything but a pair of tensors (the checked path says why)."""
     if not isinstance(x, tuple) or len(x) != 2 or not all(isinstance(t, torch.Tensor) for t in x):
         raise TypeError("not a (data, sf) pair of tensors")
     data, sf = x
     strides = sf.stride()
-    return (data.dtype, data.device, data.dim(), data.shape[1:], sf.dtype, sf.device, len(strides),
-            strides[0] == 1, strides[-1] == 1)
+    layout = "col" if strides[0] == 1 else strides[-1] == 1  # input_sf's test: column-major, else row-major or not
+    return data.dtype, data.device, data.dim(), data.shape[1:], sf.dtype, sf.device, len(strides), layout
 
 
 def lossless_per_call(op: str, args: tuple) -> None:

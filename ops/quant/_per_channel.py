@@ -28,7 +28,7 @@ from typing import Any, Callable, Optional, Union
 
 import torch
 
-from .._common import TRACING, aligned_input, check_cuda, fail, launcher, ptr
+from .._common import TRACING, aligned_input, check_cuda, fail, launcher
 from .._spec import FlagParam, OpSpec, Param, TensorParam
 from .._torch import pair_to_public, pair_to_schema
 from ._per_channel_checks import (HIDDEN_ALIGN, IN_GROUP, PLAIN_DTYPES, check_int, check_matrix, check_pos,
@@ -73,8 +73,8 @@ class _Matrix(TensorParam):
         check_matrix(op, self.name, value, self.dtypes, self.align)
         return value
 
-    def check_call(self, op: str, t: torch.Tensor) -> None:
-        if not t.is_contiguous() or ptr(t) % 16:
+    def check_call(self, op: str, t: torch.Tensor) -> None:  # a replayed call: never a fake tensor
+        if not t.is_contiguous() or t.data_ptr() & 15:
             check_matrix(op, self.name, t, self.dtypes, self.align)  # says which (the first call's message)
 
 
@@ -90,8 +90,8 @@ class _Positions(TensorParam):
             check_pos(op, value)
         return value
 
-    def check_call(self, op: str, t: Optional[torch.Tensor]) -> None:
-        if t is not None and (not t.is_contiguous() or ptr(t) % 4):
+    def check_call(self, op: str, t: Optional[torch.Tensor]) -> None:  # a replayed call: never a fake tensor
+        if t is not None and (not t.is_contiguous() or t.data_ptr() & 3):
             check_pos(op, t)
 
 

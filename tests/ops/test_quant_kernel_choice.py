@@ -71,11 +71,12 @@ def test_per_channel_cast_plain_bf16_kernel(stub):
     from tilebin.ops import quant
 
     x = torch.zeros(300, 576, dtype=BF16)
-    for call in (lambda: quant.per_channel_cast(x, "e4m3", 128),
-                 lambda: quant.per_channel_cast_fused(x, "e4m3", 128, True)):
-        name, key, args = _last(stub, call)
-        assert (name, key) == ("quant.per_channel_cast_bf16", dict(in_dtype="bfloat16", expand=False))
-        assert args[0] is x and args[5] in (0, 1)
+    for call, round_sf in ((lambda: quant.per_channel_cast(x, "e4m3", 128), 0),
+                           (lambda: quant.per_channel_cast_fused(x, "e4m3", 128, True), 1)):
+        for _ in range(2):  # the checked path, then the memoized plan
+            name, key, args = _last(stub, call)
+            assert (name, key) == ("quant.per_channel_cast_bf16", dict(in_dtype="bfloat16", expand=False))
+            assert args[0] is x and args[5] == round_sf
 
 
 @pytest.mark.parametrize("case", ["fp32", "pos_to_token", "quantized"])
@@ -88,10 +89,11 @@ def test_per_channel_cast_fused_kernel_for_the_rest(stub, case):
         kw["pos_to_token"] = torch.zeros(128, dtype=torch.int32)
     if case == "quantized":
         x, kw["num_per_channels"] = (x.to(E4M3), torch.ones(300, 5)), 128
-    name, key, _ = _last(stub, lambda: quant.per_channel_cast_fused(x, "e4m3", 128, **kw))
-    assert name == "quant.per_channel_cast_fused"
-    assert key == dict(in_dtype={"fp32": "float32", "pos_to_token": "bfloat16", "quantized": "float8_e4m3fn"}[case],
-                       expand=case == "pos_to_token")
+    for _ in range(2):  # the checked path, then the memoized plan
+        name, key, _ = _last(stub, lambda: quant.per_channel_cast_fused(x, "e4m3", 128, **kw))
+        assert name == "quant.per_channel_cast_fused"
+        assert key == dict(in_dtype={"fp32": "float32", "pos_to_token": "bfloat16",
+                                     "quantized": "float8_e4m3fn"}[case], expand=case == "pos_to_token")
 
 
 # ------------------------------------------------------------------------------ e5m6

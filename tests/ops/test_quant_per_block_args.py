@@ -121,7 +121,13 @@ def test_precomputed_wrong_shape(sf):
 
 @pytest.mark.parametrize("sf", [torch.ones((1, 2), dtype=torch.bfloat16), torch.ones((1, 2), dtype=torch.int32), None])
 def test_precomputed_wrong_dtype(sf):
-    _raises("sf", pb.per_block_cast_with_precomputed_sf, _x(), "e4m3", (128, 128), sf)
+    _raises(": sf ", pb.per_block_cast_with_precomputed_sf, _x(), "e4m3", (128, 128), sf)
+
+
+def test_precomputed_sf_is_required():
+    """sf=None is refused (before the OpSpec it ran per_block_cast, computing the scales, and returned its out)."""
+    _raises("sf must be a torch.Tensor, got NoneType", pb.per_block_cast_with_precomputed_sf, _x(), "e4m3", (128, 128),
+            None)
 
 
 # ------------------------------------------------------------------------------ lossless
