@@ -52,8 +52,8 @@ import torch
 from .._common import TRACING, aligned_input, check_cuda, fail, kernel_meta, launcher, ptr
 from .._spec import OpSpec
 from .._torch import TorchOp, pair_to_public, pair_to_schema
-from ._per_token_checks import (INT32_MAX, PLAIN, Config, Deferred, Scales, check_config, deferred, kernel_scales,
-                                pair_call_checks, pair_key, scales_call_checks)
+from ._per_token_checks import (INT32_MAX, PLAIN, Config, Deferred, Scales, block_key, check_config, deferred,
+                                kernel_scales, pair_call_checks, pair_key, scales_call_checks, typed)
 from ._sf import SCHEMA_FLAGS as _FLAGS, FMT_DTYPES
 
 QuantTensor = tuple[torch.Tensor, torch.Tensor]
@@ -230,10 +230,14 @@ def _relations(mode: str) -> Callable[[str, dict], None]:
     return relations
 
 
-def _params(*tensors: Any) -> tuple:
-    """x (or a pair), fmt, num_per_channels, the given tensors, x_block_size and the three flags."""
-    return (deferred("fmt", "str"), deferred("num_per_channels", "int"), *tensors,
-            deferred("x_block_size", "int[]?", "None"), *(deferred(name, "bool", "False") for name in _FLAG_NAMES))
+def _params(*tensors: Any, keyed: bool = False) -> tuple:
+    """fmt, num_per_channels, the given tensors, x_block_size and the three flags (the parameters
+    after x); ``keyed``: with their own keys (cheaper than the generic typed key; a spec whose x
+    is a tensor keeps them unkeyed, for its leading-tensor key)."""
+    scalar, block = (typed, block_key) if keyed else (None, None)
+    return (deferred("fmt", "str", key_of=scalar), deferred("num_per_channels", "int", key_of=scalar), *tensors,
+            deferred("x_block_size", "int[]?", "None", block),
+            *(deferred(name, "bool", "False", scalar) for name in _FLAG_NAMES))
 
 
 _X = Deferred("x", tuple(PLAIN), 2)
@@ -241,11 +245,12 @@ _CAST_SCHEMA = f"Tensor x, Tensor? x_sf, str fmt, int num_per_channels, int[]? x
 CAST = OpSpec("per_token_cast", (_X, *_params()), "(Tensor, Tensor)", _plan_cast, relations=_cast_relations,
               schema_args=_CAST_SCHEMA)
 # a quantized (data, sf) x: another key (pair_key), the same checks, plan and custom op
-CAST_PAIR = OpSpec("per_token_cast", (deferred("x", "Tensor", key_of=pair_key), *_params()), "(Tensor, Tensor)",
-                   _plan_cast, relations=_cast_relations, schema_args=_CAST_SCHEMA)
+CAST_PAIR = OpSpec("per_token_cast", (deferred("x", "Tensor", key_of=pair_key), *_params(keyed=True)),
+                   "(Tensor, Tensor)", _plan_cast, relations=_cast_relations, schema_args=_CAST_SCHEMA)
 SF_ONLY = OpSpec("per_token_cast_with_sf_only", (_X, *_params()), "Tensor", _plan_sf_only,
                  relations=_relations("sf_only"))
-PRECOMPUTED = OpSpec("per_token_cast_with_precomputed_sf", (_X, *_params(Scales("sf", (torch.float32,), 2))),
+PRECOMPUTED = OpSpec("per_token_cast_with_precomputed_sf",
+                     (_X, *_params(Scales("sf", (torch.float32,), 2), keyed=True)),
                      "Tensor", _plan_precomputed, relations=_relations("precomputed"))
 SPECS = (CAST, CAST_PAIR, SF_ONLY, PRECOMPUTED)
 

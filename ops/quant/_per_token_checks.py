@@ -58,6 +58,19 @@ def deferred(name: str, schema_type: str, default: Optional[str] = None, key_of:
     return Param(name, schema_type, _unchecked, key_of, default)
 
 
+def typed(value: Any) -> tuple:
+    """A scalar's key: its type and value (cheaper than ``typed_key``; a float or tuple never
+    passes these parameters' checks, so no stored key holds one)."""
+    return type(value), value
+
+
+def block_key(value: Any) -> tuple:
+    """x_block_size's key: a tuple or list element by element, with the types."""
+    if type(value) is tuple or type(value) is list:
+        return type(value), tuple([(type(v), v) for v in value])
+    return type(value), value
+
+
 def pair_key(x: Any) -> tuple:
     """A quantized ``(data, sf)`` input's part of the memo key: what its checks read but the token
     count, the data strides and the pointers (:func:`pair_call_checks`, every call).  The sf's
@@ -204,5 +217,5 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-__all__ = ["Config", "Deferred", "Scales", "check_config", "deferred", "kernel_scales", "pair_call_checks",
-           "pair_key", "scales_call_checks"]
+__all__ = ["Config", "Deferred", "Scales", "block_key", "check_config", "deferred", "kernel_scales",
+           "pair_call_checks", "pair_key", "scales_call_checks", "typed"]

@@ -317,7 +317,22 @@ def test_pair_key_variants(rec):
             (data, _sf(4, 576, block, "col").double()), "e4m3", 128, block)
     rec.run(_pair_call(data, _sf(4, 576, block, "col"), block), fast=False)  # another orientation: checked
     rec.run(_pair_call(data, _sf(4, 576, block, "col"), block), fast=True)
-    assert len(pt.CAST_PAIR.memo) == 2
+    rec.run(_pair_call(data, sf, [1, 128]), fast=False)  # a list block (accepted): another configuration
+    rec.run(_pair_call(data, sf, [1, 128]), fast=True)
+    _raises(rec, pt.CAST_PAIR, r"per_token_cast: x_block_size=\(1.0, 128\) is not supported", pt.per_token_cast,
+            (data, sf), "e4m3", 128, (1.0, 128))
+    _raises(rec, pt.CAST_PAIR, r"per_token_cast: x_block_size=\(True, 128\) is not supported", pt.per_token_cast,
+            (data, sf), "e4m3", 128, (True, 128))
+    _raises(rec, pt.CAST_PAIR, r"per_token_cast: num_per_channels=128.0 is not supported", pt.per_token_cast,
+            (data, sf), "e4m3", 128.0, block)
+    assert len(pt.CAST_PAIR.memo) == 3
+
+
+def test_plain_inputs_take_the_leading_tensor_key():
+    """per_token_cast (the hot path), sf_only and E5M6: one leading 2-D tensor, the scalars
+    tagged inline (OpSpec's cheapest key); the pair and precomputed forms key each parameter."""
+    assert pt.CAST._lead and pt.SF_ONLY._lead and e5.E5M6._lead
+    assert not pt.CAST_PAIR._lead and not pt.PRECOMPUTED._lead
 
 
 # ----------------------------------------------------------------- sf only and precomputed scales
