@@ -96,6 +96,17 @@ def _out_shape(cfg: Config) -> tuple[int, torch.dtype]:
     return (cfg.hidden if cfg.fmt == "e4m3" else cfg.hidden // 2), FMT_DTYPES[cfg.fmt]
 
 
+def _cast_scalars(cfg: Config) -> tuple[tuple, int, tuple]:
+    """quant.per_token_cast's scalars; the most tokens quant.per_token_cast_decode serves in this
+    configuration (-1: none) and its scalars (same parameters, its own column-block count)."""
+    args = (cfg.group_shift, int(cfg.whole_row), int(cfg.rnd), int(cfg.layout.col_major),
+            1 if cfg.whole_row else _cdiv(cfg.hidden, _chunk(cfg.key_in)))
+    if cfg.fmt != "e4m3" or cfg.layout.packed_ue8m0 or cfg.whole_row:
+        return args, -1, ()
+    chunk = kernel_meta(_CAST_DECODE, f"chunk_{cfg.key_in}")
+    return args, kernel_meta(_CAST_DECODE, "max_tokens"), args[:4] + (_cdiv(cfg.hidden, chunk),)
+
+
 def _plain_run(cfg: Config) -> Callable[..., QuantTensor]:
     """``per_token_cast`` of a plain bf16/fp32 x (the hot path): allocate, pick the decode kernel up
     to its token limit, launch (a misaligned or strided x through a contiguous copy)."""
@@ -105,12 +116,7 @@ def _plain_run(cfg: Config) -> Callable[..., QuantTensor]:
     sf_cols = layout.shape(1, hidden)[1]
     alloc, finish = layout.alloc, layout.finish
     key = _kernel_key(cfg, "cast")
-    args = (cfg.group_shift, int(cfg.whole_row), int(cfg.rnd), int(layout.col_major),
-            1 if cfg.whole_row else _cdiv(hidden, _chunk(cfg.key_in)))
-    decode_max, decode_args = -1, ()
-    if cfg.fmt == "e4m3" and not layout.packed_ue8m0 and not cfg.whole_row:
-        decode_max = kernel_meta(_CAST_DECODE, "max_tokens")
-        decode_args = args[:4] + (_cdiv(hidden, kernel_meta(_CAST_DECODE, f"chunk_{cfg.key_in}")),)
+    args, decode_max, decode_args = _cast_scalars(cfg)
     live = hidden > 0 and not TRACING.on  # fake tensors (tracing): nothing to read or launch
     decode = general = None  # launchers, looked up at their first launch (decode-only processes never load general)
 

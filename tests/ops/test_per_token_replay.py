@@ -1,7 +1,7 @@
 """The replay of validated configurations of the per-token casts (``per_token_cast`` with a plain or
 a quantized input, ``per_token_cast_with_sf_only``, ``per_token_cast_with_precomputed_sf``,
-``per_token_cast_to_e5m6`` and ``per_token_cast(fmt='e5m6')``), declared by their OpSpecs (CPU,
-no GPU: the launcher records, the device check passes).
+``per_token_cast_to_e5m6`` and ``per_token_cast(fmt='e5m6')``: ``test_e5m6_replay.py``), declared
+by their OpSpecs (CPU, no GPU: the launcher records, the device check passes).
 
 A configuration is stored in its spec's memo only after the checked path accepted it; a later
 call with the same configuration runs only the per-call checks and the launch.  Here every
@@ -14,126 +14,20 @@ storing nothing, once the memo is warm.
 
 from __future__ import annotations
 
-import math
-
 import pytest
 import torch
 
-from ops_stub import StubbedOps
+from _per_token_replay_util import Recorder, assert_same, misaligned, raises
 from tilebin.ops import _spec
 from tilebin.ops.quant import _e5m6 as e5
 from tilebin.ops.quant import _per_token as pt
-from tilebin.runtime import ArgumentError
 
 BF16, FP32, E4M3, I8 = torch.bfloat16, torch.float32, torch.float8_e4m3fn, torch.int8
-
-
-class Recorder:
-    """Launches (name, key, args) and how often a spec's checked path ran."""
-
-    def __init__(self, monkeypatch):
-        self.stub = StubbedOps(monkeypatch)  # launcher, device check and kernel meta stubbed, memos emptied
-        self.checked = 0
-        real = _spec.OpSpec.checked
-
-        def counted(spec, args, key):
-            self.checked += 1
-            return real(spec, args, key)
-
-        monkeypatch.setattr(_spec.OpSpec, "checked", counted)
-
-    @property
-    def calls(self) -> list:
-        return self.stub.launches
-
-    def run(self, call, *, fast: bool):
-        """``(result, launches)`` of ``call()``; asserts whether the checked path ran."""
-        before, start = self.checked, len(self.calls)
-        result = call()
-        ran_checked = self.checked != before
-        assert ran_checked != fast, f"expected the {'replayed' if fast else 'checked'} path"
-        return result, self.calls[start:]
-
-    def checked_run(self, spec, call):
-        """``call()`` through the checked path (the spec's memo emptied for it, then restored;
-        what the call stored stays)."""
-        saved = dict(spec.memo)
-        spec.memo.clear()
-        try:
-            return self.run(call, fast=False)
-        finally:
-            spec.memo.update(saved)
 
 
 @pytest.fixture
 def rec(monkeypatch):
     return Recorder(monkeypatch)
-
-
-def _storage(t: torch.Tensor) -> int:
-    return t.untyped_storage().data_ptr() if t.device.type != "meta" else id(t)
-
-
-def _sig(value, known: list, args: tuple = ()):
-    """Comparable description: tensors by dtype/shape/strides/offset, which known tensor they are
-    (inputs) and which launch argument they share memory with (outputs)."""
-    if isinstance(value, (tuple, list)):
-        return tuple(_sig(v, known, args) for v in value)
-    if isinstance(value, torch.Tensor):
-        same = next((i for i, k in enumerate(known) if value is k), None)
-        shares = next((i for i, a in enumerate(args) if isinstance(a, torch.Tensor) and a.numel() and value.numel()
-                       and _storage(a) == _storage(value)), None)
-        return ("tensor", value.dtype, tuple(value.shape), value.stride(), value.storage_offset(), value.device,
-                same, shares)
-    return (type(value), value)
-
-
-def _bits(t: torch.Tensor) -> torch.Tensor:
-    return t.view(torch.uint8) if t.dtype == E4M3 else t
-
-
-def assert_same(slow, fast, known: list):
-    """Two ``(result, launches)`` describe the same work."""
-    (r_slow, l_slow), (r_fast, l_fast) = slow, fast
-    assert len(l_slow) == len(l_fast) <= 1
-    args_slow = l_slow[0][2] if l_slow else ()
-    args_fast = l_fast[0][2] if l_fast else ()
-    if l_slow:
-        (n1, k1, a1), (n2, k2, a2) = l_slow[0], l_fast[0]
-        assert n1 == n2 and k1 == k2
-        assert _sig(a1, known) == _sig(a2, known)
-        for x1, x2 in zip(a1, a2):  # inputs (or their copies) hold the same values
-            if isinstance(x1, torch.Tensor) and x1.device.type != "meta" and any(
-                    x1 is k or _shares(x1, k) for k in known):
-                assert torch.equal(_bits(x1), _bits(x2))
-    assert _sig(r_slow, known, args_slow) == _sig(r_fast, known, args_fast)
-
-
-def _shares(t: torch.Tensor, k: torch.Tensor) -> bool:
-    return t.numel() > 0 and k.numel() > 0 and _storage(t) == _storage(k)
-
-
-def _raises(rec, spec, match: str, fn, *args, **kwargs):
-    """``fn`` raises ArgumentError matching ``match`` with a warm memo, launching and storing
-    nothing, and the same message with an empty one."""
-    saved, start = dict(spec.memo), len(rec.calls)
-    with pytest.raises(ArgumentError, match=match) as warm:
-        fn(*args, **kwargs)
-    assert spec.memo == saved and len(rec.calls) == start
-    spec.memo.clear()
-    try:
-        with pytest.raises(ArgumentError) as cold:
-            fn(*args, **kwargs)
-        assert not spec.memo and len(rec.calls) == start
-    finally:
-        spec.memo.update(saved)
-    assert str(cold.value) == str(warm.value)
-
-
-def _misaligned(shape, dtype):
-    """A contiguous tensor whose data pointer is one element past a 16-byte boundary."""
-    flat = torch.randn(math.prod(shape) + 1).to(dtype)
-    return flat[1:].view(shape)
 
 
 # ------------------------------------------------------------------------------- per_token_cast
@@ -171,7 +65,7 @@ def test_per_token_replay_row_layouts(rec, dtype):
     with the checked path's kernel input."""
     rec.run(_pt(torch.randn(4, 576).to(dtype)), fast=False)
     wide = torch.randn(5, 640).to(dtype)
-    for x in (wide[:, :576], wide[1:, 32:608], _misaligned((4, 576), dtype), _misaligned((1, 576), dtype),
+    for x in (wide[:, :576], wide[1:, 32:608], misaligned((4, 576), dtype), misaligned((1, 576), dtype),
               torch.randn(576, 6).to(dtype).T, wide[:, :576][::2]):
         _pt_both(rec, x, "e4m3", 128)
 
@@ -215,7 +109,7 @@ def test_per_token_refusals_after_warm(rec):
         (rf"{op}: num_per_channels=\[128\] is not supported", (x, "e4m3", [128])),
         (rf"{op}: x must be a torch.Tensor, got list", ([[1.0]], "e4m3", 128)),
     ]:
-        _raises(rec, pt.CAST, match, cast, *args)
+        raises(rec, pt.CAST, match, cast, *args)
     assert len(pt.CAST.memo) == 2
 
 
@@ -299,7 +193,7 @@ def test_pair_per_call_checks_after_warm(rec):
         (rf"{op}: x\[1\] \(sf\) strides \(0, 1\) or its pointer are not usable",
          (data, torch.ones(1, 5).expand(4, 5))),  # a row stride of 0: the same key as a fresh sf
     ]:
-        _raises(rec, pt.CAST_PAIR, match, pt.per_token_cast, pair, "e4m3", 128, block)
+        raises(rec, pt.CAST_PAIR, match, pt.per_token_cast, pair, "e4m3", 128, block)
     assert len(pt.CAST_PAIR.memo) == 1
 
 
@@ -309,21 +203,21 @@ def test_pair_key_variants(rec):
     block = (1, 128)
     data, sf = _data(4, 576, E4M3), _sf(4, 576, block, "row")
     rec.run(_pair_call(data, sf, block), fast=False)
-    _raises(rec, pt.CAST_PAIR, r"per_token_cast: a quantized input must be a \(data, sf\) tuple", pt.per_token_cast,
+    raises(rec, pt.CAST_PAIR, r"per_token_cast: a quantized input must be a \(data, sf\) tuple", pt.per_token_cast,
             (data, sf, sf), "e4m3", 128, block)
-    _raises(rec, pt.CAST_PAIR, r"per_token_cast: row-major input sf must be float32 with stride\(1\) == 1",
+    raises(rec, pt.CAST_PAIR, r"per_token_cast: row-major input sf must be float32 with stride\(1\) == 1",
             pt.per_token_cast, (data, torch.ones(4, 10)[:, ::2]), "e4m3", 128, block)
-    _raises(rec, pt.CAST_PAIR, r"per_token_cast: column-major input sf has dtype torch.float64", pt.per_token_cast,
+    raises(rec, pt.CAST_PAIR, r"per_token_cast: column-major input sf has dtype torch.float64", pt.per_token_cast,
             (data, _sf(4, 576, block, "col").double()), "e4m3", 128, block)
     rec.run(_pair_call(data, _sf(4, 576, block, "col"), block), fast=False)  # another orientation: checked
     rec.run(_pair_call(data, _sf(4, 576, block, "col"), block), fast=True)
     rec.run(_pair_call(data, sf, [1, 128]), fast=False)  # a list block (accepted): another configuration
     rec.run(_pair_call(data, sf, [1, 128]), fast=True)
-    _raises(rec, pt.CAST_PAIR, r"per_token_cast: x_block_size=\(1.0, 128\) is not supported", pt.per_token_cast,
+    raises(rec, pt.CAST_PAIR, r"per_token_cast: x_block_size=\(1.0, 128\) is not supported", pt.per_token_cast,
             (data, sf), "e4m3", 128, (1.0, 128))
-    _raises(rec, pt.CAST_PAIR, r"per_token_cast: x_block_size=\(True, 128\) is not supported", pt.per_token_cast,
+    raises(rec, pt.CAST_PAIR, r"per_token_cast: x_block_size=\(True, 128\) is not supported", pt.per_token_cast,
             (data, sf), "e4m3", 128, (True, 128))
-    _raises(rec, pt.CAST_PAIR, r"per_token_cast: num_per_channels=128.0 is not supported", pt.per_token_cast,
+    raises(rec, pt.CAST_PAIR, r"per_token_cast: num_per_channels=128.0 is not supported", pt.per_token_cast,
             (data, sf), "e4m3", 128.0, block)
     assert len(pt.CAST_PAIR.memo) == 3
 
@@ -345,7 +239,7 @@ def test_sf_only_replay_matches_checked(rec, npc, flags, dtype):
 
     rec.run(call(torch.randn(4, 576).to(dtype)), fast=False)
     for x in (torch.randn(4, 576).to(dtype), torch.randn(0, 576).to(dtype), torch.randn(300, 576).to(dtype),
-              torch.randn(5, 640).to(dtype)[:, :576], _misaligned((3, 576), dtype)):
+              torch.randn(5, 640).to(dtype)[:, :576], misaligned((3, 576), dtype)):
         slow = rec.checked_run(pt.SF_ONLY, call(x))
         assert_same(slow, rec.run(call(x), fast=True), [x])
     assert len(pt.SF_ONLY.memo) == 1
@@ -382,62 +276,5 @@ def test_precomputed_per_call_checks_after_warm(rec, col):
         (rf"{op}: sf has shape .*; it must be {how}", x, _scales(4, 6, col)),
         (rf"{op}: sf must have unit stride along its last dim \(got strides \(\d+, 2\)\)", x, strided),
     ]:
-        _raises(rec, pt.PRECOMPUTED, match, pt.per_token_cast_with_precomputed_sf, x_, "e4m3", 128, sf, None, col)
+        raises(rec, pt.PRECOMPUTED, match, pt.per_token_cast_with_precomputed_sf, x_, "e4m3", 128, sf, None, col)
     assert len(pt.PRECOMPUTED.memo) == 1
-
-
-# ------------------------------------------------------------------------------------------ e5m6
-@pytest.mark.parametrize("dtype", [BF16, FP32])
-@pytest.mark.parametrize("hidden", [576, 7168])
-@pytest.mark.parametrize("flags", [(False, False, False), (True, False, False), (True, True, True), (0, 1, 0)])
-def test_e5m6_replay_matches_checked(rec, dtype, hidden, flags):
-    """per_token_cast_to_e5m6 and per_token_cast(fmt='e5m6'): a configuration each, replayed."""
-    def direct(x):
-        return lambda: e5.per_token_cast_to_e5m6(x, hidden, *flags)
-
-    def via_cast(x):
-        return lambda: pt.per_token_cast(x, "e5m6", hidden, None, *flags)
-
-    for spec, call in ((e5.E5M6, direct), (pt.CAST, via_cast)):
-        rec.run(call(torch.randn(4, hidden).to(dtype)), fast=False)
-        for x in (torch.randn(4, hidden).to(dtype), torch.randn(0, hidden).to(dtype), torch.randn(9, hidden).to(dtype),
-                  torch.randn(3, hidden + 64).to(dtype)[:, :hidden], _misaligned((2, hidden), dtype)):
-            slow = rec.checked_run(spec, call(x))
-            fast = rec.run(call(x), fast=True)
-            assert_same(slow, fast, [x])
-            assert_same(slow, rec.checked_run(e5.E5M6, direct(x)), [x])  # fmt='e5m6' launches what the op does
-        assert len(spec.memo) == 1
-
-
-def test_e5m6_element_limit_per_call(rec):
-    """The 32-bit element limit depends on the token count: checked on every call (meta tensors)."""
-    small, big = (torch.empty(n, 4096, dtype=BF16, device="meta") for n in (4, 2**19))
-    for spec, fn, args in ((e5.E5M6, e5.per_token_cast_to_e5m6, (4096,)),
-                           (pt.CAST, pt.per_token_cast, ("e5m6", 4096))):
-        rec.run(lambda: fn(small, *args), fast=False)
-        rec.run(lambda: fn(small, *args), fast=True)
-        _raises(rec, spec, r"per_token_cast\(fmt='e5m6'\): x has 2147483648 elements; at most 2147483647", fn, big,
-                *args)
-        rec.run(lambda: fn(big[:-1], *args), fast=True)
-
-
-def test_e5m6_refusals_after_warm(rec):
-    x = torch.randn(4, 576).to(BF16)
-    for flags in [(), (True, True, True)]:
-        rec.run(lambda: e5.per_token_cast_to_e5m6(x, 576, *flags), fast=False)
-        rec.run(lambda: pt.per_token_cast(x, "e5m6", 576, None, *flags), fast=False)
-    op = r"per_token_cast\(fmt='e5m6'\)"
-    for match, args in [
-        (rf"{op}: num_per_channels=576.0 is not supported with fmt='e5m6'", (x, 576.0)),
-        (rf"{op}: num_per_channels=True is not supported", (x[:, :1], True)),
-        (rf"{op}: num_per_channels=128 is not supported with fmt='e5m6'", (x, 128)),
-        (rf"{op}: round_sf must be a bool, got float 1.0", (x, 576, True, 1.0, True)),
-        (rf"{op}: use_packed_ue8m0=True needs round_sf=True", (x, 576, True, False, True)),
-        (rf"{op}: x has dtype float16", (x.half(), 576)),
-        (rf"{op}: hidden=12 is not supported with fmt='e5m6'", (torch.zeros(4, 12), 12)),
-    ]:
-        _raises(rec, e5.E5M6, match, e5.per_token_cast_to_e5m6, *args)
-        _raises(rec, pt.CAST, match, pt.per_token_cast, args[0], "e5m6", *args[1:2], None, *args[2:])
-    _raises(rec, pt.CAST, r"per_token_cast: x_block_size=\(1, 576\) is not supported with fmt='e5m6'",
-            pt.per_token_cast, x, "e5m6", 576, (1, 576))
-    assert len(e5.E5M6.memo) == 2 and len(pt.CAST.memo) == 2

@@ -105,7 +105,11 @@ def test_per_channel_cast_fused_kernel_for_the_rest(stub, case):
 ])
 def test_e5m6_kernel_and_tokens_per_block(stub, dtype, hidden, want):
     from tilebin.ops import quant
+    from tilebin.ops.quant._e5m6 import per_token_cast_to_e5m6
 
-    name, key, args = _last(stub, lambda: quant.per_token_cast(torch.zeros(5, hidden, dtype=dtype), "e5m6", hidden))
-    assert (name, args[-1]) == want
-    assert key == dict(in_dtype="bfloat16" if dtype == BF16 else "float32", sf_kind="row")
+    for call in (lambda: quant.per_token_cast(torch.zeros(5, hidden, dtype=dtype), "e5m6", hidden),
+                 lambda: per_token_cast_to_e5m6(torch.zeros(5, hidden, dtype=dtype), hidden)):
+        for _ in range(2):  # the checked path, then the memoized plan
+            name, key, args = _last(stub, call)
+            assert (name, args[-1]) == want
+            assert key == dict(in_dtype="bfloat16" if dtype == BF16 else "float32", sf_kind="row")

@@ -179,7 +179,8 @@ def test_e5m6_dispatch(monkeypatch, dtype, flags):
 
 def test_e5m6_errors_are_worded_as_before():
     """fmt='e5m6' keeps per_token_cast_to_e5m6's wording, the device check included."""
-    _raises(r"per_token_cast\(fmt='e5m6'\): x has dtype float16", pt.per_token_cast, _x(dtype=torch.float16), "e5m6", 576)
+    _raises(r"per_token_cast\(fmt='e5m6'\): x has dtype float16", pt.per_token_cast, _x(dtype=torch.float16), "e5m6",
+            576)
     _raises(r"per_token_cast\(fmt='e5m6'\): round_sf must be a bool, got str 'yes'", pt.per_token_cast, _x(), "e5m6",
             576, None, False, "yes")
     _raises(r"per_token_cast\(fmt='e5m6'\): x must be a torch.Tensor, got tuple", pt.per_token_cast, _pair(), "e5m6",
