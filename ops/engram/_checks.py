@@ -8,7 +8,8 @@ from typing import Any
 
 import torch
 
-from .._common import TRACING, check_tensor, fail, ptr
+from .._common import TRACING, check_tensor, fail, ptr, typed_key
+from .._spec import Param
 
 MAX_HIDDEN = 8192  # the gate kernels keep a row in registers: hidden <= 256 threads x 32 values
 HIDDEN_ALIGN = 8  # 16-byte vectors of bf16
@@ -34,6 +35,52 @@ def check_bool(op: str, name: str, value: Any) -> bool:
     if type(value) is not bool:
         raise fail(op, f"{name} must be a bool, got {type(value).__name__} {value!r}; pass True or False")
     return value
+
+
+def float_param(name: str) -> Param:
+    """A float parameter checked by :func:`check_float`; its memo-key part is :func:`float_key`."""
+    return Param(name, "float", lambda op, value: check_float(op, name, value), key_of=float_key)
+
+
+def float_key(value: Any) -> Any:
+    """A float argument's memo-key part, equal for two values only when their types and bits are:
+    a nonzero float is its own key (floats other than 0.0 and -0.0 are equal exactly when their
+    bits are; NaN, refused, is never stored), anything else :func:`typed_key`'s tags, floats
+    (zeros, subclasses) with their bits.  ~10x cheaper than typed_key for the common float."""
+    if type(value) is float and value:
+        return value
+    return (type(value), float.hex(value)) if isinstance(value, float) else typed_key(value)
+
+
+def bool_param(name: str, default: str) -> Param:
+    """A bool parameter checked by :func:`check_bool` (ints refused); ``default`` as the schema writes it."""
+    return Param(name, "bool", lambda op, value: check_bool(op, name, value), key_of=_bool_key, default=default)
+
+
+def _bool_key(value: Any) -> Any:
+    """A bool argument's memo-key part: the bool itself, anything else :func:`typed_key`'s tags
+    (``1`` and ``True`` differ: ``(1, int)`` is a tuple)."""
+    return value if type(value) is bool else typed_key(value)
+
+
+def aligned(*tensors: torch.Tensor, align: int = 16) -> bool:
+    """Every tensor's data pointer is a multiple of ``align`` bytes (True for fake tensors while
+    tracing: they have no memory).  A per-call test; the checks below say what is wrong."""
+    if TRACING.on:
+        return True
+    bits = 0
+    for t in tensors:
+        bits |= t.data_ptr()
+    return not bits % align
+
+
+def rows_ok(t: torch.Tensor) -> bool:
+    """A per-call test stricter than :func:`check_strided_rows`' stride rules: contiguous, or the last
+    stride 1 and every other stride a non-negative multiple of 8 below 2**31 (whatever its size)."""
+    if t.is_contiguous():
+        return True
+    *lead, last = t.stride()
+    return last == 1 and all(0 <= s <= _INT32_MAX and not s % HIDDEN_ALIGN for s in lead)
 
 
 def check_contiguous(op: str, name: str, t: torch.Tensor, dtypes: tuple, shape: tuple | None = None,
@@ -116,5 +163,5 @@ def check_disjoint(op: str, outputs: dict, inputs: dict) -> None:
                     raise fail(op, f"{name} overlaps {other} in memory; it is written in place: pass separate tensors")
 
 
-__all__ = ["BF16", "FP32", "MAX_HIDDEN", "check_base", "check_bool", "check_contiguous", "check_disjoint",
-           "check_float", "check_hidden", "check_strided_rows"]
+__all__ = ["BF16", "FP32", "MAX_HIDDEN", "aligned", "bool_param", "check_base", "check_bool", "check_contiguous",
+           "check_disjoint", "check_float", "check_hidden", "check_strided_rows", "float_param", "rows_ok"]

@@ -1,5 +1,5 @@
 """The Engram gate: ``engram_gate_fwd``, ``engram_gate_bwd`` and ``grad_w_reduce``
-(``tile_kernels.engram`` 1.0.0 API).
+(``tile_kernels.engram`` 1.0.0 API), each declared by an :class:`~tilebin.ops._spec.OpSpec`.
 
 Every op validates all arguments before touching the GPU (device last) and raises
 :class:`tilebin.runtime.ArgumentError` naming the op, the argument, what is supported and the
@@ -10,28 +10,33 @@ values, so one cubin per op serves every shape.  ``k`` and ``v`` may be strided 
 contiguous, other strides multiples of 8 elements); everything else must be contiguous.
 Outputs are fresh contiguous tensors (``grad_weight_*`` of ``grad_w_reduce`` are updated in
 place); launches go on torch's current stream, asynchronously.
+
+Checks: each tensor's dtype and rank and each scalar (the parameters), then today's checks in
+today's order (``_gate_checks``, ``_bwd_checks``, ``_reduce_checks``) once per configuration.
+What the memo key leaves out (token counts that must agree, strides, data pointers, overlap of
+``grad_w_reduce``'s outputs) is tested on every call by a cheap ``per_call`` test; where it
+fails, the ordered checks run and raise today's message, memoized configuration or not.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import torch
-from torch.compiler import is_compiling
 
 from .._common import TRACING, aligned_input, check_cuda, fail, launcher
-from .._torch import TorchOp, traced
+from .._spec import OpSpec, TensorParam
 from ..config import get_num_sms
-from ._checks import (BF16, FP32, MAX_ELEMENTS, check_bool, check_contiguous, check_disjoint, check_float,
-                      check_hidden, check_strided_rows)
-
+from ._checks import (BF16, FP32, MAX_ELEMENTS, aligned, bool_param, check_contiguous, check_disjoint,
+                      check_hidden, check_strided_rows, float_param, rows_ok)
 
 _BWD_KERNEL = "engram.engram_gate_bwd"
 _REDUCE_KERNEL = "engram.grad_w_reduce"
+_BF16, _F32 = torch.bfloat16, torch.float32
 
 
-def _check_gate_inputs(op: str, hidden_states, k, v, weight_fused) -> tuple[int, int, int]:
-    """The tensors both gate ops take; returns ``(num_tokens, hc_mult, hidden)``."""
+def _gate_checks(op: str, hidden_states, k, v, weight_fused) -> tuple[int, int, int]:
+    """The tensors both gate ops take, in today's order; returns ``(num_tokens, hc_mult, hidden)``."""
     check_contiguous(op, "hidden_states", hidden_states, BF16, ndim=3)
     num_tokens, hc, hidden = hidden_states.shape
     if hc < 1:
@@ -43,158 +48,41 @@ def _check_gate_inputs(op: str, hidden_states, k, v, weight_fused) -> tuple[int,
     return num_tokens, hc, hidden
 
 
-def _stats(num_tokens: int, hc: int, device: torch.device) -> tuple[torch.Tensor, ...]:
-    """Four fp32 ``[num_tokens, hc]`` tensors (views of one allocation; empty for 0 tokens)."""
-    return torch.empty((4, num_tokens, hc), dtype=torch.float32, device=device).unbind(0)
+def _gate_plain(hidden_states, k, v, weight_fused) -> bool:
+    """Per call: the facts of :func:`_gate_checks` that the memo key leaves out hold (a stricter
+    test: False sends a call to the ordered checks, which raise or pass it)."""
+    n = hidden_states.shape[0]
+    return (k.shape[0] == n and v.shape[0] == n and hidden_states.is_contiguous() and weight_fused.is_contiguous()
+            and (k.is_contiguous() or rows_ok(k)) and (v.is_contiguous() or rows_ok(v))
+            and aligned(hidden_states, k, v, weight_fused) and hidden_states.numel() <= MAX_ELEMENTS)
 
 
-def engram_gate_fwd(hidden_states: torch.Tensor, k: torch.Tensor, v: torch.Tensor, weight_fused: torch.Tensor,
-                    eps: float, clamp_value: float, save_for_backward: bool = True):
-    """Engram gate forward: ``output = x + sigmoid(signed_sqrt(s)) * v`` per token and head.
-
-    hidden_states, k: bf16 ``[num_tokens, hc_mult, hidden]``; v: bf16 ``[num_tokens, hidden]``;
-    weight_fused: fp32 ``[hc_mult, hidden]`` (:func:`fused_weight`); eps, clamp_value: floats
-    ``>= 0``.  With ``d = sum(x * weight_fused * k)``, ``rstd_x = rsqrt(mean(x**2) + eps)``,
-    ``rstd_k`` likewise and ``s = d * rstd_x * rstd_k / sqrt(hidden)``: gate =
-    ``sigmoid(sign(s) * sqrt(max(|s|, clamp_value)))``.  Returns ``(output, dot, gate_score,
-    rstd_x, rstd_k)``: output bf16 like hidden_states; with ``save_for_backward`` the raw ``d``,
-    the gate and both rstds as fp32 ``[num_tokens, hc_mult]`` (views of one buffer), else four
-    ``None``.  fp32 math; the sums' order differs from torch's (tolerance, not bit-exact).
-    """
-    if is_compiling() and not TRACING.on:
-        return traced("engram_gate_fwd", hidden_states, k, v, weight_fused, eps, clamp_value, save_for_backward)
-    op = "engram_gate_fwd"
-    num_tokens, hc, hidden = _check_gate_inputs(op, hidden_states, k, v, weight_fused)
-    eps = check_float(op, "eps", eps)
-    clamp_value = check_float(op, "clamp_value", clamp_value)
-    save = check_bool(op, "save_for_backward", save_for_backward)
-    check_cuda(op, hidden_states=hidden_states, k=k, v=v, weight_fused=weight_fused)
-    device = hidden_states.device
-    output = torch.empty((num_tokens, hc, hidden), dtype=torch.bfloat16, device=device)
-    stats = _stats(num_tokens if save else 0, hc, device)  # [0, hc]: the kernel writes no statistics
-    if num_tokens:
-        launcher("engram.engram_gate_fwd")(hidden_states, k, v, weight_fused, output, *stats,
-                                            eps, clamp_value, hidden ** -0.5, int(save))
-    return (output, *stats) if save else (output, None, None, None, None)
+def _fwd_per_call(op: str, args: tuple) -> None:
+    if not _gate_plain(args[0], args[1], args[2], args[3]):
+        _gate_checks(op, args[0], args[1], args[2], args[3])
 
 
-def engram_gate_bwd(grad_out: torch.Tensor, hidden_states: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                    weight_fused: torch.Tensor, dot: torch.Tensor, gate_score: torch.Tensor, rstd_x: torch.Tensor,
-                    rstd_k: torch.Tensor, clamp_value: float):
-    """Gradients of :func:`engram_gate_fwd` given ``grad_out`` (bf16, contiguous, like hidden_states).
-
-    dot, gate_score, rstd_x, rstd_k: the forward's saved fp32 ``[num_tokens, hc_mult]`` tensors
-    (contiguous); the other tensors as in the forward.  Returns ``(grad_hidden_states, grad_k,
-    grad_v, grad_w_partial)``: bf16 gradients (contiguous, of hidden_states'/k's/v's shapes) and
-    fp32 ``[num_sms, hc_mult, hidden]`` partial sums of the fused weight's gradient (one row per
-    token range, zeros where a range is empty) for :func:`grad_w_reduce`.  ``num_sms`` is
-    :func:`tilebin.ops.config.get_num_sms`; the results do not depend on it beyond summation order.
-    """
-    if is_compiling() and not TRACING.on:
-        return traced("engram_gate_bwd", grad_out, hidden_states, k, v, weight_fused, dot, gate_score, rstd_x,
-                      rstd_k, clamp_value)
-    return _gate_bwd(_BWD_KERNEL, grad_out, hidden_states, k, v, weight_fused, dot, gate_score, rstd_x, rstd_k,
-                     clamp_value)
+def _fwd_relations(op: str, values: dict) -> None:
+    _gate_checks(op, values["hidden_states"], values["k"], values["v"], values["weight_fused"])
 
 
-def _gate_bwd(kernel: str, grad_out, hidden_states, k, v, weight_fused, dot, gate_score, rstd_x, rstd_k, clamp_value):
-    """:func:`engram_gate_bwd`'s checks and launch of ``kernel``."""
-    op = "engram_gate_bwd"
-    num_tokens, hc, hidden = _check_gate_inputs(op, hidden_states, k, v, weight_fused)
-    check_contiguous(op, "grad_out", grad_out, BF16, shape=(num_tokens, hc, hidden))
-    for name, t in (("dot", dot), ("gate_score", gate_score), ("rstd_x", rstd_x), ("rstd_k", rstd_k)):
-        check_contiguous(op, name, t, FP32, shape=(num_tokens, hc), align=4)  # scalar accesses
-    clamp_value = check_float(op, "clamp_value", clamp_value)
-    check_cuda(op, grad_out=grad_out, hidden_states=hidden_states, k=k, v=v, weight_fused=weight_fused, dot=dot,
-               gate_score=gate_score, rstd_x=rstd_x, rstd_k=rstd_k)
-    # the kernel's contract is 16-byte aligned tensors: a view of the saved statistics that starts
-    # inside a buffer (a later chunk of tokens) is copied, never launched misaligned
-    dot, gate_score, rstd_x, rstd_k = (aligned_input(t) for t in (dot, gate_score, rstd_x, rstd_k))
-    device = hidden_states.device
-    grad_x = torch.empty((num_tokens, hc, hidden), dtype=torch.bfloat16, device=device)
-    grad_k = torch.empty((num_tokens, hc, hidden), dtype=torch.bfloat16, device=device)
-    grad_v = torch.empty((num_tokens, hidden), dtype=torch.bfloat16, device=device)
-    grad_w_partial = torch.empty((get_num_sms(device), hc, hidden), dtype=torch.float32, device=device)
-    launcher(kernel)(grad_out, hidden_states, k, v, weight_fused, dot, gate_score, rstd_x, rstd_k,
-                     grad_x, grad_k, grad_v, grad_w_partial, clamp_value, hidden ** -0.5)
-    return grad_x, grad_k, grad_v, grad_w_partial
+def _plan_fwd(values: dict) -> Callable[..., tuple]:
+    _, hc, hidden = values["hidden_states"].shape
+    eps, clamp_value, save = values["eps"], values["clamp_value"], values["save_for_backward"]
+    scalars = (eps, clamp_value, hidden ** -0.5, int(save))
+    device = values["hidden_states"].device  # every tensor's device is part of the configuration
+    fn = launcher("engram.engram_gate_fwd")
 
+    def run(hidden_states: torch.Tensor, k: torch.Tensor, v: torch.Tensor, weight_fused: torch.Tensor, *_: Any):
+        num_tokens = hidden_states.shape[0]
+        output = torch.empty((num_tokens, hc, hidden), dtype=_BF16, device=device)
+        # four fp32 [num_tokens, hc] views of one allocation; [0, hc]: the kernel writes no statistics
+        stats = torch.empty((4, num_tokens if save else 0, hc), dtype=_F32, device=device).unbind(0)
+        if num_tokens:
+            fn(hidden_states, k, v, weight_fused, output, *stats, *scalars)
+        return (output, *stats) if save else (output, None, None, None, None)
 
-def grad_w_reduce(grad_w_partial: torch.Tensor, weight_hidden: torch.Tensor, weight_embed: torch.Tensor,
-                  grad_weight_hidden: torch.Tensor, grad_weight_embed: torch.Tensor) -> None:
-    """Sum ``grad_w_partial`` over its first dim into ``s`` and accumulate in place
-    ``grad_weight_hidden += s * weight_embed`` and ``grad_weight_embed += s * weight_hidden``.
-
-    grad_w_partial: fp32 ``[num_blocks, hc_mult, hidden]`` (any ``num_blocks``, so any SM count);
-    weight_hidden, weight_embed: bf16 ``[hc_mult, hidden]``; grad_weight_hidden,
-    grad_weight_embed: fp32 ``[hc_mult, hidden]`` (e.g. a parameter's ``main_grad``), separate
-    memory.  All contiguous.  Deterministic fixed-order fp32 sums.
-    """
-    if is_compiling() and not TRACING.on:
-        return traced("grad_w_reduce", grad_w_partial, weight_hidden, weight_embed, grad_weight_hidden,
-                      grad_weight_embed)
-    if not _reduce_args_plain(grad_w_partial, weight_hidden, weight_embed, grad_weight_hidden, grad_weight_embed):
-        _check_reduce_args(grad_w_partial, weight_hidden, weight_embed, grad_weight_hidden, grad_weight_embed)
-    hc = grad_w_partial.shape[1]
-    if hc:
-        launcher(_REDUCE_KERNEL)(grad_w_partial, weight_hidden, weight_embed, grad_weight_hidden,
-                                 grad_weight_embed)
-
-
-def _check_reduce_args(grad_w_partial, weight_hidden, weight_embed, grad_weight_hidden, grad_weight_embed) -> None:
-    """Every check of :func:`grad_w_reduce`, in order; raises the first failure."""
-    op = "grad_w_reduce"
-    check_contiguous(op, "grad_w_partial", grad_w_partial, FP32, ndim=3)
-    _, hc, hidden = grad_w_partial.shape
-    check_hidden(op, "grad_w_partial", hidden, None)
-    check_contiguous(op, "weight_hidden", weight_hidden, BF16, shape=(hc, hidden))
-    check_contiguous(op, "weight_embed", weight_embed, BF16, shape=(hc, hidden))
-    check_contiguous(op, "grad_weight_hidden", grad_weight_hidden, FP32, shape=(hc, hidden))
-    check_contiguous(op, "grad_weight_embed", grad_weight_embed, FP32, shape=(hc, hidden))
-    check_cuda(op, grad_w_partial=grad_w_partial, weight_hidden=weight_hidden, weight_embed=weight_embed,
-               grad_weight_hidden=grad_weight_hidden, grad_weight_embed=grad_weight_embed)
-    check_disjoint(op, {"grad_weight_hidden": grad_weight_hidden, "grad_weight_embed": grad_weight_embed},
-                   {"grad_w_partial": grad_w_partial, "weight_hidden": weight_hidden, "weight_embed": weight_embed})
-
-
-_F32, _BF16 = torch.float32, torch.bfloat16
-
-
-def _reduce_args_plain(gp, wh, we, gwh, gwe) -> bool:
-    """True only for arguments :func:`_check_reduce_args` accepts, in the common shape: all five
-    non-empty, contiguous, 16-byte aligned, on one CUDA device, outputs disjoint from everything.
-    A cheaper predicate than the checks (same facts read once, byte spans from the known shapes,
-    no device objects: the host cost of the op was mostly its checks); anything else (including
-    a call that must fail) returns False and goes through the checks, which raise the same error
-    as ever.  Stricter than the checks is safe: a False only costs the slow path."""
-    tensor = torch.Tensor
-    if TRACING.on:  # fake tensors have no addresses: the checks judge them
-        return False
-    if not (isinstance(gp, tensor) and isinstance(wh, tensor) and isinstance(we, tensor)
-            and isinstance(gwh, tensor) and isinstance(gwe, tensor)):
-        return False
-    if gp.dtype is not _F32 or gp.dim() != 3 or not gp.is_cuda:
-        return False
-    nb, hc, hidden = gp.shape
-    a = hc * hidden
-    if not (nb > 0 and hc > 0 and 0 < hidden and hidden % 8 == 0 and nb * a <= MAX_ELEMENTS):
-        return False
-    shape, dev = (hc, hidden), gp.get_device()
-    if not (wh.dtype is _BF16 and we.dtype is _BF16 and gwh.dtype is _F32 and gwe.dtype is _F32
-            and wh.shape == shape and we.shape == shape and gwh.shape == shape and gwe.shape == shape
-            and gp.is_contiguous() and wh.is_contiguous() and we.is_contiguous()
-            and gwh.is_contiguous() and gwe.is_contiguous()
-            and wh.is_cuda and we.is_cuda and gwh.is_cuda and gwe.is_cuda
-            and wh.get_device() == dev and we.get_device() == dev
-            and gwh.get_device() == dev and gwe.get_device() == dev):
-        return False
-    p0, p1, p2, p3, p4 = gp.data_ptr(), wh.data_ptr(), we.data_ptr(), gwh.data_ptr(), gwe.data_ptr()
-    if (p0 | p1 | p2 | p3 | p4) % 16:
-        return False
-    e0, e1, e2, e3, e4 = p0 + 4 * nb * a, p1 + 2 * a, p2 + 2 * a, p3 + 4 * a, p4 + 4 * a
-    # the outputs (p3, p4) overlap neither each other nor an input
-    return ((e3 <= p4 or e4 <= p3) and (e3 <= p0 or e0 <= p3) and (e3 <= p1 or e1 <= p3) and (e3 <= p2 or e2 <= p3)
-            and (e4 <= p0 or e0 <= p4) and (e4 <= p1 or e1 <= p4) and (e4 <= p2 or e2 <= p4))
+    return run
 
 
 def _fwd_result(result: Any) -> tuple:
@@ -213,17 +101,189 @@ def _fwd_public(outputs: tuple) -> tuple:
     return (out, *stats.unbind(0)) if stats.shape[1:] != (0, 0) else (out, None, None, None, None)
 
 
-TORCH_OPS = (
-    TorchOp("engram_gate_fwd", "(Tensor hidden_states, Tensor k, Tensor v, Tensor weight_fused, float eps, "
-                               "float clamp_value, bool save_for_backward=True) "
-                               "-> (Tensor, Tensor)",
-            engram_gate_fwd, result_to_schema=_fwd_result, result_to_public=_fwd_public),
-    TorchOp("engram_gate_bwd", "(Tensor grad_out, Tensor hidden_states, Tensor k, Tensor v, Tensor weight_fused, "
-                               "Tensor dot, Tensor gate_score, Tensor rstd_x, Tensor rstd_k, float clamp_value) "
-                               "-> (Tensor, Tensor, Tensor, Tensor)", engram_gate_bwd),
-    TorchOp("grad_w_reduce", "(Tensor grad_w_partial, Tensor weight_hidden, Tensor weight_embed, "
-                             "Tensor(a!) grad_weight_hidden, Tensor(b!) grad_weight_embed) -> ()", grad_w_reduce),
-)
+def _bf16(name: str, ndim: int) -> TensorParam:
+    return TensorParam(name, BF16, ndim)
+
+
+ENGRAM_GATE_FWD = OpSpec(
+    "engram_gate_fwd",
+    (_bf16("hidden_states", 3), _bf16("k", 3), _bf16("v", 2), TensorParam("weight_fused", FP32, 2, rows_vary=False),
+     float_param("eps"), float_param("clamp_value"), bool_param("save_for_backward", "True")),
+    "(Tensor, Tensor)", _plan_fwd, relations=_fwd_relations, per_call=_fwd_per_call,
+    torch=dict(result_to_schema=_fwd_result, result_to_public=_fwd_public))
+
+
+def engram_gate_fwd(hidden_states: torch.Tensor, k: torch.Tensor, v: torch.Tensor, weight_fused: torch.Tensor,
+                    eps: float, clamp_value: float, save_for_backward: bool = True):
+    """Engram gate forward: ``output = x + sigmoid(signed_sqrt(s)) * v`` per token and head.
+
+    hidden_states, k: bf16 ``[num_tokens, hc_mult, hidden]``; v: bf16 ``[num_tokens, hidden]``;
+    weight_fused: fp32 ``[hc_mult, hidden]`` (:func:`fused_weight`); eps, clamp_value: floats
+    ``>= 0``.  With ``d = sum(x * weight_fused * k)``, ``rstd_x = rsqrt(mean(x**2) + eps)``,
+    ``rstd_k`` likewise and ``s = d * rstd_x * rstd_k / sqrt(hidden)``: gate =
+    ``sigmoid(sign(s) * sqrt(max(|s|, clamp_value)))``.  Returns ``(output, dot, gate_score,
+    rstd_x, rstd_k)``: output bf16 like hidden_states; with ``save_for_backward`` the raw ``d``,
+    the gate and both rstds as fp32 ``[num_tokens, hc_mult]`` (views of one buffer), else four
+    ``None``.  fp32 math; the sums' order differs from torch's (tolerance, not bit-exact).
+    """
+    return ENGRAM_GATE_FWD(hidden_states, k, v, weight_fused, eps, clamp_value, save_for_backward)
+
+
+_STATS = ("dot", "gate_score", "rstd_x", "rstd_k")
+_BWD_TENSORS = ("grad_out", "hidden_states", "k", "v", "weight_fused", *_STATS)
+
+
+def _bwd_checks(op: str, grad_out, hidden_states, k, v, weight_fused, *stats) -> None:
+    """Every tensor check of :func:`engram_gate_bwd` but the device, in today's order."""
+    num_tokens, hc, hidden = _gate_checks(op, hidden_states, k, v, weight_fused)
+    check_contiguous(op, "grad_out", grad_out, BF16, shape=(num_tokens, hc, hidden))
+    for name, t in zip(_STATS, stats):
+        check_contiguous(op, name, t, FP32, shape=(num_tokens, hc), align=4)  # scalar accesses
+
+
+def _bwd_per_call(op: str, args: tuple) -> None:
+    grad_out, x, k, v, w, dot, gate_score, rstd_x, rstd_k = args[:9]
+    n = x.shape[0]
+    if not (_gate_plain(x, k, v, w) and grad_out.shape[0] == n and dot.shape[0] == n and gate_score.shape[0] == n
+            and rstd_x.shape[0] == n and rstd_k.shape[0] == n and grad_out.is_contiguous() and dot.is_contiguous()
+            and gate_score.is_contiguous() and rstd_x.is_contiguous() and rstd_k.is_contiguous()
+            and aligned(grad_out) and aligned(dot, gate_score, rstd_x, rstd_k, align=4)):
+        _bwd_checks(op, *args[:9])
+
+
+def _bwd_relations(op: str, values: dict) -> None:
+    _bwd_checks(op, *(values[name] for name in _BWD_TENSORS))
+
+
+def _plan_bwd(values: dict) -> Callable[..., tuple]:
+    _, hc, hidden = values["hidden_states"].shape
+    scalars = (values["clamp_value"], hidden ** -0.5)
+    device = values["hidden_states"].device  # every tensor's device is part of the configuration
+    fn = launcher(_BWD_KERNEL)
+
+    def run(grad_out, hidden_states, k, v, weight_fused, dot, gate_score, rstd_x, rstd_k, *_: Any) -> tuple:
+        # the kernel's contract is 16-byte aligned tensors: a view of the saved statistics that starts
+        # inside a buffer (a later chunk of tokens) is copied, never launched misaligned
+        if not aligned(dot, gate_score, rstd_x, rstd_k):
+            dot, gate_score, rstd_x, rstd_k = (aligned_input(t) for t in (dot, gate_score, rstd_x, rstd_k))
+        num_tokens = hidden_states.shape[0]
+        grad_x = torch.empty((num_tokens, hc, hidden), dtype=_BF16, device=device)
+        grad_k = torch.empty((num_tokens, hc, hidden), dtype=_BF16, device=device)
+        grad_v = torch.empty((num_tokens, hidden), dtype=_BF16, device=device)
+        grad_w_partial = torch.empty((get_num_sms(device), hc, hidden), dtype=_F32, device=device)
+        fn(grad_out, hidden_states, k, v, weight_fused, dot, gate_score, rstd_x, rstd_k,
+           grad_x, grad_k, grad_v, grad_w_partial, *scalars)
+        return grad_x, grad_k, grad_v, grad_w_partial
+
+    return run
+
+
+ENGRAM_GATE_BWD = OpSpec(
+    "engram_gate_bwd",
+    (_bf16("grad_out", 3), _bf16("hidden_states", 3), _bf16("k", 3), _bf16("v", 2),
+     TensorParam("weight_fused", FP32, 2, rows_vary=False), *(TensorParam(name, FP32, 2) for name in _STATS),
+     float_param("clamp_value")),
+    "(Tensor, Tensor, Tensor, Tensor)", _plan_bwd, relations=_bwd_relations, per_call=_bwd_per_call)
+
+
+def engram_gate_bwd(grad_out: torch.Tensor, hidden_states: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                    weight_fused: torch.Tensor, dot: torch.Tensor, gate_score: torch.Tensor, rstd_x: torch.Tensor,
+                    rstd_k: torch.Tensor, clamp_value: float):
+    """Gradients of :func:`engram_gate_fwd` given ``grad_out`` (bf16, contiguous, like hidden_states).
+
+    dot, gate_score, rstd_x, rstd_k: the forward's saved fp32 ``[num_tokens, hc_mult]`` tensors
+    (contiguous); the other tensors as in the forward.  Returns ``(grad_hidden_states, grad_k,
+    grad_v, grad_w_partial)``: bf16 gradients (contiguous, of hidden_states'/k's/v's shapes) and
+    fp32 ``[num_sms, hc_mult, hidden]`` partial sums of the fused weight's gradient (one row per
+    token range, zeros where a range is empty) for :func:`grad_w_reduce`.  ``num_sms`` is
+    :func:`tilebin.ops.config.get_num_sms`; the results do not depend on it beyond summation order.
+    """
+    return ENGRAM_GATE_BWD(grad_out, hidden_states, k, v, weight_fused, dot, gate_score, rstd_x, rstd_k, clamp_value)
+
+
+def _reduce_checks(op: str, grad_w_partial, weight_hidden, weight_embed, grad_weight_hidden, grad_weight_embed) -> None:
+    """Every check of :func:`grad_w_reduce` in today's order, the device and the outputs' overlap last."""
+    check_contiguous(op, "grad_w_partial", grad_w_partial, FP32, ndim=3)
+    _, hc, hidden = grad_w_partial.shape
+    check_hidden(op, "grad_w_partial", hidden, None)
+    check_contiguous(op, "weight_hidden", weight_hidden, BF16, shape=(hc, hidden))
+    check_contiguous(op, "weight_embed", weight_embed, BF16, shape=(hc, hidden))
+    check_contiguous(op, "grad_weight_hidden", grad_weight_hidden, FP32, shape=(hc, hidden))
+    check_contiguous(op, "grad_weight_embed", grad_weight_embed, FP32, shape=(hc, hidden))
+    check_cuda(op, grad_w_partial=grad_w_partial, weight_hidden=weight_hidden, weight_embed=weight_embed,
+               grad_weight_hidden=grad_weight_hidden, grad_weight_embed=grad_weight_embed)
+    check_disjoint(op, {"grad_weight_hidden": grad_weight_hidden, "grad_weight_embed": grad_weight_embed},
+                   {"grad_w_partial": grad_w_partial, "weight_hidden": weight_hidden, "weight_embed": weight_embed})
+
+
+def _reduce_plain(args: tuple) -> bool:
+    """Per call: all five contiguous and 16-byte aligned, the outputs (``gwh``, ``gwe``) overlapping
+    neither each other nor an input (byte spans from the configuration's dtypes and shapes: fp32
+    ``[hc, hidden]`` outputs, bf16 weights of their shape).  Stricter than :func:`_reduce_checks`
+    (an empty tensor's span counts): False sends a call to them; a first call's shapes are judged
+    by them anyway (``relations``)."""
+    gp, wh, we, gwh, gwe = args
+    if not (gp.is_contiguous() and wh.is_contiguous() and we.is_contiguous() and gwh.is_contiguous()
+            and gwe.is_contiguous()):
+        return False
+    if TRACING.on:  # fake tensors have no memory: no pointer to compare
+        return True
+    p0, p1, p2, p3, p4 = gp.data_ptr(), wh.data_ptr(), we.data_ptr(), gwh.data_ptr(), gwe.data_ptr()
+    if (p0 | p1 | p2 | p3 | p4) % 16:
+        return False
+    size = 4 * gwh.numel()  # bytes of each output; each weight has half as many
+    e0, e1, e2, e3, e4 = p0 + 4 * gp.numel(), p1 + size // 2, p2 + size // 2, p3 + size, p4 + size
+    return ((e3 <= p4 or e4 <= p3) and (e3 <= p0 or e0 <= p3) and (e3 <= p1 or e1 <= p3) and (e3 <= p2 or e2 <= p3)
+            and (e4 <= p0 or e0 <= p4) and (e4 <= p1 or e1 <= p4) and (e4 <= p2 or e2 <= p4))
+
+
+def _reduce_per_call(op: str, args: tuple) -> None:
+    if not _reduce_plain(args):
+        _reduce_checks(op, *args)
+
+
+def _reduce_relations(op: str, values: dict) -> None:
+    _reduce_checks(op, *values.values())
+
+
+def _plan_reduce(values: dict) -> Callable[..., None]:
+    fn = launcher(_REDUCE_KERNEL) if values["grad_w_partial"].shape[1] else None  # hc_mult 0: nothing to do
+
+    def run(grad_w_partial, weight_hidden, weight_embed, grad_weight_hidden, grad_weight_embed) -> None:
+        if fn is not None:
+            fn(grad_w_partial, weight_hidden, weight_embed, grad_weight_hidden, grad_weight_embed)
+
+    return run
+
+
+def _weight(name: str, dtypes: tuple, mutated: bool = False) -> TensorParam:
+    return TensorParam(name, dtypes, 2, mutated=mutated, rows_vary=False)
+
+
+GRAD_W_REDUCE = OpSpec(
+    "grad_w_reduce",
+    (TensorParam("grad_w_partial", FP32, 3, rows_vary=False), _weight("weight_hidden", BF16),
+     _weight("weight_embed", BF16), _weight("grad_weight_hidden", FP32, True), _weight("grad_weight_embed", FP32, True)),
+    "()", _plan_reduce, relations=_reduce_relations, per_call=_reduce_per_call,
+    schema_args="Tensor grad_w_partial, Tensor weight_hidden, Tensor weight_embed, "
+                "Tensor(a!) grad_weight_hidden, Tensor(b!) grad_weight_embed")  # two outputs: (a!) and (b!)
+
+
+def grad_w_reduce(grad_w_partial: torch.Tensor, weight_hidden: torch.Tensor, weight_embed: torch.Tensor,
+                  grad_weight_hidden: torch.Tensor, grad_weight_embed: torch.Tensor) -> None:
+    """Sum ``grad_w_partial`` over its first dim into ``s`` and accumulate in place
+    ``grad_weight_hidden += s * weight_embed`` and ``grad_weight_embed += s * weight_hidden``.
+
+    grad_w_partial: fp32 ``[num_blocks, hc_mult, hidden]`` (any ``num_blocks``, so any SM count);
+    weight_hidden, weight_embed: bf16 ``[hc_mult, hidden]``; grad_weight_hidden,
+    grad_weight_embed: fp32 ``[hc_mult, hidden]`` (e.g. a parameter's ``main_grad``), separate
+    memory.  All contiguous.  Deterministic fixed-order fp32 sums.
+    """
+    return GRAD_W_REDUCE(grad_w_partial, weight_hidden, weight_embed, grad_weight_hidden, grad_weight_embed)
+
+
+SPECS = (ENGRAM_GATE_FWD, ENGRAM_GATE_BWD, GRAD_W_REDUCE)
+TORCH_OPS = tuple(spec.torch_op(fn) for spec, fn in zip(SPECS, (engram_gate_fwd, engram_gate_bwd, grad_w_reduce)))
 
 
 __all__ = ["engram_gate_bwd", "engram_gate_fwd", "grad_w_reduce"]

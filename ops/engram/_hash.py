@@ -1,39 +1,34 @@
-"""``engram_hash`` and ``fused_weight`` (``tile_kernels.engram`` 1.0.0 API).
+"""``engram_hash`` and ``fused_weight`` (``tile_kernels.engram`` 1.0.0 API), each declared by an
+:class:`~tilebin.ops._spec.OpSpec`.
 
 Both validate every argument before touching the GPU (device last) and raise
 :class:`tilebin.runtime.ArgumentError` naming the op, the argument, what is supported and the
 fix.  Outputs are fresh contiguous tensors on the inputs' device; launches go on torch's current
 stream, asynchronously.  Every extent is a run-time value (one cubin per op).
+
+Checks: each tensor's dtype and rank (its parameter), then today's checks in today's order
+(``_hash_checks`` / ``_fused_checks``: shapes, contiguity, size, alignment) once per
+configuration; the facts the memo key leaves out (strides, data pointers, the token count) are
+tested on every call by a cheap ``per_call`` test that, where one fails, runs those ordered
+checks, so a bad call gets the same message whether or not its configuration is memoized.
 """
 
 from __future__ import annotations
 
-import torch
-from torch.compiler import is_compiling
+from typing import Callable
 
-from .._common import TRACING, check_cuda, fail, launcher
-from .._torch import TorchOp, traced
-from ._checks import BF16, check_contiguous, check_hidden
+import torch
+
+from .._common import fail, launcher
+from .._spec import OpSpec, TensorParam
+from ._checks import BF16, MAX_ELEMENTS, aligned, check_contiguous, check_hidden
 
 _INT32 = (torch.int32,)
 _INT64 = (torch.int64,)
 
 
-def engram_hash(ngram_token_ids: torch.Tensor, multipliers: torch.Tensor, vocab_sizes: torch.Tensor,
-                offsets: torch.Tensor) -> torch.Tensor:
-    """Embedding-table indices of each token's n-grams, per n-gram layer.
-
-    ngram_token_ids: int32 ``[num_tokens, n]`` (``n >= 2``: the token and its predecessors);
-    multipliers: int64 ``[layers, n]``; vocab_sizes: int32 ``[layers, n - 1, tables]`` (positive);
-    offsets: int32 ``[layers, (n - 1) * tables]``; all contiguous.  Returns int32 ``[layers,
-    num_tokens, (n - 1) * tables]``: column ``(j - 1) * tables + e`` holds
-    ``floormod(h_j, vocab_sizes[l, j - 1, e]) + offsets[l, col]`` with ``h_j`` the XOR of
-    ``int64(id[t, i]) * multipliers[l, i]`` over ``i <= j`` (int64 wrap-around, int32 result
-    wrapping like torch's).  Bit-exact with the torch reference; any n, layer and table count.
-    """
-    if is_compiling() and not TRACING.on:
-        return traced("engram_hash", ngram_token_ids, multipliers, vocab_sizes, offsets)
-    op = "engram_hash"
+def _hash_checks(op: str, ngram_token_ids, multipliers, vocab_sizes, offsets) -> None:
+    """Every check of :func:`engram_hash` but the device, in today's order (the first failure raises)."""
     check_contiguous(op, "ngram_token_ids", ngram_token_ids, _INT32, ndim=2)
     num_tokens, n = ngram_token_ids.shape
     if n < 2:
@@ -53,12 +48,96 @@ def engram_hash(ngram_token_ids: torch.Tensor, multipliers: torch.Tensor, vocab_
     if layers * num_tokens * cols > 2**31 - 1:
         raise fail(op, f"the output would have {layers} x {num_tokens} x {cols} entries, more than 2**31 - 1; "
                        "split the tokens")
-    check_cuda(op, ngram_token_ids=ngram_token_ids, multipliers=multipliers, vocab_sizes=vocab_sizes,
-               offsets=offsets)
-    output = torch.empty((layers, num_tokens, cols), dtype=torch.int32, device=ngram_token_ids.device)
-    if num_tokens:
-        launcher("engram.engram_hash")(ngram_token_ids, multipliers, vocab_sizes, offsets, output)
-    return output
+
+
+def _hash_relations(op: str, values: dict) -> None:
+    _hash_checks(op, values["ngram_token_ids"], values["multipliers"], values["vocab_sizes"], values["offsets"])
+
+
+def _hash_per_call(op: str, args: tuple) -> None:
+    """What the key leaves out: contiguity, alignment and the token count's limits."""
+    ids, multipliers, vocab_sizes, offsets = args
+    if not (ids.is_contiguous() and multipliers.is_contiguous() and vocab_sizes.is_contiguous()
+            and offsets.is_contiguous() and aligned(ids, multipliers, vocab_sizes, offsets)
+            and ids.numel() <= MAX_ELEMENTS and multipliers.shape[0] * ids.shape[0] * offsets.shape[1] <= MAX_ELEMENTS):
+        _hash_checks(op, *args)  # raises today's first error (or passes: a stricter test than the checks)
+
+
+def _plan_hash(values: dict) -> Callable[..., torch.Tensor]:
+    layers, cols = values["multipliers"].shape[0], values["offsets"].shape[1]
+    device = values["ngram_token_ids"].device  # every tensor's device is part of the configuration
+    fn = launcher("engram.engram_hash")
+
+    def run(ngram_token_ids: torch.Tensor, multipliers: torch.Tensor, vocab_sizes: torch.Tensor,
+            offsets: torch.Tensor) -> torch.Tensor:
+        num_tokens = ngram_token_ids.shape[0]
+        output = torch.empty((layers, num_tokens, cols), dtype=torch.int32, device=device)
+        if num_tokens:
+            fn(ngram_token_ids, multipliers, vocab_sizes, offsets, output)
+        return output
+
+    return run
+
+
+ENGRAM_HASH = OpSpec(
+    "engram_hash",
+    (TensorParam("ngram_token_ids", _INT32, 2), TensorParam("multipliers", _INT64, 2, rows_vary=False),
+     TensorParam("vocab_sizes", _INT32, 3, rows_vary=False), TensorParam("offsets", _INT32, 2, rows_vary=False)),
+    "Tensor", _plan_hash, relations=_hash_relations, per_call=_hash_per_call)
+
+
+def engram_hash(ngram_token_ids: torch.Tensor, multipliers: torch.Tensor, vocab_sizes: torch.Tensor,
+                offsets: torch.Tensor) -> torch.Tensor:
+    """Embedding-table indices of each token's n-grams, per n-gram layer.
+
+    ngram_token_ids: int32 ``[num_tokens, n]`` (``n >= 2``: the token and its predecessors);
+    multipliers: int64 ``[layers, n]``; vocab_sizes: int32 ``[layers, n - 1, tables]`` (positive);
+    offsets: int32 ``[layers, (n - 1) * tables]``; all contiguous.  Returns int32 ``[layers,
+    num_tokens, (n - 1) * tables]``: column ``(j - 1) * tables + e`` holds
+    ``floormod(h_j, vocab_sizes[l, j - 1, e]) + offsets[l, col]`` with ``h_j`` the XOR of
+    ``int64(id[t, i]) * multipliers[l, i]`` over ``i <= j`` (int64 wrap-around, int32 result
+    wrapping like torch's).  Bit-exact with the torch reference; any n, layer and table count.
+    """
+    return ENGRAM_HASH(ngram_token_ids, multipliers, vocab_sizes, offsets)
+
+
+def _fused_checks(op: str, weight_hidden, weight_embed) -> None:
+    """Every check of :func:`fused_weight` but the device, in today's order."""
+    check_contiguous(op, "weight_hidden", weight_hidden, BF16, ndim=2)
+    hc, hidden = weight_hidden.shape
+    check_contiguous(op, "weight_embed", weight_embed, BF16, shape=(hc, hidden))
+    check_hidden(op, "weight_hidden", hidden, None)
+
+
+def _fused_relations(op: str, values: dict) -> None:
+    _fused_checks(op, values["weight_hidden"], values["weight_embed"])
+
+
+def _fused_per_call(op: str, args: tuple) -> None:
+    """What the key leaves out: contiguity and alignment."""
+    weight_hidden, weight_embed = args
+    if not (weight_hidden.is_contiguous() and weight_embed.is_contiguous() and aligned(weight_hidden, weight_embed)):
+        _fused_checks(op, weight_hidden, weight_embed)
+
+
+def _plan_fused(values: dict) -> Callable[..., torch.Tensor]:
+    shape = tuple(values["weight_hidden"].shape)  # [hc, hidden]: part of the configuration
+    device = values["weight_hidden"].device
+    fn = launcher("engram.fused_weight") if shape[0] else None
+
+    def run(weight_hidden: torch.Tensor, weight_embed: torch.Tensor) -> torch.Tensor:
+        out = torch.empty(shape, dtype=torch.float32, device=device)
+        if fn is not None:
+            fn(weight_hidden, weight_embed, out)
+        return out
+
+    return run
+
+
+FUSED_WEIGHT = OpSpec(
+    "fused_weight",
+    (TensorParam("weight_hidden", BF16, 2, rows_vary=False), TensorParam("weight_embed", BF16, 2, rows_vary=False)),
+    "Tensor", _plan_fused, relations=_fused_relations, per_call=_fused_per_call)
 
 
 def fused_weight(weight_hidden: torch.Tensor, weight_embed: torch.Tensor) -> torch.Tensor:
@@ -67,25 +146,11 @@ def fused_weight(weight_hidden: torch.Tensor, weight_embed: torch.Tensor) -> tor
     Both bf16 ``[hc_mult, hidden]``, contiguous, hidden a multiple of 8 (any size; tile_kernels
     needs a multiple of 256).  Exact (bf16 products are exact in fp32).
     """
-    if is_compiling() and not TRACING.on:
-        return traced("fused_weight", weight_hidden, weight_embed)
-    op = "fused_weight"
-    check_contiguous(op, "weight_hidden", weight_hidden, BF16, ndim=2)
-    hc, hidden = weight_hidden.shape
-    check_contiguous(op, "weight_embed", weight_embed, BF16, shape=(hc, hidden))
-    check_hidden(op, "weight_hidden", hidden, None)
-    check_cuda(op, weight_hidden=weight_hidden, weight_embed=weight_embed)
-    out = torch.empty((hc, hidden), dtype=torch.float32, device=weight_hidden.device)
-    if hc:
-        launcher("engram.fused_weight")(weight_hidden, weight_embed, out)
-    return out
+    return FUSED_WEIGHT(weight_hidden, weight_embed)
 
 
-TORCH_OPS = (
-    TorchOp("engram_hash", "(Tensor ngram_token_ids, Tensor multipliers, Tensor vocab_sizes, Tensor offsets) -> Tensor",
-            engram_hash),
-    TorchOp("fused_weight", "(Tensor weight_hidden, Tensor weight_embed) -> Tensor", fused_weight),
-)
+SPECS = (ENGRAM_HASH, FUSED_WEIGHT)
+TORCH_OPS = tuple(spec.torch_op(fn) for spec, fn in ((ENGRAM_HASH, engram_hash), (FUSED_WEIGHT, fused_weight)))
 
 
 __all__ = ["engram_hash", "fused_weight"]

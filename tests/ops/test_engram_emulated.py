@@ -18,7 +18,7 @@ import torch
 from engram_ref import gate as ref
 from engram_ref import hash as href
 from tilebin.modeling import engram as modeling
-from tilebin.ops import engram
+from tilebin.ops import _spec, engram
 from tilebin.ops.engram import _gate as gt, _hash as hs
 from tilebin.runtime import ArgumentError
 
@@ -83,6 +83,9 @@ def calls(monkeypatch):
 
     for m in (gt, hs):
         monkeypatch.setattr(m, "launcher", launcher)
+        for spec in m.SPECS:  # plans built under this launcher, forgotten after the test
+            monkeypatch.setattr(spec, "memo", {})
+    for m in (gt, _spec):  # the OpSpecs' device check, and grad_w_reduce's before its overlap check
         monkeypatch.setattr(m, "check_cuda", lambda op, **t: None)
     monkeypatch.setattr(gt, "get_num_sms", lambda device=None: NUM_SMS)
     return log
