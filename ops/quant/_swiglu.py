@@ -34,6 +34,7 @@ from .._spec import FlagParam, OpSpec, Param, TensorParam
 from .._torch import pair_to_public, pair_to_schema
 from ..config import get_num_sms
 from . import _swiglu_checks as ck
+from ._sf import SfLayout
 
 QuantTensor = tuple[torch.Tensor, torch.Tensor]
 
@@ -90,7 +91,7 @@ def _plan_fwd(values: dict) -> Callable[..., QuantTensor]:
     # blocks needed: one per row, or 16 units of 8 channels per group of 128 (512 units per block)
     group = None if kind == "full_row" else -(-hidden // ck.GROUP) * 16
     per_sm = _BLOCKS_PER_SM[("row" if group is None else "group", in_key)]
-    sf_cols = layout.shape(1, hidden)[1] if layout.kind == "row" else None  # row-major fp32: allocated directly
+    scales = _scales(layout, hidden)
     scalars = (values["swiglu_clamp_value"], values["sf_clamp_min"], int(values["round_sf"]))
     hot: list = []  # the stand-ins of a call without optional tensors (x's device is in the key)
 
@@ -98,29 +99,45 @@ def _plan_fwd(values: dict) -> Callable[..., QuantTensor]:
             _packed: Any, _clamp: Any, clamped_count: Any, _sf_min: Any) -> QuantTensor:
         rows, dev = x.shape[0], x.device
         out = torch.empty((rows, hidden), dtype=_E4M3, device=dev)
-        if sf_cols is not None:
-            raw_sf = torch.empty((rows, sf_cols), dtype=torch.float32, device=dev)
-        else:
-            raw_sf = layout.alloc(rows, hidden, dev)
+        raw_sf, out_sf = scales(rows, dev)
         if rows > 0:
             needed = rows if group is None else -(-rows * group // _UNITS_PER_BLOCK)
+            blocks = min(needed, get_num_sms(dev) * per_sm)
             if ptt is None and p2e is None and clamped_count is None:  # topk_weights: ignored without ptt
                 if not hot:
                     hot.append(_stand_ins(dev, None, None, None, None))
-                tensors = hot[0]
+                fn(x, out, raw_sf, *hot[0], *scalars, 0, 0, blocks)
             else:
-                tensors = _stand_ins(dev, ptt, None if ptt is None else weights, p2e, clamped_count)
-            fn(x, out, raw_sf, *tensors, *scalars, int(ptt is not None), int(p2e is not None),
-               min(needed, get_num_sms(dev) * per_sm))
-        return out, (raw_sf if sf_cols is not None else layout.finish(raw_sf, rows))
+                fn(x, out, raw_sf, *_stand_ins(dev, ptt, None if ptt is None else weights, p2e, clamped_count),
+                   *scalars, int(ptt is not None), int(p2e is not None), blocks)
+        return out, out_sf
 
     return run
 
 
-def _weights_key(w: Any) -> Any:
-    """topk_weights' part of the key: None, or dtype, device and rank (every other check is per call;
-    AttributeError for a non-tensor, which is ignored without pos_to_token_topk: the checked path)."""
-    return None if w is None else (w.dtype, w.device, len(w.shape))
+def _scales(layout: SfLayout, hidden: int) -> Callable[[int, torch.device], tuple[torch.Tensor, torch.Tensor]]:
+    """``(kernel-side scales, the scales returned)`` for ``rows`` rows: ``layout.alloc`` and
+    ``layout.finish`` with what does not depend on the row count computed once."""
+    if layout.kind == "row":  # fp32 [rows, groups]
+        groups = layout.shape(1, hidden)[1]
+
+        def row(rows: int, dev: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+            raw = torch.empty((rows, groups), dtype=torch.float32, device=dev)
+            return raw, raw
+
+        return row
+    # column-major: [groups (/ 4 packed), rows (* 4 bytes packed)], the row count padded to 16 bytes
+    packed = layout.packed_ue8m0
+    groups, per_row, pad, dtype = layout.shape(1, hidden)[0], 4 if packed else 1, 16 if packed else 4, layout.dtype
+
+    def col(rows: int, dev: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        n = rows * per_row
+        raw = torch.empty((groups, -(-n // pad) * pad), dtype=dtype, device=dev)[:, :n]
+        if not packed:
+            return raw, raw.T
+        return raw, (raw.view(torch.int32).T if rows else torch.empty((groups, 0), dtype=torch.int32, device=dev).T)
+
+    return col
 
 
 def _index(name: str) -> TensorParam:
@@ -129,13 +146,14 @@ def _index(name: str) -> TensorParam:
 
 SWIGLU_FWD = OpSpec(
     "swiglu_forward_and_per_token_cast",
-    (TensorParam("x", tuple(_IN_KEY), 2), Param("fmt", "str", ck.e4m3_only, ck.exact_key),
-     Param("num_per_channels", "int", ck.later, ck.exact_key), _index("pos_to_token_topk"),
-     Param("topk_weights", "Tensor?", ck.later, _weights_key, "None"), _index("pos_to_expert"),
+    (TensorParam("x", tuple(_IN_KEY), 2), ck.ScalarParam("fmt", "str", ck.e4m3_only),
+     ck.ScalarParam("num_per_channels", "int", ck.later), _index("pos_to_token_topk"),
+     ck.WeightsParam("topk_weights", "Tensor?", ck.later, default="None"), _index("pos_to_expert"),
      FlagParam("use_tma_aligned_col_major_sf", "False"), FlagParam("round_sf", "False"),
-     FlagParam("use_packed_ue8m0", "False"), Param("swiglu_clamp_value", "float?", ck.clamp_value, ck.exact_key, "None"),
+     FlagParam("use_packed_ue8m0", "False"),
+     ck.ScalarParam("swiglu_clamp_value", "float?", ck.clamp_value, default="None"),
      TensorParam("clamped_count", (torch.int64,), 1, mutated=True, optional=True, rows_vary=False, default="None"),
-     Param("sf_clamp_min", "float?", ck.sf_clamp_min, ck.exact_key, "None")),
+     ck.ScalarParam("sf_clamp_min", "float?", ck.sf_clamp_min, default="None")),
     "(Tensor, Tensor)", _plan_fwd, relations=_fwd_relations, per_call=ck.fwd_per_call)
 
 
@@ -210,11 +228,11 @@ def _bwd_result(result: Any) -> tuple:
 
 SWIGLU_BWD = OpSpec(
     "swiglu_backward_and_per_token_cast",
-    (Param("x", "Tensor", ck.bwd_pair, ck.bwd_pair_key), TensorParam("grad_out", (torch.bfloat16,)),
+    (ck.PairParam("x", "Tensor", ck.bwd_pair), TensorParam("grad_out", (torch.bfloat16,)),
      TensorParam("weight", (torch.float32,)), TensorParam("pos_to_token_topk", (torch.int32,), 1),
      TensorParam("token_topk_to_pos", (torch.int32,), 2),
-     Param("num_per_channels", "int", ck.one_of("num_per_channels", (32, 128)), ck.exact_key),
-     FlagParam("round_sf", "False"), Param("swiglu_clamp_value", "float?", ck.clamp_value, ck.exact_key, "None")),
+     ck.ScalarParam("num_per_channels", "int", ck.one_of("num_per_channels", (32, 128))),
+     FlagParam("round_sf", "False"), ck.ScalarParam("swiglu_clamp_value", "float?", ck.clamp_value, default="None")),
     "(Tensor, Tensor, Tensor, Tensor, Tensor)", _plan_bwd, relations=_bwd_relations, per_call=ck.bwd_per_call,
     schema_args="Tensor x, Tensor x_sf, Tensor grad_out, Tensor weight, Tensor pos_to_token_topk, "
                 "Tensor token_topk_to_pos, int num_per_channels, bool round_sf=False, float? swiglu_clamp_value=None",

@@ -9,11 +9,13 @@ the op has always checked them) and the checks between parameters that the key d
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from .._common import check_aligned, check_float32, check_tensor, fail, ptr
+from .._spec import Param
 from ._sf import SfLayout, check_fmt, output_layout
 
 GROUP = 128  # channels per scale of the grouped per-token forward
@@ -53,6 +55,28 @@ def exact_key(value: Any) -> tuple:
     return type(value), (value.hex() if isinstance(value, float) else value)
 
 
+def weights_key(w: Any) -> Any:
+    """topk_weights' part of the key: None, or dtype, device and rank (every other check is per call;
+    AttributeError for a non-tensor, which is ignored without pos_to_token_topk: the checked path)."""
+    return None if w is None else (w.dtype, w.device, len(w.shape))
+
+
+# Params whose memo-key part is computed by one call (Param.key would wrap its key_of in a second
+# one; the per-token forward's key is a dozen of these per call)
+@dataclass(frozen=True)
+class ScalarParam(Param):
+    """A scalar keyed by :func:`exact_key`."""
+
+    key = staticmethod(exact_key)
+
+
+@dataclass(frozen=True)
+class WeightsParam(Param):
+    """The forward's ``topk_weights``, keyed by :func:`weights_key`."""
+
+    key = staticmethod(weights_key)
+
+
 def later(op: str, value: Any) -> Any:
     """A parameter checked with others (in the op's relations or per-call checks): passed as is."""
     return value
@@ -85,7 +109,8 @@ def fwd_per_call(op: str, args: tuple) -> None:
     """x's contiguity and alignment; each given index tensor has one entry per row; the weights
     (read only through ``pos_to_token_topk``) and ``clamped_count`` as the kernel takes them."""
     x, pos_to_token_topk, pos_to_expert, clamped_count = args[0], args[3], args[5], args[10]
-    check_contiguous(op, "x", x)
+    if not x.is_contiguous() or ptr(x) % 16:  # (check_contiguous's common case inline: the hot call)
+        check_contiguous(op, "x", x)
     if pos_to_token_topk is not None:
         check_rows(op, "pos_to_token_topk", pos_to_token_topk, x.shape[0])
         topk_weights = args[4]
@@ -146,6 +171,13 @@ def bwd_pair_key(x: Any) -> tuple:
     return data.dtype, data.device, len(d), d[1:], sf.dtype, sf.device, len(s), s[1:]
 
 
+@dataclass(frozen=True)
+class PairParam(Param):
+    """The backward's ``x``, keyed by :func:`bwd_pair_key`."""
+
+    key = staticmethod(bwd_pair_key)
+
+
 def bwd_per_call(op: str, args: tuple) -> None:
     """What varies per call, in the op's order: data contiguous with ``2 * hidden`` channels, sf fp32
     ``[rows, 2 * hidden / npc]`` row-major, grad_out ``rows * hidden`` values, the index maps and
@@ -189,6 +221,6 @@ def channel_per_call(op: str, args: tuple) -> None:
                        "multiples of 128: pad the tokens (and the hidden dimension)")
 
 
-__all__ = ["bwd_pair", "bwd_pair_key", "bwd_per_call", "channel_per_call", "check_contiguous", "check_float",
-           "check_rows", "clamp_value", "e4m3_only", "exact_key", "fwd_layout", "fwd_per_call", "later", "one_of",
-           "sf_clamp_min"]
+__all__ = ["GROUP", "PairParam", "ScalarParam", "WeightsParam", "bwd_pair", "bwd_pair_key", "bwd_per_call",
+           "channel_per_call", "check_contiguous", "check_float", "check_rows", "clamp_value", "e4m3_only", "exact_key",
+           "fwd_layout", "fwd_per_call", "later", "one_of", "sf_clamp_min", "weights_key"]

@@ -161,7 +161,7 @@ def test_swiglu_per_call_refusals_with_optional_tensors(rec):
         (dict(pos_to_token_topk=torch.arange(8, dtype=I32)[::2]), r"pos_to_token_topk must be contiguous"),
         (dict(pos_to_token_topk=odd_address((4,), I32)), r"pos_to_token_topk's data pointer .* is not 4-byte aligned"),
         (dict(topk_weights=torch.ones(2, 4).T), r"topk_weights must be contiguous"),
-        (dict(pos_to_expert=torch.zeros(3, dtype=I32)), r"pos_to_expert has 3 entries; it needs one per row of x \(4\)"),
+        (dict(pos_to_expert=torch.zeros(3, dtype=I32)), r"pos_to_expert has 3 entries; it needs one per row"),
         (dict(pos_to_expert=torch.zeros(8, dtype=I32)[::2]), r"pos_to_expert must be contiguous"),
         (dict(clamped_count=torch.zeros(6, dtype=I64)[::2]), r"clamped_count must be contiguous"),
         (dict(clamped_count=torch.zeros(4, dtype=I64)[1:]), r"clamped_count's data pointer .* is not 16-byte aligned"),
@@ -301,3 +301,21 @@ def test_channel_per_call_refusals_after_warm(rec):
            128)
     raises(rec, CH, rf"{op}: num_per_tokens=64 is not supported", fn, x, "e4m3", 64)
     assert len(CH.memo) == 1
+
+
+@pytest.mark.parametrize("flags", [(False, False, False), (True, False, False), (True, True, True)])
+@pytest.mark.parametrize("hidden", [64, 576, 7168])
+def test_forward_scales_are_the_layouts(hidden, flags):
+    """The forward's scale allocation (sizes but the row count computed per configuration) is
+    SfLayout.alloc / finish's, for every layout and row count."""
+    from tilebin.ops.quant._sf import output_layout
+
+    layout = output_layout("t", (1, 128), *flags[:2], flags[2])
+    make = sw._scales(layout, hidden)
+    for rows in (0, 1, 3, 4, 7, 300):
+        raw, out = make(rows, torch.device("cpu"))
+        want_raw = layout.alloc(rows, hidden, "cpu")
+        want = layout.finish(want_raw, rows)
+        for got, ref in ((raw, want_raw), (out, want)):
+            assert (got.dtype, got.shape, got.stride()) == (ref.dtype, ref.shape, ref.stride())
+            assert got.untyped_storage().nbytes() == ref.untyped_storage().nbytes()
