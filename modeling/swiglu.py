@@ -1,6 +1,6 @@
 """``tilebin.modeling.swiglu``: the fused SwiGLU + e4m3 forward and its fused backward as one
-autograd Function, ``SwigluPerTokenCastFn`` / ``swiglu_per_token_cast`` (tile_kernels pairs the two
-ops by hand in its training code and has no modeling module for them; this one is tilebin's).
+autograd Function, ``SwigluPerTokenCastFn`` / ``swiglu_per_token_cast`` (tile_kernels ships the two
+ops and no autograd Function or modeling module for them: this one is tilebin's).
 
 Forward (:func:`tilebin.ops.quant.swiglu_forward_and_per_token_cast`): ``act = silu(gate) * up``
 of ``x = [gate, up]`` (bf16/fp32 ``[rows, 2 * h]``; gate clamped to ``<= c`` and up to
@@ -9,7 +9,8 @@ of ``x = [gate, up]`` (bf16/fp32 ``[rows, 2 * h]``; gate clamped to ``<= c`` and
 cast to e4m3 with per-token scales: ``(out, out_sf)`` exactly as the op returns them.  When a
 gradient is wanted it also saves ``x`` cast to e4m3 (:func:`tilebin.ops.quant.per_token_cast`,
 one fp32 scale per ``saved_num_per_channels`` = 32 or 128 channels): the backward reads that
-copy, as tile_kernels' training code does, so the gradients are those at the dequantized x.
+copy (the backward op takes x in e4m3, as tile_kernels' does), so the gradients are those at the
+dequantized x.
 
 Backward (:func:`tilebin.ops.quant.swiglu_backward_and_per_token_cast`): from the gradient of
 the weighted activation ``act * w`` (bf16 ``[rows, h]``), ``x``'s gradient (the op's bf16
