@@ -259,6 +259,7 @@ PRECOMPUTED = OpSpec("per_token_cast_with_precomputed_sf",
                      (_X, *_params(Scales("sf", (torch.float32,), 2), keyed=True)),
                      "Tensor", _plan_precomputed, relations=_relations("precomputed"))
 SPECS = (CAST, CAST_PAIR, SF_ONLY, PRECOMPUTED)
+_cast = CAST.__call__  # bound once: calling the spec object looks __call__ up on its type each call (~0.2 us)
 
 
 def per_token_cast(
@@ -276,7 +277,7 @@ def per_token_cast(
     if isinstance(x, tuple):
         return CAST_PAIR(x, fmt, num_per_channels, x_block_size, use_tma_aligned_col_major_sf, round_sf,
                          use_packed_ue8m0)
-    return CAST(x, fmt, num_per_channels, x_block_size, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0)
+    return _cast(x, fmt, num_per_channels, x_block_size, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0)
 
 
 def per_token_cast_with_sf_only(
