@@ -143,12 +143,25 @@ class Param:
     check_value: Callable[[str, Any], Any]
     key_of: Optional[Callable[[Any], Any]] = None
     default: Optional[str] = None
+    call_check: Optional[Callable[[str, Any], None]] = None  # what a replayed call still checks (see TensorParam)
 
     def check(self, op: str, value: Any) -> Any:
         return self.check_value(op, value)
 
+    def check_call(self, op: str, value: Any) -> None:
+        if self.call_check is not None:
+            self.call_check(op, value)
+
     def key(self, value: Any) -> Any:
         return typed_key(value) if self.key_of is None else self.key_of(value)
+
+
+def _checks_per_call(p: Any) -> bool:
+    """Whether parameter ``p`` has checks a replayed call must repeat: a TensorParam that is
+    contiguous or size-limited, one whose class redefines ``check_call``, a Param with ``call_check``."""
+    if isinstance(p, TensorParam):
+        return p.contiguous or p.max_numel is not None or type(p).check_call is not TensorParam.check_call
+    return getattr(p, "call_check", None) is not None
 
 
 @dataclass
@@ -186,8 +199,8 @@ class OpSpec:
     def __post_init__(self) -> None:
         params = self.params
         self._tensors = tuple(i for i, p in enumerate(params) if isinstance(p, TensorParam))
-        self._per_call = tuple((i, params[i]) for i in self._tensors
-                               if params[i].contiguous or params[i].max_numel is not None)
+        # the per-call checks of a replayed call, in parameter order (as the first call runs them)
+        self._per_call = tuple((i, p) for i, p in enumerate(params) if _checks_per_call(p))
         # one leading 2-D / 3-D tensor whose first size varies, then no tensor: the key inline
         first = params[0] if params else None
         self._lead = (self._tensors == (0,) and first.ndim in (2, 3) and first.rows_vary and not first.optional

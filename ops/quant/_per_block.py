@@ -21,8 +21,8 @@ import torch
 from .._common import aligned_input, check_cuda, check_tensor, fail, launcher, ptr
 from .._spec import FlagParam, OpSpec, Param, TensorParam
 from .._torch import pair_to_public, pair_to_schema
-from ._per_block_checks import (BLOCKS, LOSSLESS_IN_BLOCK, LOSSLESS_OUT_BLOCKS, block_param, check_rows, fmt_param,
-                                lossless_per_call, lossless_x, lossless_x_key, precomputed_per_call)
+from ._per_block_checks import (BLOCKS, LOSSLESS_IN_BLOCK, LOSSLESS_OUT_BLOCKS, block_param, check_rows, exact_key,
+                                fmt_param, lossless_per_call, lossless_x, lossless_x_key, precomputed_per_call)
 from ._sf import FMT_DTYPES, SfLayout, input_sf, output_layout
 
 _KIND = {"row": 0, "col": 1, "ue8m0": 2}
@@ -46,7 +46,10 @@ class _Rows(TensorParam):
 
     def check_call(self, op: str, t: torch.Tensor) -> None:  # a replayed call: never a fake tensor
         s = t.shape
-        if not t.is_contiguous() or t.data_ptr() & 15 or s[0] * s[1] > _INT32_MAX:
+        # an empty tensor is "contiguous" whatever its strides, but check_aligned still refuses a
+        # last-dim stride other than 1: test what the first call's checks test
+        if (not t.is_contiguous() or t.data_ptr() & 15 or s[0] * s[1] > _INT32_MAX
+                or t.stride(1) != 1 and s[1] > 1):
             check_rows(op, self.name, t, s[1])  # says which (the first call's message)
 
 
@@ -68,15 +71,19 @@ def _plan_cast(sf_only: bool) -> Callable[[dict], Callable[..., Any]]:
     def plan(values: dict) -> Callable[..., Any]:
         layout = output_layout("", values["block_size"], values["use_tma_aligned_col_major_sf"],
                                values["use_packed_ue8m0"], values["round_sf"])
-        hidden, out_dtype = values["x"].shape[1], FMT_DTYPES[values["fmt"]]
+        x, out_dtype = values["x"], FMT_DTYPES[values["fmt"]]
+        hidden, device = x.shape[1], x.device  # both part of the configuration
         out_cols = hidden if values["fmt"] == "e4m3" else hidden // 2
         fn, scalars = _launch_of(values, sf_only), (_KIND[layout.kind], int(values["round_sf"]), 0)
+        if layout.kind == "row" and not sf_only:
+            return _row_major_run(fn, scalars, out_dtype, out_cols, device, layout.block[0],
+                                  layout.shape(0, hidden)[1])
         alloc, finish, byte_view = layout.alloc, layout.finish, layout.dtype != torch.uint8
 
         def run(x: torch.Tensor, *_: Any) -> Any:
             tokens = x.shape[0]
-            out = torch.empty((1, 16) if sf_only else (tokens, out_cols), dtype=out_dtype, device=x.device)
-            raw = alloc(tokens, hidden, x.device)
+            out = torch.empty((1, 16) if sf_only else (tokens, out_cols), dtype=out_dtype, device=device)
+            raw = alloc(tokens, hidden, device)
             if tokens:
                 fn(x, out, raw.view(torch.uint8) if byte_view else raw, *scalars)
             return finish(raw, tokens) if sf_only else (out, finish(raw, tokens))
@@ -86,8 +93,27 @@ def _plan_cast(sf_only: bool) -> Callable[[dict], Callable[..., Any]]:
     return plan
 
 
-def _cast_params() -> tuple:
-    return (_Rows("x", _IN_DTYPES, 2), fmt_param(), block_param("block_size", BLOCKS),
+def _row_major_run(fn: Callable[..., None], scalars: tuple, out_dtype: torch.dtype, out_cols: int,
+                   device: torch.device, rows_per_scale: int, sf_cols: int) -> Callable[..., Any]:
+    """per_block_cast with row-major fp32 scales (the default layout; decode's hot call): the
+    scales ``[ceil(tokens / rows_per_scale), sf_cols]`` allocated directly (what SfLayout.alloc
+    makes for the row layout, and SfLayout.finish returns as is)."""
+
+    def run(x: torch.Tensor, *_: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        tokens = x.shape[0]
+        out = torch.empty((tokens, out_cols), dtype=out_dtype, device=device)
+        sf = torch.empty((-(-tokens // rows_per_scale), sf_cols), dtype=torch.float32, device=device)
+        if tokens:
+            fn(x, out, sf.view(torch.uint8), *scalars)
+        return out, sf
+
+    return run
+
+
+def _cast_params(exact: bool = False) -> tuple:
+    """x, fmt, block_size and the three flags.  ``exact``: fmt and block_size keyed by the cheaper
+    exact keys (a spec with the generic key; the inline key of a leading tensor needs none)."""
+    return (_Rows("x", _IN_DTYPES, 2), fmt_param(exact=exact), block_param("block_size", BLOCKS, exact=exact),
             FlagParam("use_tma_aligned_col_major_sf", "False"), FlagParam("round_sf", "False"),
             FlagParam("use_packed_ue8m0", "False"))
 
@@ -123,13 +149,13 @@ def _row_major_only(op: str, values: dict) -> None:
 
 
 def _plan_precomputed(values: dict) -> Callable[..., torch.Tensor]:
-    hidden, out_dtype = values["x"].shape[1], FMT_DTYPES[values["fmt"]]
-    out_cols = hidden if values["fmt"] == "e4m3" else hidden // 2
+    x, out_dtype = values["x"], FMT_DTYPES[values["fmt"]]
+    device, out_cols = x.device, x.shape[1] if values["fmt"] == "e4m3" else x.shape[1] // 2
     fn, scalars = _launch_of(values, False), (_KIND["row"], int(values["round_sf"]), 1)
 
     def run(x: torch.Tensor, _fmt: Any, _block: Any, sf: torch.Tensor, *_: Any) -> torch.Tensor:
         tokens = x.shape[0]
-        out = torch.empty((tokens, out_cols), dtype=out_dtype, device=x.device)
+        out = torch.empty((tokens, out_cols), dtype=out_dtype, device=device)
         if tokens:
             if sf.numel() and (not sf.is_contiguous() or ptr(sf) % 16):
                 sf = sf.clone(memory_format=torch.contiguous_format)  # the kernel reads row-major, 16-byte aligned
@@ -141,7 +167,7 @@ def _plan_precomputed(values: dict) -> Callable[..., torch.Tensor]:
 
 PER_BLOCK_CAST_WITH_PRECOMPUTED_SF = OpSpec(
     "per_block_cast_with_precomputed_sf",
-    (*_cast_params()[:3], TensorParam("sf", (torch.float32,), 2), *_cast_params()[3:]), "Tensor", _plan_precomputed,
+    (*_cast_params(True)[:3], TensorParam("sf", (torch.float32,), 2), *_cast_params()[3:]), "Tensor", _plan_precomputed,
     relations=_row_major_only, per_call=precomputed_per_call)
 
 
@@ -164,8 +190,8 @@ def _lossless_relations(op: str, values: dict) -> None:
 
 
 def _plan_lossless(values: dict) -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:
-    kind = input_sf("", values["x"], LOSSLESS_IN_BLOCK)[2].kind
-    out_block = values["out_block_size"]
+    data, _, in_layout = input_sf("", values["x"], LOSSLESS_IN_BLOCK)
+    kind, device, out_block = in_layout.kind, data.device, values["out_block_size"]
     layout = SfLayout(out_block, values["use_tma_aligned_col_major_sf"], values["use_packed_ue8m0"])
     fn = launcher("quant.per_block_cast_lossless", block_m=out_block[0], block_k=out_block[1])
     kinds = (_KIND[kind], _KIND[layout.kind])
@@ -173,8 +199,8 @@ def _plan_lossless(values: dict) -> Callable[..., tuple[torch.Tensor, torch.Tens
     def run(x: tuple, *_: Any) -> tuple[torch.Tensor, torch.Tensor]:
         data, sf = x
         tokens, hidden = data.shape[0], data.shape[1] * 2
-        out = torch.empty((tokens, hidden), dtype=torch.float8_e4m3fn, device=data.device)
-        raw = layout.alloc(tokens, hidden, data.device)
+        out = torch.empty((tokens, hidden), dtype=torch.float8_e4m3fn, device=device)
+        raw = layout.alloc(tokens, hidden, device)
         if tokens:
             x_sf = sf if kind == "row" else (sf.T.view(torch.uint8) if kind == "ue8m0" else sf.T)  # kernel-side
             x_sf = aligned_input(x_sf)
@@ -187,10 +213,10 @@ def _plan_lossless(values: dict) -> Callable[..., tuple[torch.Tensor, torch.Tens
 
 PER_BLOCK_CAST_LOSSLESS = OpSpec(
     "per_block_cast_lossless",
-    (Param("x", "Tensor", lossless_x, key_of=lossless_x_key), fmt_param(("e4m3",)),
-     block_param("x_block_size", (LOSSLESS_IN_BLOCK,), pair_input=True),
-     block_param("out_block_size", LOSSLESS_OUT_BLOCKS), FlagParam("use_tma_aligned_col_major_sf", "False"),
-     Param("round_sf", "bool", lambda op, value: value, default="False"),  # implied (power-of-two scales), unread
+    (Param("x", "Tensor", lossless_x, key_of=lossless_x_key), fmt_param(("e4m3",), exact=True),
+     block_param("x_block_size", (LOSSLESS_IN_BLOCK,), pair_input=True, exact=True),
+     block_param("out_block_size", LOSSLESS_OUT_BLOCKS, exact=True), FlagParam("use_tma_aligned_col_major_sf", "False"),
+     Param("round_sf", "bool", lambda op, value: value, exact_key, "False"),  # implied (power-of-two scales), unread
      FlagParam("use_packed_ue8m0", "False")),
     "(Tensor, Tensor)", _plan_lossless, relations=_lossless_relations, per_call=lossless_per_call,
     schema_args="Tensor x, Tensor x_sf, str fmt, int[] x_block_size, int[] out_block_size, "

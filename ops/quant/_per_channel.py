@@ -31,8 +31,9 @@ import torch
 from .._common import TRACING, aligned_input, check_cuda, fail, launcher
 from .._spec import FlagParam, OpSpec, Param, TensorParam
 from .._torch import pair_to_public, pair_to_schema
+from ._per_block_checks import exact_key
 from ._per_channel_checks import (HIDDEN_ALIGN, IN_GROUP, PLAIN_DTYPES, check_int, check_matrix, check_pos,
-                                  fused_per_call, fused_x, fused_x_key)
+                                  fused_per_call, fused_x, fused_x_key, irregular)
 from ._sf import check_fmt
 
 QuantTensor = tuple[torch.Tensor, torch.Tensor]
@@ -74,7 +75,7 @@ class _Matrix(TensorParam):
         return value
 
     def check_call(self, op: str, t: torch.Tensor) -> None:  # a replayed call: never a fake tensor
-        if not t.is_contiguous() or t.data_ptr() & 15:
+        if irregular(t, 16):
             check_matrix(op, self.name, t, self.dtypes, self.align)  # says which (the first call's message)
 
 
@@ -91,16 +92,19 @@ class _Positions(TensorParam):
         return value
 
     def check_call(self, op: str, t: Optional[torch.Tensor]) -> None:  # a replayed call: never a fake tensor
-        if t is not None and (not t.is_contiguous() or t.data_ptr() & 3):
+        if t is not None and irregular(t, 4):
             check_pos(op, t)
 
 
-def _fmt() -> Param:
-    return Param("fmt", "str", lambda op, value: check_fmt(op, value, ("e4m3",)))
+def _fmt(exact: bool = False) -> Param:
+    """``fmt``: 'e4m3'.  ``exact``: keyed by :func:`exact_key` (a spec with the generic key; the
+    inline key of a leading tensor needs Params without ``key_of``); likewise for the others."""
+    return Param("fmt", "str", lambda op, value: check_fmt(op, value, ("e4m3",)), exact_key if exact else None)
 
 
-def _tokens(allowed: tuple[int, ...]) -> Param:
-    return Param("num_per_tokens", "int", lambda op, value: check_int(op, "num_per_tokens", value, allowed))
+def _tokens(allowed: tuple[int, ...], exact: bool = False) -> Param:
+    return Param("num_per_tokens", "int", lambda op, value: check_int(op, "num_per_tokens", value, allowed),
+                 exact_key if exact else None)
 
 
 def _plan_fused(values: dict) -> Callable[..., QuantTensor]:
@@ -112,14 +116,14 @@ def _plan_fused(values: dict) -> Callable[..., QuantTensor]:
         fn = launcher(_PLAIN_BF16, in_dtype="bfloat16", expand=False)
     else:
         fn = launcher(_FUSED, in_dtype=_DTYPE_KEY[data.dtype], expand=pos is not None)
-    round_sf = int(values["round_sf"])
-    sf_dummy = None if pair else _dummy(data.device, torch.float32, 2)
-    pos_dummy = None if pos is not None else _dummy(data.device, torch.int32, 1)
+    round_sf, device = int(values["round_sf"]), data.device  # the device: part of the configuration
+    sf_dummy = None if pair else _dummy(device, torch.float32, 2)
+    pos_dummy = None if pos is not None else _dummy(device, torch.int32, 1)
 
     def plain(x: torch.Tensor, *_: Any) -> QuantTensor:
         num_tokens, hidden = x.shape
-        out = torch.empty((num_tokens, hidden), dtype=_E4M3, device=x.device)
-        out_sf = torch.empty((-(-num_tokens // 128), hidden), dtype=torch.float32, device=x.device)
+        out = torch.empty((num_tokens, hidden), dtype=_E4M3, device=device)
+        out_sf = torch.empty((-(-num_tokens // 128), hidden), dtype=torch.float32, device=device)
         if num_tokens and hidden:
             fn(x, out, out_sf, sf_dummy, pos_dummy, round_sf)
         return out, out_sf
@@ -128,8 +132,8 @@ def _plan_fused(values: dict) -> Callable[..., QuantTensor]:
         data, sf = x if pair else (x, None)
         num_tokens, hidden = data.shape
         num_out = num_tokens if pos is None else pos.size(0)
-        out = torch.empty((num_out, hidden), dtype=_E4M3, device=data.device)
-        out_sf = torch.empty((-(-num_out // 128), hidden), dtype=torch.float32, device=data.device)
+        out = torch.empty((num_out, hidden), dtype=_E4M3, device=device)
+        out_sf = torch.empty((-(-num_out // 128), hidden), dtype=torch.float32, device=device)
         if num_out and hidden:
             fn(data, out, out_sf, aligned_input(sf) if pair else sf_dummy,
                aligned_input(pos) if pos is not None else pos_dummy, round_sf)
@@ -176,8 +180,9 @@ def _fused_relations(op: str, values: dict) -> None:
 
 PER_CHANNEL_CAST_FUSED = OpSpec(
     "per_channel_cast_fused",
-    (Param("x", "Tensor", fused_x, key_of=fused_x_key), _fmt(), _tokens((128,)), FlagParam("round_sf", "False"),
-     Param("num_per_channels", "int?", lambda op, value: value, default="None"),  # checked with x (relations)
+    (Param("x", "Tensor", fused_x, key_of=fused_x_key), _fmt(True), _tokens((128,), True),
+     FlagParam("round_sf", "False"),
+     Param("num_per_channels", "int?", lambda op, value: value, exact_key, "None"),  # checked with x (relations)
      _Positions("pos_to_token", (torch.int32,), 1, optional=True, default="None")),
     "(Tensor, Tensor)", _plan_fused, relations=_fused_relations, per_call=fused_per_call,
     schema_args="Tensor x, Tensor? x_sf, str fmt, int num_per_tokens, bool round_sf=False, "
@@ -206,13 +211,13 @@ def per_channel_cast_fused(
 
 
 def _plan_transpose(values: dict) -> Callable[..., QuantTensor]:
-    num_per_tokens, round_sf = values["num_per_tokens"], int(values["round_sf"])
+    num_per_tokens, round_sf, device = values["num_per_tokens"], int(values["round_sf"]), values["x"].device
     fn = launcher(_TRANSPOSE, num_per_tokens=num_per_tokens)
 
     def run(x: torch.Tensor, *_: Any) -> QuantTensor:
         num_tokens, hidden = x.shape
-        out = torch.empty((hidden, num_tokens), dtype=_E4M3, device=x.device)
-        out_sf = torch.empty((-(-num_tokens // num_per_tokens), hidden), dtype=torch.float32, device=x.device)
+        out = torch.empty((hidden, num_tokens), dtype=_E4M3, device=device)
+        out_sf = torch.empty((-(-num_tokens // num_per_tokens), hidden), dtype=torch.float32, device=device)
         if num_tokens and hidden:
             fn(x, out, out_sf, round_sf)
         return out, out_sf

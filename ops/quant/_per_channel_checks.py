@@ -78,13 +78,17 @@ def fused_x_key(x: Any) -> tuple:
     """``x``'s part of the memo key: dtype, device, rank and sizes but the first of the tensor, or
     of both tensors of a pair.  TypeError for anything else (the checked path says why)."""
     if isinstance(x, tuple):
-        if len(x) != 2 or not all(isinstance(t, torch.Tensor) for t in x):
-            raise TypeError("not a (data, sf) pair of tensors")
+        if len(x) != 2:
+            raise TypeError("not a (data, sf) pair")
         data, sf = x
-        return (data.dtype, data.device, data.dim(), data.shape[1:], sf.dtype, sf.device, sf.dim(), sf.shape[1:])
+        if not isinstance(data, torch.Tensor) or not isinstance(sf, torch.Tensor):
+            raise TypeError("not a pair of tensors")
+        s, t = data.shape, sf.shape
+        return data.dtype, data.device, len(s), s[1:], sf.dtype, sf.device, len(t), t[1:]
     if not isinstance(x, torch.Tensor):
         raise TypeError("not a tensor")
-    return (x.dtype, x.device, x.dim(), x.shape[1:])
+    s = x.shape
+    return x.dtype, x.device, len(s), s[1:]
 
 
 def fused_per_call(op: str, args: tuple) -> None:
@@ -93,8 +97,14 @@ def fused_per_call(op: str, args: tuple) -> None:
     x = args[0]
     if isinstance(x, tuple):
         data, sf = x
-        if (not data.is_contiguous() or ptr(data) % 16 or sf.shape[0] != data.shape[0] or not sf.is_contiguous()
-                or ptr(sf) % 4):
+        if irregular(data, 16) or sf.shape[0] != data.shape[0] or irregular(sf, 4):
             _check_pair(op, x)
-    elif not x.is_contiguous() or ptr(x) % 16:
+    elif irregular(x, 16):
         check_matrix(op, "x", x, PLAIN_DTYPES, HIDDEN_ALIGN)
+
+
+def irregular(t: torch.Tensor, align: int) -> bool:
+    """What the first call's contiguity and alignment checks would refuse, or might: not
+    contiguous, a pointer not ``align``-aligned, or a last-dim stride other than 1 (an empty
+    tensor is "contiguous" whatever its strides, but ``check_aligned`` refuses that)."""
+    return not t.is_contiguous() or ptr(t) % align or t.stride(-1) != 1 and t.size(-1) > 1
