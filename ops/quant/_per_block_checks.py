@@ -34,20 +34,41 @@ def check_block(op: str, name: str, value: Any, allowed: tuple) -> tuple[int, in
     return block
 
 
-def block_param(name: str, allowed: tuple, pair_input: bool = False) -> Param:
+def exact_key(value: Any) -> tuple:
+    """A scalar's memo-key part, its type and value: as :func:`._common.typed_key` keeps a str, an
+    int, a bool or None apart, in a third of the time.  Floats and tuples would not be kept apart
+    (``0.0`` and ``-0.0``, ``(1.0,)`` and ``(1,)``): only for parameters that refuse those, or
+    never read their value."""
+    return type(value), value
+
+
+def block_key(value: Any) -> tuple:
+    """A block size's memo-key part: its type, its two elements' types and values (TypeError for
+    anything that is not two elements: the checked path says why)."""
+    try:
+        rows, cols = value
+    except ValueError:
+        raise TypeError("not two elements") from None
+    return type(value), type(rows), type(cols), rows, cols
+
+
+def block_param(name: str, allowed: tuple, pair_input: bool = False, exact: bool = False) -> Param:
     """An ``int[]`` block size, one of ``allowed`` (checked value: a tuple).  ``pair_input``: the
-    block of a quantized ``(data, sf)`` input, which must be a tuple of two first."""
+    block of a quantized ``(data, sf)`` input, which must be a tuple of two first.  ``exact``:
+    keyed by :func:`block_key` (for a spec with the generic key; a spec keyed inline by its
+    leading tensor needs Params without ``key_of``)."""
 
     def check(op: str, value: Any) -> tuple[int, int]:
         if pair_input and not (isinstance(value, tuple) and len(value) == 2):
             raise fail(op, f"{name} must be a (rows, cols) tuple for a quantized input, got {value!r}")
         return check_block(op, name, value, allowed)
 
-    return Param(name, "int[]", check)
+    return Param(name, "int[]", check, key_of=block_key if exact else None)
 
 
-def fmt_param(allowed: tuple[str, ...] = ("e4m3", "e2m1")) -> Param:
-    return Param("fmt", "str", lambda op, value: check_fmt(op, value, allowed))
+def fmt_param(allowed: tuple[str, ...] = ("e4m3", "e2m1"), exact: bool = False) -> Param:
+    """``fmt``, one of ``allowed``; ``exact``: keyed by :func:`exact_key` (see :func:`block_param`)."""
+    return Param("fmt", "str", lambda op, value: check_fmt(op, value, allowed), key_of=exact_key if exact else None)
 
 
 def check_rows(op: str, name: str, t: torch.Tensor, hidden: int) -> None:
@@ -90,12 +111,14 @@ def lossless_x_key(x: Any) -> tuple:
     """The pair's part of the memo key: data's dtype, device, rank and sizes but the first; sf's
     dtype, device, rank and the scale layout its strides give (the test :func:`._sf.input_sf`
     makes).  TypeError for anything but a pair of tensors (the checked path says why)."""
-    if not isinstance(x, tuple) or len(x) != 2 or not all(isinstance(t, torch.Tensor) for t in x):
-        raise TypeError("not a (data, sf) pair of tensors")
+    if not isinstance(x, tuple) or len(x) != 2:
+        raise TypeError("not a (data, sf) pair")
     data, sf = x
-    strides = sf.stride()
+    if not isinstance(data, torch.Tensor) or not isinstance(sf, torch.Tensor):
+        raise TypeError("not a pair of tensors")
+    s, strides = data.shape, sf.stride()
     layout = "col" if strides[0] == 1 else strides[-1] == 1  # input_sf's test: column-major, else row-major or not
-    return data.dtype, data.device, data.dim(), data.shape[1:], sf.dtype, sf.device, len(strides), layout
+    return data.dtype, data.device, len(s), s[1:], sf.dtype, sf.device, len(strides), layout
 
 
 def lossless_per_call(op: str, args: tuple) -> None:
