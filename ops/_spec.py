@@ -29,7 +29,7 @@ from typing import Any, Callable, Optional
 import torch
 from torch.compiler import is_compiling
 
-from ._common import _NESTED, TRACING, check_cuda, check_flag, check_int, check_tensor, fail, typed_key
+from ._common import TRACING, check_cuda, check_flag, check_int, check_tensor, fail, typed_key
 from ._torch import TorchOp, traced
 
 _MEMO_MAX = 256  # configurations kept per op (a process sees a handful; the cap bounds a shape sweep)
@@ -156,6 +156,43 @@ class Param:
         return typed_key(value) if self.key_of is None else self.key_of(value)
 
 
+def _compile_key(name: str, params: tuple) -> Callable[[tuple], tuple]:
+    """``key(args)``: the configuration of a call's arguments, one flat tuple (see the module
+    docstring), as one generated function: the memo lookup is the hot path of every op, and
+    inline attribute reads cost a fraction of a call per parameter.
+
+    A tensor gives its dtype, device, rank and sizes (all but the first where ``rows_vary``; for
+    a declared rank 1, 2 or 3 read by index, which is exact given the rank); an int, bool or
+    str parameter its type and value; any other parameter its ``key(value)``.  AttributeError,
+    IndexError, ValueError (argument count) or TypeError (unhashable, at the lookup) send the
+    call to the checked path."""
+    env: dict[str, Any] = {}
+    parts = []
+    for i, p in enumerate(params):
+        a = f"a{i}"
+        if isinstance(p, TensorParam) and type(p).key is TensorParam.key:
+            frag = _tensor_key_expr(p, a, f"s{i}")
+            parts.append(f"(None if {a} is None else ({frag}))" if p.optional else frag)
+        elif type(p).key in (IntParam.key, FlagParam.key) or (
+                isinstance(p, Param) and p.key_of is None and p.schema_type.rstrip("?") == "str"):
+            parts.append(f"type({a}), {a}")
+        else:
+            env[f"k{i}"] = p.key
+            parts.append(f"k{i}({a})")
+    names = "".join(f"a{i}, " for i in range(len(params)))
+    src = f"def key(args):\n    {names} = args\n    return ({', '.join(parts)},)\n" if params else \
+        "def key(args):\n    if args: raise ValueError\n    return ()\n"
+    exec(compile(src, f"<OpSpec {name} key>", "exec"), env)  # noqa: S102 - source built above from fixed fragments
+    return env["key"]
+
+
+def _tensor_key_expr(p: TensorParam, a: str, s: str) -> str:
+    if not p.rows_vary:
+        return f"{a}.dtype, {a}.device, {a}.shape"
+    sizes = {1: "", 2: f", {s}[-1]", 3: f", {s}[-2], {s}[-1]"}.get(p.ndim, f", {s}[1:]")
+    return f"{a}.dtype, {a}.device, len({s} := {a}.shape){sizes}"
+
+
 def _checks_per_call(p: Any) -> bool:
     """Whether parameter ``p`` has checks a replayed call must repeat: a TensorParam that is
     contiguous or size-limited, one whose class redefines ``check_call``, a Param with ``call_check``."""
@@ -201,30 +238,17 @@ class OpSpec:
         self._tensors = tuple(i for i, p in enumerate(params) if isinstance(p, TensorParam))
         # the per-call checks of a replayed call, in parameter order (as the first call runs them)
         self._per_call = tuple((i, p) for i, p in enumerate(params) if _checks_per_call(p))
-        # one leading 2-D / 3-D tensor whose first size varies, then no tensor: the key inline
-        first = params[0] if params else None
-        self._lead = (self._tensors == (0,) and first.ndim in (2, 3) and first.rows_vary and not first.optional
-                      and all(not isinstance(p, Param) or p.key_of is None for p in params))
-        self._keys = tuple(p.key for p in params)
+        self.key = _compile_key(self.name, params)
 
     def __call__(self, *args: Any) -> Any:
         """The op on its arguments (every parameter, positionally)."""
         if is_compiling() and not TRACING.on:  # torch.compile / export: record tilebin::<name>
             return traced(self.name, *args)
         try:
-            if self._lead:  # one leading 2-D / 3-D tensor: its key inline, the scalars as typed_key tags them
-                x = args[0]
-                s = x.shape
-                rest = args[1:]
-                types = tuple(map(type, rest))
-                if not _NESTED.isdisjoint(types):
-                    rest, types = typed_key(*rest), ()
-                key = (x.dtype, x.device, len(s), s[-1] if len(s) == 2 else (s[1], s[2]), rest, types)
-            else:
-                key = self.key(args)
+            key = self.key(args)
             run = self.memo.get(key)
-        except (AttributeError, TypeError, IndexError):  # not a tensor where one belongs, unhashable: checks say
-            key = run = None
+        except (AttributeError, TypeError, IndexError, ValueError):  # not a tensor where one belongs, unhashable,
+            key = run = None                                        # a wrong argument count: the checks say
         if run is not None and not TRACING.on:  # fake tensors never replay a real configuration
             for i, p in self._per_call:
                 p.check_call(self.name, args[i])
@@ -232,16 +256,6 @@ class OpSpec:
                 self.per_call(self.name, args)
             return run(*args)
         return self.checked(args, key)
-
-    def key(self, args: tuple) -> tuple:
-        """The configuration of ``args`` (:meth:`__call__` computes the same inline for a leading
-        2-D / 3-D tensor): each parameter's ``key`` of its argument (a tensor: dtype, device,
-        rank and sizes, the first only if it does not vary; a scalar: its value and type).
-        AttributeError or IndexError where a tensor is not one, TypeError (at the memo lookup)
-        where an argument is unhashable: those calls take the checked path."""
-        if len(args) != len(self._keys):
-            raise TypeError("wrong number of arguments")
-        return tuple([k(v) for k, v in zip(self._keys, args)])
 
     def checked(self, args: tuple, key: Optional[tuple]) -> Any:
         """Every check, then the launch; stores the configuration when every check passed."""

@@ -127,7 +127,6 @@ def test_a_wrong_argument_type_takes_the_checked_path(ops):
 def test_the_generic_key_equals_for_equal_configurations():
     spec = _spec.OpSpec("toy", (_spec.IntParam("n"), _spec.TensorParam("x", (torch.float32,), None)), "Tensor",
                         lambda values: None)
-    assert not spec._lead
     a, b = torch.zeros(3, 4), torch.zeros(9, 4)
     assert spec.key((2, a)) == spec.key((2, b)) != spec.key((True, a))
     assert spec.key((2, a)) != spec.key((2, torch.zeros(3, 5)))
@@ -139,3 +138,27 @@ def test_a_limit_that_is_not_a_power_of_two_is_named_as_is():
     param = _spec.TensorParam("w", (torch.float32,), 2, max_numel=10)
     with pytest.raises(ArgumentError, match="w has 3 x 4 entries, more than 10; split the tokens"):
         param.check_call("toy", torch.zeros(3, 4))
+
+
+def test_the_generated_key_separates_what_the_checks_distinguish():
+    """Declared ranks read sizes by index (exact given the rank in the key); a tensor whose rows do
+    not vary keys its whole shape; None and a tensor differ; a float by its bits; a wrong argument
+    count or a non-tensor raises (the caller takes the checked path)."""
+    f32 = (torch.float32,)
+    spec = _spec.OpSpec("toy", (_spec.TensorParam("x", f32, 2), _spec.TensorParam("w", f32, 1, rows_vary=False),
+                                _spec.TensorParam("m", f32, 2, optional=True), _spec.IntParam("n"),
+                                _spec.Param("c", "float", lambda op, v: v)), "Tensor", lambda values: None)
+    x, w = torch.zeros(3, 4), torch.zeros(8)
+    key = spec.key
+    assert key((x, w, None, 2, 1.0)) == key((torch.zeros(7, 4), w, None, 2, 1.0))
+    assert key((x, w, None, 2, 1.0)) != key((torch.zeros(3, 5), w, None, 2, 1.0))
+    assert key((x, w, None, 2, 1.0)) != key((x, torch.zeros(9), None, 2, 1.0))  # the whole shape of w
+    assert key((x, w, None, 2, 1.0)) != key((x, w, torch.zeros(3, 4), 2, 1.0))
+    assert key((x, w, None, 2, 0.0)) != key((x, w, None, 2, -0.0))
+    assert key((x, w, None, 2, 1.0)) != key((x, w, None, True, 1.0)) != key((x, w, None, 2.0, 1.0))
+    assert key((x, w, None, 2, 1.0)) != key((torch.zeros(3), w, None, 2, 1.0))  # rank 1: len differs
+    assert key((x, w, None, 2, 1.0)) != key((torch.zeros(3, 2, 4), w, None, 2, 1.0))
+    with pytest.raises(ValueError):
+        key((x, w, None, 2))
+    with pytest.raises(AttributeError):
+        key(([1.0], w, None, 2, 1.0))
