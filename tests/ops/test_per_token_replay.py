@@ -222,11 +222,15 @@ def test_pair_key_variants(rec):
     assert len(pt.CAST_PAIR.memo) == 3
 
 
-def test_plain_inputs_take_the_leading_tensor_key():
-    """per_token_cast (the hot path), sf_only and E5M6: one leading 2-D tensor, the scalars
-    tagged inline (OpSpec's cheapest key); the pair and precomputed forms key each parameter."""
-    assert pt.CAST._lead and pt.SF_ONLY._lead and e5.E5M6._lead
-    assert not pt.CAST_PAIR._lead and not pt.PRECOMPUTED._lead
+def test_plain_inputs_key_without_the_token_count():
+    """per_token_cast (the hot path), sf_only and E5M6: the token count is not in the key, the
+    hidden size and every scalar (with its type) are."""
+    x, y = torch.zeros(4, 7168, dtype=BF16), torch.zeros(9, 7168, dtype=BF16)
+    for spec in (pt.CAST, pt.SF_ONLY):
+        args = ("e4m3", 128, None, False, False, False)
+        assert spec.key((x, *args)) == spec.key((y, *args)) != spec.key((x[:, :4096], *args))
+        assert spec.key((x, *args)) != spec.key((x, "e4m3", 128, None, 0, False, False))
+    assert e5.E5M6.key((x, 128, False, False, False)) == e5.E5M6.key((y, 128, False, False, False))
 
 
 # ----------------------------------------------------------------- sf only and precomputed scales
