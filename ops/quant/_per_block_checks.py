@@ -2,8 +2,8 @@
 and per-call checks, in the wording those ops have always used.
 
 ``check_*`` functions run on a configuration's first call; the ``*_per_call`` functions run on
-every call (the OpSpec's ``per_call``): a cheap test first, then, only where it fails, the
-first call's check, which raises the first call's message.
+every call (the OpSpec's ``per_call``): a cheap test first (e.g. :func:`irregular`), then, only
+where it fails, the first call's check, which raises the first call's message.
 """
 
 from __future__ import annotations
@@ -83,6 +83,13 @@ def check_rows(op: str, name: str, t: torch.Tensor, hidden: int) -> None:
     check_aligned(op, name, t)
 
 
+def irregular(t: torch.Tensor, align: int) -> bool:
+    """What the first call's contiguity and alignment checks would refuse, or might: not
+    contiguous, a pointer not ``align``-aligned, or a last-dim stride other than 1 (an empty
+    tensor is "contiguous" whatever its strides, but ``check_aligned`` refuses that)."""
+    return not t.is_contiguous() or ptr(t) % align or t.stride(-1) != 1 and t.size(-1) > 1
+
+
 # ------------------------------------------------------------------------------ precomputed sf
 def precomputed_per_call(op: str, args: tuple) -> None:
     """``sf`` has one scale per block of this call's tokens: ``[ceil(tokens / b0), ceil(hidden / b1)]``."""
@@ -126,7 +133,7 @@ def lossless_per_call(op: str, args: tuple) -> None:
     x = args[0]
     data, sf = x
     tokens, hidden = data.shape[0], data.shape[1] * 2
-    if hidden % HIDDEN_ALIGN or not data.is_contiguous() or ptr(data) % 16 or tokens * hidden > _INT32_MAX:
+    if hidden % HIDDEN_ALIGN or irregular(data, 16) or tokens * hidden > _INT32_MAX:
         check_rows(op, "data", data, hidden)
     groups = -(-hidden // LOSSLESS_IN_BLOCK[1])
     packed = sf.dtype == torch.int32  # column-major packed UE8M0: four scales per int32

@@ -31,9 +31,9 @@ import torch
 from .._common import TRACING, aligned_input, check_cuda, fail, launcher
 from .._spec import FlagParam, OpSpec, Param, TensorParam
 from .._torch import pair_to_public, pair_to_schema
-from ._per_block_checks import exact_key
+from ._per_block_checks import exact_key, irregular
 from ._per_channel_checks import (HIDDEN_ALIGN, IN_GROUP, PLAIN_DTYPES, check_int, check_matrix, check_pos,
-                                  fused_per_call, fused_x, fused_x_key, irregular)
+                                  fused_x, fused_x_call, fused_x_key)
 from ._sf import check_fmt
 
 QuantTensor = tuple[torch.Tensor, torch.Tensor]
@@ -180,11 +180,11 @@ def _fused_relations(op: str, values: dict) -> None:
 
 PER_CHANNEL_CAST_FUSED = OpSpec(
     "per_channel_cast_fused",
-    (Param("x", "Tensor", fused_x, key_of=fused_x_key), _fmt(True), _tokens((128,), True),
+    (Param("x", "Tensor", fused_x, key_of=fused_x_key, call_check=fused_x_call), _fmt(True), _tokens((128,), True),
      FlagParam("round_sf", "False"),
      Param("num_per_channels", "int?", lambda op, value: value, exact_key, "None"),  # checked with x (relations)
      _Positions("pos_to_token", (torch.int32,), 1, optional=True, default="None")),
-    "(Tensor, Tensor)", _plan_fused, relations=_fused_relations, per_call=fused_per_call,
+    "(Tensor, Tensor)", _plan_fused, relations=_fused_relations,
     schema_args="Tensor x, Tensor? x_sf, str fmt, int num_per_tokens, bool round_sf=False, "
                 "int? num_per_channels=None, Tensor? pos_to_token=None",
     torch=dict(to_schema=pair_to_schema, to_public=pair_to_public))

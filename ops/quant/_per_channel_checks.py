@@ -1,9 +1,9 @@
 """The argument checks of the per-channel casts (``ops/quant/_per_channel.py``), in the wording
 those ops have always used.
 
-``check_*`` and :func:`fused_x` run on a configuration's first call; :func:`fused_per_call`
-runs on every call (the OpSpec's ``per_call``): a cheap test first, then, only where it fails,
-the first call's check, which raises the first call's message.
+``check_*`` and :func:`fused_x` run on a configuration's first call; :func:`fused_x_call` on
+every later one (the ``x`` Param's ``call_check``): a cheap test first (:func:`irregular`), then,
+only where it fails, the first call's check, which raises the first call's message.
 """
 
 from __future__ import annotations
@@ -12,7 +12,8 @@ from typing import Any
 
 import torch
 
-from .._common import check_aligned, check_tensor, fail, ptr
+from .._common import check_aligned, check_tensor, fail
+from ._per_block_checks import irregular
 
 IN_GROUP = 128  # channels per input scale of a quantized input (num_per_channels)
 HIDDEN_ALIGN = 16  # fused kernel: 16 channels per thread (16-byte e4m3 stores)
@@ -91,20 +92,13 @@ def fused_x_key(x: Any) -> tuple:
     return x.dtype, x.device, len(s), s[1:]
 
 
-def fused_per_call(op: str, args: tuple) -> None:
-    """``x`` (or the pair's data) contiguous and 16-byte aligned; a pair's sf of this call's
-    token count, contiguous and 4-byte aligned."""
-    x = args[0]
+def fused_x_call(op: str, x: Any) -> None:
+    """What a replayed call checks of ``x`` (its Param's ``call_check``): the tensor (or the
+    pair's data) contiguous and 16-byte aligned; a pair's sf of this call's token count,
+    contiguous and 4-byte aligned."""
     if isinstance(x, tuple):
         data, sf = x
         if irregular(data, 16) or sf.shape[0] != data.shape[0] or irregular(sf, 4):
             _check_pair(op, x)
     elif irregular(x, 16):
         check_matrix(op, "x", x, PLAIN_DTYPES, HIDDEN_ALIGN)
-
-
-def irregular(t: torch.Tensor, align: int) -> bool:
-    """What the first call's contiguity and alignment checks would refuse, or might: not
-    contiguous, a pointer not ``align``-aligned, or a last-dim stride other than 1 (an empty
-    tensor is "contiguous" whatever its strides, but ``check_aligned`` refuses that)."""
-    return not t.is_contiguous() or ptr(t) % align or t.stride(-1) != 1 and t.size(-1) > 1

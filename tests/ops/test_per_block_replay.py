@@ -227,6 +227,39 @@ REFUSALS = {  # (op, warm args, bad args of the same configuration, message)
 }
 
 
+def _empty_strided(h, dtype=BF16):
+    """0 rows, last-dim stride 2: torch calls it contiguous, the ops' alignment check does not."""
+    return torch.zeros((4, 2 * h), dtype=dtype)[:0, ::2]
+
+
+REFUSALS.update({  # an empty tensor whose last-dim stride is not 1, after a warm-up of its configuration
+    "pb_empty_strided": (pb.per_block_cast, (_x(4), "e4m3", (128, 128)), (_empty_strided(7168), "e4m3", (128, 128)),
+                         r"per_block_cast: x must be contiguous in its last dim \(strides \(14336, 2\)\)"),
+    "precomputed_empty_strided": (pb.per_block_cast_with_precomputed_sf,
+                                  (_x(4), "e4m3", (128, 128), torch.ones((1, 56))),
+                                  (_empty_strided(7168), "e4m3", (128, 128), torch.ones((0, 56))),
+                                  r"x must be contiguous in its last dim"),
+    "lossless_empty_strided": (pb.per_block_cast_lossless, (_fp4(4), "e4m3", (1, 32), (1, 128)),
+                               ((_empty_strided(288, I8), _fp4(0)[1]), "e4m3", (1, 32), (1, 128)),
+                               r"per_block_cast_lossless: data must be contiguous in its last dim"),
+    "pc_empty_strided": (pc.per_channel_cast, (_x(4), "e4m3", 128), (_empty_strided(7168), "e4m3", 128),
+                         r"per_channel_cast: x must be contiguous in its last dim"),
+    "fused_sf_empty_strided": (pc.per_channel_cast_fused, (_pair(4), "e4m3", 128, False, 128),
+                               ((_pair(0)[0], _empty_strided(56, FP32)), "e4m3", 128, False, 128),
+                               r"x\[1\] \(sf\) must be contiguous in its last dim"),
+    "transpose_empty_strided": (pc.per_channel_cast_and_transpose, (_x(4, 576), "e4m3", 32),
+                                (_empty_strided(576), "e4m3", 32), r"x must be contiguous in its last dim"),
+    # two per-call faults: a replay checks x before pos_to_token, as the first call does
+    "fused_x_then_pos": (pc.per_channel_cast_fused, (_x(4), "e4m3", 128, False, None, torch.zeros(3, dtype=I32)),
+                         (_mis((4, 7168), BF16), "e4m3", 128, False, None, torch.zeros(6, dtype=I32)[::2]),
+                         r"x's data pointer .* not 16-byte aligned"),
+    "precomputed_x_then_sf_rows": (pb.per_block_cast_with_precomputed_sf,
+                                   (_x(4), "e4m3", (128, 128), torch.ones((1, 56))),
+                                   (_mis((4, 7168), BF16), "e4m3", (128, 128), torch.ones((2, 56))),
+                                   r"x's data pointer .* not 16-byte aligned"),
+})
+
+
 @pytest.mark.parametrize("case", REFUSALS)
 def test_per_call_checks_refuse_after_warm_up_as_cold(ops, case):
     fn, warm, bad, match = REFUSALS[case]
