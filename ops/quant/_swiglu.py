@@ -146,15 +146,16 @@ def _index(name: str) -> TensorParam:
 
 SWIGLU_FWD = OpSpec(
     "swiglu_forward_and_per_token_cast",
-    (TensorParam("x", tuple(_IN_KEY), 2), ck.ScalarParam("fmt", "str", ck.e4m3_only),
+    (TensorParam("x", tuple(_IN_KEY), 2), Param("fmt", "str", ck.e4m3_only),
      ck.ScalarParam("num_per_channels", "int", ck.later), _index("pos_to_token_topk"),
      ck.WeightsParam("topk_weights", "Tensor?", ck.later, default="None"), _index("pos_to_expert"),
      FlagParam("use_tma_aligned_col_major_sf", "False"), FlagParam("round_sf", "False"),
      FlagParam("use_packed_ue8m0", "False"),
      ck.ScalarParam("swiglu_clamp_value", "float?", ck.clamp_value, default="None"),
-     TensorParam("clamped_count", (torch.int64,), 1, mutated=True, optional=True, rows_vary=False, default="None"),
+     ck.CountParam("clamped_count", (torch.int64,), 1, mutated=True, optional=True, rows_vary=False, default="None"),
      ck.ScalarParam("sf_clamp_min", "float?", ck.sf_clamp_min, default="None")),
     "(Tensor, Tensor)", _plan_fwd, relations=_fwd_relations, per_call=ck.fwd_per_call)
+_fwd = SWIGLU_FWD.__call__  # bound once: calling the spec object looks __call__ up on its type each call
 
 
 def swiglu_forward_and_per_token_cast(
@@ -182,7 +183,7 @@ def swiglu_forward_and_per_token_cast(
     gate > c, up > c and up < -c added.  ``topk_weights`` is ignored without
     ``pos_to_token_topk`` (as in tile_kernels).
     """
-    return SWIGLU_FWD(x, fmt, num_per_channels, pos_to_token_topk, topk_weights, pos_to_expert,
+    return _fwd(x, fmt, num_per_channels, pos_to_token_topk, topk_weights, pos_to_expert,
                       use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0, swiglu_clamp_value, clamped_count,
                       sf_clamp_min)
 
@@ -238,6 +239,7 @@ SWIGLU_BWD = OpSpec(
                 "Tensor token_topk_to_pos, int num_per_channels, bool round_sf=False, float? swiglu_clamp_value=None",
     torch=dict(to_schema=pair_to_schema, to_public=pair_to_public, result_to_schema=_bwd_result,
                result_to_public=lambda r: (r[0], (r[1], r[2]), r[3], r[4])))
+_bwd = SWIGLU_BWD.__call__
 
 
 def swiglu_backward_and_per_token_cast(
@@ -259,7 +261,7 @@ def swiglu_backward_and_per_token_cast(
     ``[rows, 2h]`` with fp32 ``[rows, 2h / npc]`` scales, bf16 ``[rows, 2h]``, fp32
     ``[tokens, topk]``.
     """
-    return SWIGLU_BWD(x, grad_out, weight, pos_to_token_topk, token_topk_to_pos, num_per_channels, round_sf,
+    return _bwd(x, grad_out, weight, pos_to_token_topk, token_topk_to_pos, num_per_channels, round_sf,
                       swiglu_clamp_value)
 
 
@@ -284,9 +286,11 @@ def _plan_channel(values: dict) -> Callable[..., QuantTensor]:
 SWIGLU_CHANNEL = OpSpec(
     "swiglu_forward_and_per_channel_cast_and_transpose",
     (TensorParam("x", (torch.bfloat16,), 2), Param("fmt", "str", ck.e4m3_only),
-     Param("num_per_tokens", "int", ck.one_of("num_per_tokens", (32, 128))), FlagParam("round_sf", "False"),
-     FlagParam("without_transpose", "False"), Param("swiglu_clamp_value", "float?", ck.clamp_value, default="None")),
+     ck.ScalarParam("num_per_tokens", "int", ck.one_of("num_per_tokens", (32, 128))), FlagParam("round_sf", "False"),
+     FlagParam("without_transpose", "False"),
+     ck.ScalarParam("swiglu_clamp_value", "float?", ck.clamp_value, default="None")),
     "(Tensor, Tensor)", _plan_channel, per_call=ck.channel_per_call)
+_channel = SWIGLU_CHANNEL.__call__
 
 
 def swiglu_forward_and_per_channel_cast_and_transpose(
@@ -304,7 +308,7 @@ def swiglu_forward_and_per_channel_cast_and_transpose(
     ``(out, out_sf)``: e4m3 ``[h, tokens]`` (or ``[tokens, h]`` with ``without_transpose``) and
     fp32 ``[tokens / num_per_tokens, h]``.
     """
-    return SWIGLU_CHANNEL(x, fmt, num_per_tokens, round_sf, without_transpose, swiglu_clamp_value)
+    return _channel(x, fmt, num_per_tokens, round_sf, without_transpose, swiglu_clamp_value)
 
 
 SPECS = (SWIGLU_FWD, SWIGLU_BWD, SWIGLU_CHANNEL)

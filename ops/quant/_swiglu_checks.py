@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from .._common import check_aligned, check_float32, check_tensor, fail, ptr
-from .._spec import Param
+from .._spec import Param, TensorParam
 from ._sf import SfLayout, check_fmt, output_layout
 
 GROUP = 128  # channels per scale of the grouped per-token forward
@@ -32,8 +32,8 @@ def check_float(op: str, name: str, value: Any, default: float) -> float:
 
 
 def check_contiguous(op: str, name: str, t: torch.Tensor, align: int = 16) -> None:
-    if t.is_contiguous() and not ptr(t) % align:  # the common case: nothing more to read
-        return
+    if t.is_contiguous() and t.numel() and not ptr(t) % align:  # the common case (an empty tensor's strides:
+        return                                                   # check_aligned's rule, below)
     if not t.is_contiguous():
         raise fail(op, f"{name} must be contiguous (got strides {tuple(t.stride())} for shape {tuple(t.shape)}); "
                        f"pass {name}.contiguous()")
@@ -61,8 +61,8 @@ def weights_key(w: Any) -> Any:
     return None if w is None else (w.dtype, w.device, len(w.shape))
 
 
-# Params whose memo-key part is computed by one call (Param.key would wrap its key_of in a second
-# one; the per-token forward's key is a dozen of these per call)
+# Params whose memo-key part is computed by one call (Param.key would wrap its key_of, or typed_key,
+# in a second one)
 @dataclass(frozen=True)
 class ScalarParam(Param):
     """A scalar keyed by :func:`exact_key`."""
@@ -109,7 +109,7 @@ def fwd_per_call(op: str, args: tuple) -> None:
     """x's contiguity and alignment; each given index tensor has one entry per row; the weights
     (read only through ``pos_to_token_topk``) and ``clamped_count`` as the kernel takes them."""
     x, pos_to_token_topk, pos_to_expert, clamped_count = args[0], args[3], args[5], args[10]
-    if not x.is_contiguous() or ptr(x) % 16:  # (check_contiguous's common case inline: the hot call)
+    if not x.is_contiguous() or not x.numel() or ptr(x) % 16:  # check_contiguous's common case, inline
         check_contiguous(op, "x", x)
     if pos_to_token_topk is not None:
         check_rows(op, "pos_to_token_topk", pos_to_token_topk, x.shape[0])
@@ -120,9 +120,10 @@ def fwd_per_call(op: str, args: tuple) -> None:
         check_contiguous(op, "topk_weights", topk_weights, 4)
     if pos_to_expert is not None:
         check_rows(op, "pos_to_expert", pos_to_expert, x.shape[0])
-    if clamped_count is not None:
+    if clamped_count is not None:  # (its parameter checks nothing: the op asks for a clamp first)
         if args[9] is None:
             raise fail(op, "clamped_count needs swiglu_clamp_value (there is nothing to count without a clamp)")
+        check_tensor(op, "clamped_count", clamped_count, (torch.int64,), 1)
         if clamped_count.size(0) != 3:
             raise fail(op, f"clamped_count has {clamped_count.size(0)} entries; it needs 3 (gate > c, up > c, up < -c)")
         check_contiguous(op, "clamped_count", clamped_count, 16)  # written in place: never copied
@@ -172,6 +173,15 @@ def bwd_pair_key(x: Any) -> tuple:
 
 
 @dataclass(frozen=True)
+class CountParam(TensorParam):
+    """The forward's ``clamped_count``: a TensorParam (key, device check, ``Tensor(a!)?`` schema)
+    whose checks all run in :func:`fwd_per_call`, after the one between it and the clamp value."""
+
+    def check(self, op: str, value: Any) -> Any:
+        return value
+
+
+@dataclass(frozen=True)
 class PairParam(Param):
     """The backward's ``x``, keyed by :func:`bwd_pair_key`."""
 
@@ -214,13 +224,14 @@ def bwd_per_call(op: str, args: tuple) -> None:
 def channel_per_call(op: str, args: tuple) -> None:
     """x contiguous and aligned, its token count and width multiples of 128."""
     x = args[0]
-    check_contiguous(op, "x", x)
+    if not x.is_contiguous() or not x.numel() or ptr(x) % 16:  # check_contiguous's common case, inline
+        check_contiguous(op, "x", x)
     tokens, width = x.shape
     if tokens % 128 or width % 128:
         raise fail(op, f"x has shape {tuple(x.shape)}; both the token count and the width (2 * hidden) must be "
                        "multiples of 128: pad the tokens (and the hidden dimension)")
 
 
-__all__ = ["GROUP", "PairParam", "ScalarParam", "WeightsParam", "bwd_pair", "bwd_pair_key", "bwd_per_call",
-           "channel_per_call", "check_contiguous", "check_float", "check_rows", "clamp_value", "e4m3_only", "exact_key",
-           "fwd_layout", "fwd_per_call", "later", "one_of", "sf_clamp_min", "weights_key"]
+__all__ = ["GROUP", "CountParam", "PairParam", "ScalarParam", "WeightsParam", "bwd_pair", "bwd_pair_key",
+           "bwd_per_call", "channel_per_call", "check_contiguous", "check_float", "check_rows", "clamp_value",
+           "e4m3_only", "exact_key", "fwd_layout", "fwd_per_call", "later", "one_of", "sf_clamp_min", "weights_key"]

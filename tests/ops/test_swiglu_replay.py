@@ -131,6 +131,9 @@ def test_swiglu_refusals_after_warm(rec):
     raises(rec, FWD, rf"{op}: x must be contiguous", fn, x[::2], "e4m3", 128)
     raises(rec, FWD, rf"{op}: x's data pointer .* is not 16-byte aligned", fn, misaligned((4, 1152), BF16), "e4m3",
             128)
+    # no rows but a last-dim stride of 2: torch calls it contiguous, the op's alignment rule does not
+    raises(rec, FWD, rf"{op}: x must be contiguous in its last dim", fn, torch.zeros(0, 2304, dtype=BF16)[:, ::2],
+           "e4m3", 128)
     raises(rec, FWD, rf"{op}: swiglu_clamp_value must be a float or None, got float nan", fn, x, "e4m3", 128,
             swiglu_clamp_value=math.nan)
     raises(rec, FWD, rf"{op}: sf_clamp_min must be a float or None, got bool True", fn, x, "e4m3", 128,
@@ -144,6 +147,8 @@ def test_swiglu_refusals_after_warm(rec):
     raises(rec, FWD, rf"{op}: x has 1088 columns", fn, torch.randn(4, 1088).to(BF16), "e4m3", 128)
     raises(rec, FWD, rf"{op}: clamped_count needs swiglu_clamp_value", fn, x, "e4m3", 128,
             clamped_count=torch.zeros(3, dtype=I64))
+    for count in (torch.zeros(3, dtype=I32), torch.zeros(1, 3, dtype=I64), "counts"):  # the clamp is asked for first
+        raises(rec, FWD, rf"{op}: clamped_count needs swiglu_clamp_value", fn, x, "e4m3", 128, clamped_count=count)
     assert len(FWD.memo) == 1
 
 
@@ -255,6 +260,7 @@ def test_bwd_per_call_refusals_after_warm(rec):
     for i, bad, match in [
         (0, (wide[:, :512], sf), r"x\[0\] \(data\) must be contiguous"),
         (0, (misaligned((4, 512), E4M3), sf), r"x\[0\] \(data\)'s data pointer .* is not 16-byte aligned"),
+        (0, (torch.zeros(0, 1024, dtype=E4M3)[:, ::2], torch.ones(0, 4)), r"x\[0\] \(data\) must be contiguous in its"),
         (0, (data, torch.ones(5, 4)), r"x\[1\] \(sf\) has shape \(5, 4\); it must be \(4, 4\)"),
         (0, (data, torch.ones(4, 8)[:, ::2]), r"x\[1\] \(sf\) must be row-major contiguous"),
         (1, torch.zeros(5, 256, dtype=BF16), r"grad_out has shape \(5, 256\); it must hold \[4, 256\] values"),
@@ -300,6 +306,8 @@ def test_channel_per_call_refusals_after_warm(rec):
     raises(rec, CH, rf"{op}: x's data pointer .* is not 16-byte aligned", fn, misaligned((128, 1152), BF16), "e4m3",
            128)
     raises(rec, CH, rf"{op}: num_per_tokens=64 is not supported", fn, x, "e4m3", 64)
+    raises(rec, CH, rf"{op}: x must be contiguous in its last dim", fn, torch.zeros(0, 2304, dtype=BF16)[:, ::2],
+           "e4m3", 128)
     assert len(CH.memo) == 1
 
 
