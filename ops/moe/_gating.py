@@ -20,13 +20,13 @@ route or a zero ``logical_count`` leaves the index unmapped instead of reading o
 
 from __future__ import annotations
 
-from operator import itemgetter
+from math import copysign
 from typing import Any, Callable, Optional
 
 import torch
 
 from .._common import TRACING, check_float32, fail, launcher
-from .._spec import OpSpec, Param, TensorParam
+from .._spec import FlagParam, IntParam, OpSpec, Param, TensorParam
 from ._gating_checks import SCORING, TOP2_SLOTS, check_contiguous, check_top2, slots_for, strict_int
 
 __all__ = ["top2_sum_gate", "topk_gate", "topk_sum_and_topk_group_idx"]
@@ -67,39 +67,19 @@ def _as_given(op: str, value: Any) -> Any:
     return value
 
 
-def _typed(value: Any) -> tuple:
-    """A scalar's memo-key part: its type and value (``True``, ``1`` and ``1.0`` differ)."""
-    return type(value), value
+class _StrictInt(IntParam):
+    """A Python int, bools and integer-likes refused: ``strict_int`` in the op's ``relations`` (in
+    the op's order, against the tensors' sizes); keyed as an IntParam (type and value)."""
+
+    def check(self, op: str, value: Any) -> Any:
+        return value
 
 
-def _int(name: str, key_of: Optional[Callable[[Any], Any]] = _typed) -> Param:
-    """A Python int (bools and integer-likes refused), its range checked by ``relations``; its key
-    part ``_typed`` (see :class:`_FlatKeySpec`), or with ``key_of=None`` the spec's own (a
-    leading scores tensor and such scalars: the spec's key is inline)."""
-    return Param(name, "int", _as_given, key_of=key_of)
+class _StrictFlag(FlagParam):
+    """A Python bool, 0 and 1 refused (checked in ``relations``); keyed as a FlagParam."""
 
-
-class _FlatKeySpec(OpSpec):
-    """An OpSpec whose memo key takes the scalars keyed by ``_typed`` at once: their values and
-    their types as two tuples (the same information as one ``(type, value)`` per parameter), then
-    every other parameter's own key, None for None (an absent optional tensor, as TensorParam.key
-    says; None where a scalar belongs fails its check, so no stored key holds it).  For
-    top2_sum_gate's eleven scalars and five optional tensors that is a third of the generic
-    key's host time (OpSpec could build every op's key this way)."""
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        flat = [i for i, p in enumerate(self.params) if getattr(p, "key_of", None) is _typed]
-        rest = [i for i in range(len(self.params)) if i not in flat]
-        self._flat_of, self._rest_of = itemgetter(*flat), itemgetter(*rest)
-        self._rest_keys = tuple(self.params[i].key for i in rest)
-
-    def key(self, args: tuple) -> tuple:
-        if len(args) != len(self._keys):
-            raise TypeError("wrong number of arguments")
-        flat = self._flat_of(args)
-        return (flat, tuple(map(type, flat)),
-                *[None if v is None else k(v) for k, v in zip(self._rest_keys, self._rest_of(args))])
+    def check(self, op: str, value: Any) -> Any:
+        return value
 
 
 def _scores_contiguous(op: str, args: tuple) -> None:
@@ -130,8 +110,9 @@ def _plan_topk(values: dict) -> Callable[..., torch.Tensor]:
     return run
 
 
-TOPK_GATE = OpSpec("topk_gate", (TensorParam("scores", _F32, 2), _int("num_topk", None)), "Tensor", _plan_topk,
+TOPK_GATE = OpSpec("topk_gate", (TensorParam("scores", _F32, 2), _StrictInt("num_topk")), "Tensor", _plan_topk,
                    relations=_topk_relations, per_call=_scores_contiguous)
+_topk_gate = TOPK_GATE.__call__  # bound once: calling the spec object looks __call__ up on its type each call
 
 
 def topk_gate(scores: torch.Tensor, num_topk: int) -> torch.Tensor:
@@ -141,7 +122,7 @@ def topk_gate(scores: torch.Tensor, num_topk: int) -> torch.Tensor:
     ``0 <= num_topk <= num_experts``.  Descending order; equal scores by lower index (stable),
     NaN first.  Raises ArgumentError for anything else.
     """
-    return TOPK_GATE(scores, num_topk)
+    return _topk_gate(scores, num_topk)
 
 
 # ---------------------------------------------------------------- topk_sum_and_topk_group_idx
@@ -175,8 +156,9 @@ def _plan_group(values: dict) -> Callable[..., torch.Tensor]:
 
 TOPK_SUM_AND_TOPK_GROUP_IDX = OpSpec(
     "topk_sum_and_topk_group_idx",
-    (TensorParam("scores", _F32, 3), _int("num_topk_sum", None), _int("num_topk_groups", None)),
+    (TensorParam("scores", _F32, 3), _StrictInt("num_topk_sum"), _StrictInt("num_topk_groups")),
     "Tensor", _plan_group, relations=_group_relations, per_call=_scores_contiguous)
+_topk_sum = TOPK_SUM_AND_TOPK_GROUP_IDX.__call__
 
 
 def topk_sum_and_topk_group_idx(scores: torch.Tensor, num_topk_sum: int, num_topk_groups: int) -> torch.Tensor:
@@ -186,27 +168,30 @@ def topk_sum_and_topk_group_idx(scores: torch.Tensor, num_topk_sum: int, num_top
     ``1 <= num_groups <= 32``; ``num_topk_sum`` 1 or 2 and ``<= experts_per_group``;
     ``0 <= num_topk_groups <= num_groups``.  Descending group score, ties by lower group.
     """
-    return TOPK_SUM_AND_TOPK_GROUP_IDX(scores, num_topk_sum, num_topk_groups)
+    return _topk_sum(scores, num_topk_sum, num_topk_groups)
 
 
 # ---------------------------------------------------------------- top2_sum_gate
 def _factor_key(value: Any) -> Any:
-    """routed_scaling_factor's memo-key part: its type and, for a float, its bits (0.0 and -0.0
-    differ, a NaN finds itself); anything else by value (an unhashable one: the checked path)."""
+    """routed_scaling_factor's memo-key part: its type and, for a float, its bits: its value and
+    sign (0.0 and -0.0 differ; cheaper than ``float.hex``), a NaN as ``"nan"`` (it finds itself);
+    anything else by value (an unhashable one: the checked path)."""
     t = type(value)
-    if t is float:
-        return t, value.hex()
+    if t is float and value == value:
+        return t, value, copysign(1.0, value)
     return t, float(value).hex() if isinstance(value, float) else value
 
 
 def _top2_per_call(op: str, args: tuple) -> None:
     """Per call: token counts and strides agree (neither is in the memo key); when they do not,
     :func:`check_top2` says what is wrong, in the op's order of checks."""
-    logits, bias = args[0], args[1]
     mask, fix, phys, count, unmapped = args[13:]
-    n = logits.shape[0]
-    if not (logits.is_contiguous() and bias.is_contiguous()
-            and (mask is None or (mask.numel() == n and mask.is_contiguous()))
+    if not (args[0].is_contiguous() and args[1].is_contiguous()):
+        check_top2(op, *args)
+    if mask is None and fix is None and unmapped is None and phys is None:  # (a count without a map: relations)
+        return
+    n = args[0].shape[0]
+    if not ((mask is None or (mask.numel() == n and mask.is_contiguous()))
             and (unmapped is None or (unmapped.shape[0] == n and (unmapped.stride(1) == 1 or unmapped.shape[1] < 2)))
             and (fix is None or (fix.shape[0] == n and fix.is_contiguous()))
             and (phys is None or phys.is_contiguous()) and (count is None or count.is_contiguous())):
@@ -261,18 +246,19 @@ def _optional(name: str, dtypes: tuple, ndim: Optional[int], **more: Any) -> Ten
     return TensorParam(name, dtypes, ndim, optional=True, default="None", **more)
 
 
-TOP2_SUM_GATE = _FlatKeySpec(
+TOP2_SUM_GATE = OpSpec(
     "top2_sum_gate",
-    (TensorParam("logits", _F32, 2), TensorParam("bias", _F32, 1, rows_vary=False), _int("num_topk"),
-     _int("num_topk_groups"), _int("num_groups"), Param("use_shared_as_routed", "bool", _as_given, key_of=_typed),
-     _int("num_shared_experts"), Param("routed_scaling_factor", "float", _as_given, key_of=_factor_key),
-     _int("ep_rank"), _int("num_ep_ranks"), _int("tp_rank"), _int("num_tp_ranks"),
-     Param("scoring_func", "str", _as_given, key_of=_typed), _optional("mask", (torch.bool,), None),
+    (TensorParam("logits", _F32, 2), TensorParam("bias", _F32, 1, rows_vary=False), _StrictInt("num_topk"),
+     _StrictInt("num_topk_groups"), _StrictInt("num_groups"), _StrictFlag("use_shared_as_routed"),
+     _StrictInt("num_shared_experts"), Param("routed_scaling_factor", "float", _as_given, key_of=_factor_key),
+     _StrictInt("ep_rank"), _StrictInt("num_ep_ranks"), _StrictInt("tp_rank"), _StrictInt("num_tp_ranks"),
+     Param("scoring_func", "str", _as_given), _optional("mask", (torch.bool,), None),
      _optional("fix_routing_mask", (torch.bool,), 1),
      _optional("to_physical_map", (torch.int32,), 2, rows_vary=False),
      _optional("logical_count", (torch.int32,), 1, rows_vary=False),
      _optional("unmapped_topk_idx", (torch.int64,), 2, mutated=True)),
     "(Tensor, Tensor)", _plan_top2, relations=_top2_relations, per_call=_top2_per_call)
+_top2_sum_gate = TOP2_SUM_GATE.__call__
 
 
 def top2_sum_gate(
@@ -301,9 +287,9 @@ def top2_sum_gate(
     ``kernels/moe/top2_sum_gate.py`` (tile_kernels 1.0.0's).  ``unmapped_topk_idx`` is
     written in place (and read for tokens whose ``fix_routing_mask`` is True).
     """
-    return TOP2_SUM_GATE(logits, bias, num_topk, num_topk_groups, num_groups, use_shared_as_routed, num_shared_experts,
-                         routed_scaling_factor, ep_rank, num_ep_ranks, tp_rank, num_tp_ranks, scoring_func, mask,
-                         fix_routing_mask, to_physical_map, logical_count, unmapped_topk_idx)
+    return _top2_sum_gate(logits, bias, num_topk, num_topk_groups, num_groups, use_shared_as_routed,
+                          num_shared_experts, routed_scaling_factor, ep_rank, num_ep_ranks, tp_rank, num_tp_ranks,
+                          scoring_func, mask, fix_routing_mask, to_physical_map, logical_count, unmapped_topk_idx)
 
 
 SPECS = (TOPK_GATE, TOPK_SUM_AND_TOPK_GROUP_IDX, TOP2_SUM_GATE)

@@ -242,3 +242,28 @@ def test_a_per_call_refusal_reads_in_the_ops_order(ops):
                 g.top2_sum_gate, kw)
     with pytest.raises(ArgumentError, match="num_topk=65 is out of range"):
         g.top2_sum_gate(**kw)
+
+
+def test_the_key_separates_what_the_checks_distinguish():
+    """top2_sum_gate's memo key: the token count is left out (of logits, mask, fix_routing_mask and
+    unmapped_topk_idx), everything else is in: every scalar with its type (strict ints: 6, 6.0,
+    np.int64(6) and True differ), the factor by its bits, the whole shape of bias and the maps,
+    which optional tensors are given and their other sizes."""
+    key = lambda kw: g.TOP2_SUM_GATE.key(_positional(kw))  # noqa: E731
+    assert key(_every_optional()) == key(_every_optional(tokens=9)) and key(_top2()) == key(_top2(9))
+    variants = [_every_optional(), _top2(), _top2(experts=128, bias=torch.zeros(128))]
+    variants += [_top2(**over) for over in [
+        dict(num_topk=True), dict(num_topk=6.0), dict(num_topk=np.int64(6)), dict(num_topk=7),
+        dict(use_shared_as_routed=0), dict(routed_scaling_factor=-0.0), dict(routed_scaling_factor=0.0),
+        dict(routed_scaling_factor=np.float64(1.5)), dict(routed_scaling_factor=float("nan")),
+        dict(routed_scaling_factor=None), dict(scoring_func="SIGMOID"), dict(ep_rank=None),
+        dict(mask=torch.ones(4, dtype=B)), dict(mask=torch.ones(4, 1, dtype=B)), dict(mask=torch.ones(4, dtype=I32)),
+        dict(bias=torch.zeros(64, dtype=torch.float64)), dict(bias=torch.zeros(64, 1))]]
+    variants += [_every_optional(**over) for over in [
+        dict(to_physical_map=torch.zeros(65, 6, dtype=I32)), dict(to_physical_map=torch.zeros(66, 5, dtype=I32)),
+        dict(logical_count=torch.ones(66, dtype=I32)), dict(logical_count=None), dict(unmapped_topk_idx=None),
+        dict(unmapped_topk_idx=torch.zeros(4, 7, dtype=I64)), dict(fix_routing_mask=torch.zeros(4, 1, dtype=B))]]
+    keys = [key(kw) for kw in variants]
+    assert len(set(keys)) == len(keys)
+    with pytest.raises(AttributeError):  # not a tensor where one belongs: the checked path
+        key(_top2(mask=[True] * 4))
