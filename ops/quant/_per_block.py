@@ -44,7 +44,7 @@ class _Rows(TensorParam):
         check_rows(op, self.name, value, value.shape[1])
         return value
 
-    def check_call(self, op: str, t: torch.Tensor) -> None:  # a replayed call: never a fake tensor
+    def check_call(self, op: str, t: torch.Tensor) -> None:  # a replayed call: never a fake tensor (data_ptr)
         s = t.shape
         # an empty tensor is "contiguous" whatever its strides, but check_aligned still refuses a
         # last-dim stride other than 1: test what the first call's checks test
@@ -110,10 +110,9 @@ def _row_major_run(fn: Callable[..., None], scalars: tuple, out_dtype: torch.dty
     return run
 
 
-def _cast_params(exact: bool = False) -> tuple:
-    """x, fmt, block_size and the three flags.  ``exact``: fmt and block_size keyed by the cheaper
-    exact keys (a spec with the generic key; the inline key of a leading tensor needs none)."""
-    return (_Rows("x", _IN_DTYPES, 2), fmt_param(exact=exact), block_param("block_size", BLOCKS, exact=exact),
+def _cast_params() -> tuple:
+    """x, fmt, block_size and the three flags."""
+    return (_Rows("x", _IN_DTYPES, 2), fmt_param(), block_param("block_size", BLOCKS),
             FlagParam("use_tma_aligned_col_major_sf", "False"), FlagParam("round_sf", "False"),
             FlagParam("use_packed_ue8m0", "False"))
 
@@ -167,7 +166,7 @@ def _plan_precomputed(values: dict) -> Callable[..., torch.Tensor]:
 
 PER_BLOCK_CAST_WITH_PRECOMPUTED_SF = OpSpec(
     "per_block_cast_with_precomputed_sf",
-    (*_cast_params(True)[:3], TensorParam("sf", (torch.float32,), 2), *_cast_params()[3:]), "Tensor", _plan_precomputed,
+    (*_cast_params()[:3], TensorParam("sf", (torch.float32,), 2), *_cast_params()[3:]), "Tensor", _plan_precomputed,
     relations=_row_major_only, per_call=precomputed_per_call)
 
 
@@ -213,9 +212,9 @@ def _plan_lossless(values: dict) -> Callable[..., tuple[torch.Tensor, torch.Tens
 
 PER_BLOCK_CAST_LOSSLESS = OpSpec(
     "per_block_cast_lossless",
-    (Param("x", "Tensor", lossless_x, key_of=lossless_x_key), fmt_param(("e4m3",), exact=True),
-     block_param("x_block_size", (LOSSLESS_IN_BLOCK,), pair_input=True, exact=True),
-     block_param("out_block_size", LOSSLESS_OUT_BLOCKS, exact=True), FlagParam("use_tma_aligned_col_major_sf", "False"),
+    (Param("x", "Tensor", lossless_x, key_of=lossless_x_key), fmt_param(("e4m3",)),
+     block_param("x_block_size", (LOSSLESS_IN_BLOCK,), pair_input=True),
+     block_param("out_block_size", LOSSLESS_OUT_BLOCKS), FlagParam("use_tma_aligned_col_major_sf", "False"),
      Param("round_sf", "bool", lambda op, value: value, exact_key, "False"),  # implied (power-of-two scales), unread
      FlagParam("use_packed_ue8m0", "False")),
     "(Tensor, Tensor)", _plan_lossless, relations=_lossless_relations, per_call=lossless_per_call,

@@ -35,10 +35,10 @@ def check_block(op: str, name: str, value: Any, allowed: tuple) -> tuple[int, in
 
 
 def exact_key(value: Any) -> tuple:
-    """A scalar's memo-key part, its type and value: as :func:`._common.typed_key` keeps a str, an
-    int, a bool or None apart, in a third of the time.  Floats and tuples would not be kept apart
-    (``0.0`` and ``-0.0``, ``(1.0,)`` and ``(1,)``): only for parameters that refuse those, or
-    never read their value."""
+    """A scalar's memo-key part, its type and value: as :func:`._common.typed_key` keeps an int, a
+    bool or None apart, in a third of the time (OpSpec keys a str Param so by itself).  Floats
+    and tuples would not be kept apart (``0.0`` and ``-0.0``, ``(1.0,)`` and ``(1,)``): only for
+    parameters that refuse those, or never read their value."""
     return type(value), value
 
 
@@ -52,23 +52,22 @@ def block_key(value: Any) -> tuple:
     return type(value), type(rows), type(cols), rows, cols
 
 
-def block_param(name: str, allowed: tuple, pair_input: bool = False, exact: bool = False) -> Param:
-    """An ``int[]`` block size, one of ``allowed`` (checked value: a tuple).  ``pair_input``: the
-    block of a quantized ``(data, sf)`` input, which must be a tuple of two first.  ``exact``:
-    keyed by :func:`block_key` (for a spec with the generic key; a spec keyed inline by its
-    leading tensor needs Params without ``key_of``)."""
+def block_param(name: str, allowed: tuple, pair_input: bool = False) -> Param:
+    """An ``int[]`` block size, one of ``allowed`` (checked value: a tuple), keyed by
+    :func:`block_key`.  ``pair_input``: the block of a quantized ``(data, sf)`` input, which must
+    be a tuple of two first."""
 
     def check(op: str, value: Any) -> tuple[int, int]:
         if pair_input and not (isinstance(value, tuple) and len(value) == 2):
             raise fail(op, f"{name} must be a (rows, cols) tuple for a quantized input, got {value!r}")
         return check_block(op, name, value, allowed)
 
-    return Param(name, "int[]", check, key_of=block_key if exact else None)
+    return Param(name, "int[]", check, key_of=block_key)
 
 
-def fmt_param(allowed: tuple[str, ...] = ("e4m3", "e2m1"), exact: bool = False) -> Param:
-    """``fmt``, one of ``allowed``; ``exact``: keyed by :func:`exact_key` (see :func:`block_param`)."""
-    return Param("fmt", "str", lambda op, value: check_fmt(op, value, allowed), key_of=exact_key if exact else None)
+def fmt_param(allowed: tuple[str, ...] = ("e4m3", "e2m1")) -> Param:
+    """``fmt``, one of ``allowed`` (a str Param without ``key_of``: OpSpec keys it inline)."""
+    return Param("fmt", "str", lambda op, value: check_fmt(op, value, allowed))
 
 
 def check_rows(op: str, name: str, t: torch.Tensor, hidden: int) -> None:

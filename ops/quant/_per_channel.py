@@ -31,7 +31,7 @@ import torch
 from .._common import TRACING, aligned_input, check_cuda, fail, launcher
 from .._spec import FlagParam, OpSpec, Param, TensorParam
 from .._torch import pair_to_public, pair_to_schema
-from ._per_block_checks import exact_key, irregular
+from ._per_block_checks import exact_key
 from ._per_channel_checks import (HIDDEN_ALIGN, IN_GROUP, PLAIN_DTYPES, check_int, check_matrix, check_pos,
                                   fused_x, fused_x_call, fused_x_key)
 from ._sf import check_fmt
@@ -74,8 +74,8 @@ class _Matrix(TensorParam):
         check_matrix(op, self.name, value, self.dtypes, self.align)
         return value
 
-    def check_call(self, op: str, t: torch.Tensor) -> None:  # a replayed call: never a fake tensor
-        if irregular(t, 16):
+    def check_call(self, op: str, t: torch.Tensor) -> None:  # a replayed call: never a fake tensor (data_ptr)
+        if not t.is_contiguous() or t.data_ptr() & 15 or t.stride(1) != 1 and t.shape[1] > 1:  # irregular(t, 16)
             check_matrix(op, self.name, t, self.dtypes, self.align)  # says which (the first call's message)
 
 
@@ -92,19 +92,19 @@ class _Positions(TensorParam):
         return value
 
     def check_call(self, op: str, t: Optional[torch.Tensor]) -> None:  # a replayed call: never a fake tensor
-        if t is not None and irregular(t, 4):
+        if t is not None and (not t.is_contiguous() or t.data_ptr() & 3):  # irregular(t, 4) for a 1-D tensor
             check_pos(op, t)
 
 
-def _fmt(exact: bool = False) -> Param:
-    """``fmt``: 'e4m3'.  ``exact``: keyed by :func:`exact_key` (a spec with the generic key; the
-    inline key of a leading tensor needs Params without ``key_of``); likewise for the others."""
-    return Param("fmt", "str", lambda op, value: check_fmt(op, value, ("e4m3",)), exact_key if exact else None)
+def _fmt() -> Param:
+    """``fmt``: 'e4m3' (a str Param without ``key_of``: OpSpec keys it inline)."""
+    return Param("fmt", "str", lambda op, value: check_fmt(op, value, ("e4m3",)))
 
 
-def _tokens(allowed: tuple[int, ...], exact: bool = False) -> Param:
+def _tokens(allowed: tuple[int, ...]) -> Param:
+    """``num_per_tokens``, a Python int among ``allowed``; keyed by its type and value."""
     return Param("num_per_tokens", "int", lambda op, value: check_int(op, "num_per_tokens", value, allowed),
-                 exact_key if exact else None)
+                 exact_key)
 
 
 def _plan_fused(values: dict) -> Callable[..., QuantTensor]:
@@ -180,7 +180,7 @@ def _fused_relations(op: str, values: dict) -> None:
 
 PER_CHANNEL_CAST_FUSED = OpSpec(
     "per_channel_cast_fused",
-    (Param("x", "Tensor", fused_x, key_of=fused_x_key, call_check=fused_x_call), _fmt(True), _tokens((128,), True),
+    (Param("x", "Tensor", fused_x, key_of=fused_x_key, call_check=fused_x_call), _fmt(), _tokens((128,)),
      FlagParam("round_sf", "False"),
      Param("num_per_channels", "int?", lambda op, value: value, exact_key, "None"),  # checked with x (relations)
      _Positions("pos_to_token", (torch.int32,), 1, optional=True, default="None")),
