@@ -69,8 +69,9 @@ def _scalar_key(value: Any) -> tuple:
 
 
 def _slot_map(name: str, ndim: int) -> TensorParam:
-    """An int32 slot map of get_fused_mapping (first size: tokens or slots), contiguous."""
-    return TensorParam(name, _INT32, ndim, contiguous=True)
+    """An int32 slot map of get_fused_mapping (first size: tokens or slots); its contiguity: the
+    op's per_call (with the other per-call checks, in the first call's order)."""
+    return TensorParam(name, _INT32, ndim)
 
 
 # ---------------------------------------------------------------- get_fused_mapping
@@ -190,7 +191,7 @@ def _plan_expand(values: dict) -> Callable[..., torch.Tensor]:
 
 EXPAND_TO_FUSED = OpSpec(
     "expand_to_fused",
-    (TensorParam("x", tuple(EXPAND_DTYPES), 2, contiguous=True), _slot_map("token_topk_to_pos", 2),
+    (TensorParam("x", tuple(EXPAND_DTYPES), 2), _slot_map("token_topk_to_pos", 2),
      _slot_map("pos_to_expert", 1)),
     "Tensor", _plan_expand, relations=_expand_relations, per_call=expand_per_call)
 
@@ -328,8 +329,8 @@ def _as_given(op: str, value: Any) -> Any:
 REDUCE_FUSED = OpSpec(
     "reduce_fused",
     (Param("x", "Tensor", check_reduce_x, key_of=reduce_x_key),
-     TensorParam("topk_weights", (torch.float32,), 2, contiguous=True, optional=True),
-     TensorParam("token_topk_to_pos", _INT32, 2, contiguous=True),
+     TensorParam("topk_weights", (torch.float32,), 2, optional=True),  # contiguity: reduce_per_call
+     TensorParam("token_topk_to_pos", _INT32, 2),
      Param("fp8_format", "str", check_fp8_format, key_of=_scalar_key),
      TensorParam("sf", (torch.float32,), 1, optional=True, rows_vary=False),
      Param("out", "Tensor?", _as_given, key_of=out_key)),

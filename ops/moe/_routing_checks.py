@@ -2,10 +2,11 @@
 the op, the argument, the value received and the fix (``ops._common.fail``).  No GPU work.
 
 Besides the checks themselves: the ``(data, sf)`` / ``(x, x_sf)`` pairs' memo-key parts (a pair
-is a ``Param``, whose tensors the spec does not key by itself) and each op's ``per_call`` check
-(what a memoized configuration still checks on every call: token counts that must agree, the
-strides and data pointers of the tensors inside the pairs).  A ``per_call`` screens cheaply and,
-on any doubt, runs the argument's full check, so a refusal reads as on the first call.
+is a ``Param``, whose tensors the spec does not key by itself) and each op's ``per_call`` check:
+what a memoized configuration still checks on every call (token counts that must agree,
+strides, data pointers; the expand and reduce ops declare their tensors without ``contiguous``
+so that all of these run here, in one screen).  On any doubt a ``per_call`` runs the full
+checks in the first call's order, so a refusal reads as on the first call.
 """
 
 from __future__ import annotations
@@ -84,11 +85,20 @@ def mapping_per_call(op: str, args: tuple) -> None:
 
 # ---------------------------------------------------------------- expand_to_fused(_with_sf)
 def expand_per_call(op: str, args: tuple) -> None:
-    x, token_topk_to_pos, _ = args
-    if ptr(x) % 16:
+    """Every call: the three tensors' strides, x's pointer, a slot-map row per token of x."""
+    x, token_topk_to_pos, pos_to_expert = args
+    if (not x.is_contiguous() or ptr(x) % 16 or not token_topk_to_pos.is_contiguous()
+            or token_topk_to_pos.shape[0] != x.shape[0] or not pos_to_expert.is_contiguous()):
+        check_contiguous(op, "x", x)
         check_pointer(op, "x", x)
-    if token_topk_to_pos.shape[0] != x.shape[0]:
-        check_token_rows(op, token_topk_to_pos, x.shape[0])
+        check_slot_maps(op, token_topk_to_pos, x.shape[0], pos_to_expert)
+
+
+def check_slot_maps(op: str, token_topk_to_pos: torch.Tensor, num_tokens: int, pos_to_expert: torch.Tensor) -> None:
+    """The expand ops' slot maps (dtypes and ranks checked): contiguous, a row per token."""
+    check_contiguous(op, "token_topk_to_pos", token_topk_to_pos)
+    check_token_rows(op, token_topk_to_pos, num_tokens)
+    check_contiguous(op, "pos_to_expert", pos_to_expert)
 
 
 def check_sf_pair(op: str, x: Any) -> tuple:
@@ -134,14 +144,16 @@ def sf_pair_key(x: Any) -> tuple:
 
 
 def expand_sf_per_call(op: str, args: tuple) -> None:
-    (data, x_sf), num_per_channels, token_topk_to_pos, _, col = args
-    if not data.is_contiguous() or ptr(data) % 16 or not x_sf.is_contiguous():
-        check_sf_pair(op, args[0])  # raises as the first call does
+    """Every call: strides, data's pointer, and a row of sf and of the slot map per token of data."""
+    (data, x_sf), num_per_channels, token_topk_to_pos, pos_to_expert, col = args
     num_tokens = data.shape[0]
-    if x_sf.shape[0] != num_tokens:
-        check_sf_layout(op, data, x_sf, num_per_channels, col)
-    if token_topk_to_pos.shape[0] != num_tokens:
-        check_token_rows(op, token_topk_to_pos, num_tokens)
+    if (not data.is_contiguous() or ptr(data) % 16 or not x_sf.is_contiguous() or x_sf.shape[0] != num_tokens
+            or not token_topk_to_pos.is_contiguous() or token_topk_to_pos.shape[0] != num_tokens
+            or not pos_to_expert.is_contiguous()):
+        check_sf_pair(op, args[0])
+        if x_sf.shape[0] != num_tokens:
+            check_sf_layout(op, data, x_sf, num_per_channels, col)
+        check_slot_maps(op, token_topk_to_pos, num_tokens, pos_to_expert)
 
 
 # ---------------------------------------------------------------- reduce_fused
@@ -192,7 +204,8 @@ def reduce_out_dtype(fp8_format: str, data: torch.Tensor) -> torch.dtype:
 
 
 def reduce_per_call(op: str, args: tuple) -> None:
-    """x's and x_sf's strides, pointer and row counts; topk_weights' and out's token counts."""
+    """Every call: x's and x_sf's strides, pointer and row counts, the strides of token_topk_to_pos
+    and topk_weights, topk_weights' and out's token counts, out's strides and pointer."""
     x, topk_weights, token_topk_to_pos, fp8_format, _, out = args
     if isinstance(x, tuple):
         data, x_sf = x
@@ -201,9 +214,14 @@ def reduce_per_call(op: str, args: tuple) -> None:
         data, bad = x, False
     if bad or not data.is_contiguous() or ptr(data) % 16:
         check_reduce_x(op, x)  # raises as the first call does
-    if topk_weights is not None and topk_weights.shape != token_topk_to_pos.shape:
-        raise fail(op, f"topk_weights has shape {tuple(topk_weights.shape)} but token_topk_to_pos has "
-                       f"{tuple(token_topk_to_pos.shape)}; they must match")
+    if not token_topk_to_pos.is_contiguous():
+        check_contiguous(op, "token_topk_to_pos", token_topk_to_pos)
+    if topk_weights is not None:
+        if not topk_weights.is_contiguous():
+            check_contiguous(op, "topk_weights", topk_weights)
+        if topk_weights.shape != token_topk_to_pos.shape:
+            raise fail(op, f"topk_weights has shape {tuple(topk_weights.shape)} but token_topk_to_pos has "
+                           f"{tuple(token_topk_to_pos.shape)}; they must match")
     if out is not None:
         num_tokens = token_topk_to_pos.shape[0]
         if (not isinstance(out, torch.Tensor) or out.dim() != 2 or out.shape[0] != num_tokens
@@ -213,6 +231,6 @@ def reduce_per_call(op: str, args: tuple) -> None:
 
 __all__ = ["EXPAND_DTYPES", "EXPAND_SF_DTYPES", "REDUCE_DTYPES", "SF_DTYPES", "check_contiguous", "check_expanded",
            "check_fp8_format", "check_num_per_channels", "check_pointer", "check_reduce_out", "check_reduce_x",
-           "check_row_bytes", "check_rows", "check_sf_layout", "check_sf_pair", "check_token_rows", "expand_per_call",
+           "check_row_bytes", "check_rows", "check_sf_layout", "check_sf_pair", "check_slot_maps", "check_token_rows", "expand_per_call",
            "expand_sf_per_call", "mapping_per_call", "out_key", "reduce_out_dtype", "reduce_per_call", "reduce_x_key",
            "sf_pair_key"]
