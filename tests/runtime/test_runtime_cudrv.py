@@ -95,7 +95,10 @@ def test_calls_return_cuda_python_tuples(fake_lib):
 
 
 def test_the_cold_start_runs_on_ctypes_without_cuda_bindings(fake_lib, monkeypatch):
+    import cuda.bindings
+
     monkeypatch.setitem(sys.modules, "cuda.bindings.driver", None)  # an import would now fail
+    monkeypatch.delattr(cuda.bindings, "driver", raising=False)
     info = _driver.device(1, "sm_90a", 13000)
     assert (info.name, info.cc, info.ctx_id, info.smem_optin) == ("NVIDIA H200", (9, 0), 0x1001, 232448)
     assert _driver.enter(info) is None and fake_lib.current == 0x1001
@@ -118,8 +121,11 @@ def test_a_failed_call_names_the_driver_error(fake_lib, monkeypatch):
 
 
 def test_cuda_python_setting_skips_ctypes(fake_lib, monkeypatch):
+    import cuda.bindings
+
     monkeypatch.setenv("TILEBIN_DRIVER", "cuda-python")
     monkeypatch.setitem(sys.modules, "cuda.bindings.driver", None)
+    monkeypatch.delattr(cuda.bindings, "driver", raising=False)  # else the import finds the attribute
     with pytest.raises(DeviceError, match=r"no NVIDIA driver found \(cannot import cuda.bindings.driver"):
         _driver.driver()
     assert not fake_lib.calls
