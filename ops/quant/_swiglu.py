@@ -147,7 +147,7 @@ def _index(name: str) -> TensorParam:
 SWIGLU_FWD = OpSpec(
     "swiglu_forward_and_per_token_cast",
     (TensorParam("x", tuple(_IN_KEY), 2), Param("fmt", "str", ck.e4m3_only),
-     ck.ScalarParam("num_per_channels", "int", ck.later), _index("pos_to_token_topk"),
+     ck.IntChoice("num_per_channels"), _index("pos_to_token_topk"),
      ck.WeightsParam("topk_weights", "Tensor?", ck.later, default="None"), _index("pos_to_expert"),
      FlagParam("use_tma_aligned_col_major_sf", "False"), FlagParam("round_sf", "False"),
      FlagParam("use_packed_ue8m0", "False"),
@@ -232,7 +232,7 @@ SWIGLU_BWD = OpSpec(
     (ck.PairParam("x", "Tensor", ck.bwd_pair), TensorParam("grad_out", (torch.bfloat16,)),
      TensorParam("weight", (torch.float32,)), TensorParam("pos_to_token_topk", (torch.int32,), 1),
      TensorParam("token_topk_to_pos", (torch.int32,), 2),
-     ck.ScalarParam("num_per_channels", "int", ck.one_of("num_per_channels", (32, 128))),
+     ck.IntChoice("num_per_channels", allowed=(32, 128)),
      FlagParam("round_sf", "False"), ck.ScalarParam("swiglu_clamp_value", "float?", ck.clamp_value, default="None")),
     "(Tensor, Tensor, Tensor, Tensor, Tensor)", _plan_bwd, relations=_bwd_relations, per_call=ck.bwd_per_call,
     schema_args="Tensor x, Tensor x_sf, Tensor grad_out, Tensor weight, Tensor pos_to_token_topk, "
@@ -286,7 +286,7 @@ def _plan_channel(values: dict) -> Callable[..., QuantTensor]:
 SWIGLU_CHANNEL = OpSpec(
     "swiglu_forward_and_per_channel_cast_and_transpose",
     (TensorParam("x", (torch.bfloat16,), 2), Param("fmt", "str", ck.e4m3_only),
-     ck.ScalarParam("num_per_tokens", "int", ck.one_of("num_per_tokens", (32, 128))), FlagParam("round_sf", "False"),
+     ck.IntChoice("num_per_tokens", allowed=(32, 128)), FlagParam("round_sf", "False"),
      FlagParam("without_transpose", "False"),
      ck.ScalarParam("swiglu_clamp_value", "float?", ck.clamp_value, default="None")),
     "(Tensor, Tensor)", _plan_channel, per_call=ck.channel_per_call)

@@ -10,12 +10,12 @@ the op has always checked them) and the checks between parameters that the key d
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Optional
 
 import torch
 
 from .._common import check_aligned, check_float32, check_tensor, fail, ptr
-from .._spec import Param, TensorParam
+from .._spec import IntParam, Param, TensorParam
 from ._sf import SfLayout, check_fmt, output_layout
 
 GROUP = 128  # channels per scale of the grouped per-token forward
@@ -62,7 +62,7 @@ def weights_key(w: Any) -> Any:
 
 
 # Params whose memo-key part is computed by one call (Param.key would wrap its key_of, or typed_key,
-# in a second one)
+# in a second one; the spec's key inlines IntParam's and FlagParam's)
 @dataclass(frozen=True)
 class ScalarParam(Param):
     """A scalar keyed by :func:`exact_key`."""
@@ -94,14 +94,18 @@ def sf_clamp_min(op: str, value: Any) -> float:
     return check_float(op, "sf_clamp_min", value, 1e-4)
 
 
-def one_of(name: str, allowed: tuple) -> Any:
-    """The check of an int parameter that takes only ``allowed`` (bools and other types refused)."""
-    def check(op: str, value: Any) -> int:
-        if isinstance(value, bool) or not isinstance(value, int) or value not in allowed:
-            raise fail(op, f"{name}={value!r} is not supported; supported: {', '.join(map(str, allowed))}")
-        return value
+@dataclass(frozen=True)
+class IntChoice(IntParam):
+    """An int parameter that takes only ``allowed`` (bools and other types refused; None: any value
+    here, checked in the op's relations), keyed as an IntParam: type and value, inline in the key."""
 
-    return check
+    allowed: Optional[tuple] = None
+
+    def check(self, op: str, value: Any) -> Any:
+        allowed = self.allowed
+        if allowed is not None and (isinstance(value, bool) or not isinstance(value, int) or value not in allowed):
+            raise fail(op, f"{self.name}={value!r} is not supported; supported: {', '.join(map(str, allowed))}")
+        return value
 
 
 # ----------------------------------------------------------------------------- per-token forward
@@ -232,6 +236,6 @@ def channel_per_call(op: str, args: tuple) -> None:
                        "multiples of 128: pad the tokens (and the hidden dimension)")
 
 
-__all__ = ["GROUP", "CountParam", "PairParam", "ScalarParam", "WeightsParam", "bwd_pair", "bwd_pair_key",
+__all__ = ["GROUP", "CountParam", "IntChoice", "PairParam", "ScalarParam", "WeightsParam", "bwd_pair", "bwd_pair_key",
            "bwd_per_call", "channel_per_call", "check_contiguous", "check_float", "check_rows", "clamp_value",
-           "e4m3_only", "exact_key", "fwd_layout", "fwd_per_call", "later", "one_of", "sf_clamp_min", "weights_key"]
+           "e4m3_only", "exact_key", "fwd_layout", "fwd_per_call", "later", "sf_clamp_min", "weights_key"]
