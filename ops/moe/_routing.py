@@ -301,8 +301,9 @@ def _plan_reduce(values: dict) -> Callable[..., torch.Tensor]:
         num_tokens = token_topk_to_pos.shape[0]
         if out is None:
             out = torch.empty((num_tokens, hidden), dtype=out_dtype, device=dev)
-        fns[num_tokens >= _REDUCE_SPLIT_TOKENS](x, weights, token_topk_to_pos, out, x if sf is None else sf,
-                                                x if x_sf is None else x_sf, *flags)
+        # fake tensors launch nothing, and their token count may be symbolic (a SymBool indexes nothing)
+        fn = fns[1 if TRACING.on else num_tokens >= _REDUCE_SPLIT_TOKENS]
+        fn(x, weights, token_topk_to_pos, out, x if sf is None else sf, x if x_sf is None else x_sf, *flags)
         return out
 
     return run
