@@ -38,7 +38,7 @@ from .._common import TRACING, aligned_input, check_cuda, check_int, fail, kerne
 from .._spec import FlagParam, IntParam, OpSpec, Param, TensorParam
 from .._torch import TorchOp, pair_to_public, pair_to_schema, traced
 from ..config import get_num_sms
-from ._routing_checks import (EXPAND_DTYPES, EXPAND_SF_DTYPES, REDUCE_DTYPES, SF_DTYPES, check_expanded,
+from ._routing_checks import (EXPAND_DTYPES, EXPAND_SF_DTYPES, REDUCE_DTYPES, SF_DTYPES,
                               check_fp8_format, check_num_per_channels, check_reduce_out, check_reduce_x,
                               check_row_bytes, check_sf_layout, check_sf_pair, expand_per_call, expand_sf_per_call,
                               mapping_per_call, out_key, reduce_out_dtype, reduce_per_call, reduce_x_key, sf_pair_key)
@@ -63,20 +63,33 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def _scalar_key(value: Any) -> tuple:
-    """A scalar's memo-key part: its type and value (``True`` and ``1`` differ)."""
-    return type(value), value
-
-
 def _slot_map(name: str, ndim: int) -> TensorParam:
     """An int32 slot map of get_fused_mapping (first size: tokens or slots); its contiguity: the
     op's per_call (with the other per-call checks, in the first call's order)."""
     return TensorParam(name, _INT32, ndim)
 
 
+class _NumPerChannels(IntParam):
+    """expand_to_fused_with_sf's ``num_per_channels``: a Python int, 32 or 128; keyed as an IntParam."""
+
+    def check(self, op: str, value: Any) -> int:
+        return check_num_per_channels(op, value)
+
+
 # ---------------------------------------------------------------- get_fused_mapping
-def _check_experts(op: str, value: Any) -> int:
-    return check_int(op, "num_experts", value, 1, kernel_meta(_MAPPING, "max_experts"))
+class _NumExperts(IntParam):
+    """``1 <= num_experts <=`` moe.get_fused_mapping's ``max_experts`` (its manifest meta, read at
+    the call: no manifest at import); keyed as an IntParam (type and value)."""
+
+    def check(self, op: str, value: Any) -> int:
+        return check_int(op, self.name, value, 1, kernel_meta(_MAPPING, "max_experts"))
+
+
+class _TypeKeyed(IntParam):
+    """An int whose value is no part of the configuration, only its type (``num_expanded_tokens``:
+    its range is re-checked on every call, by the op's per_call)."""
+
+    key = staticmethod(type)
 
 
 def _plan_mapping(values: dict) -> Callable[..., tuple]:
@@ -89,7 +102,7 @@ def _plan_mapping(values: dict) -> Callable[..., tuple]:
     max_blocks = kernel_meta(_MAPPING, "max_blocks")
     dev = values["topk_idx"].device  # part of the configuration
 
-    def run(topk_idx: torch.Tensor, _experts: Any, num_expanded_tokens: Any, *_: Any) -> tuple:
+    def run(topk_idx: torch.Tensor, _experts: Any, num_expanded_tokens: Any, _alignment: Any, _no_sync: Any) -> tuple:
         if type(num_expanded_tokens) is not int:  # an integer-like (per_call checked it)
             num_expanded_tokens = operator.index(num_expanded_tokens)
         num_tokens, num_topk = topk_idx.shape
@@ -99,17 +112,18 @@ def _plan_mapping(values: dict) -> Callable[..., tuple]:
             num_expanded_tokens = (numel + padding) // alignment * alignment
         cap = min(get_num_sms(dev), max_blocks)  # the device's own SM count, per call
         blocks, redundant = _mapping_grid(numel, num_experts, num_expanded_tokens, cap)
-        return _fused_mapping(fns[redundant], topk_idx, dev, num_expanded_tokens, num_experts, blocks, alignment,
-                              should_sync)
+        return _fused_mapping(fns[redundant], topk_idx, (num_tokens, num_topk), dev, num_expanded_tokens, num_experts,
+                              blocks, alignment, should_sync)
 
     return run
 
 
-def _fused_mapping(fn: Any, topk_idx: torch.Tensor, dev: torch.device, num_expanded_tokens: int, num_experts: int,
-                   blocks: int, alignment: int, should_sync: bool) -> tuple:
-    """Allocate on ``dev``, launch ``fn`` and (``should_sync``) trim the slot maps to the counts' sum."""
+def _fused_mapping(fn: Any, topk_idx: torch.Tensor, entries: tuple[int, int], dev: torch.device,
+                   num_expanded_tokens: int, num_experts: int, blocks: int, alignment: int, should_sync: bool) -> tuple:
+    """Allocate on ``dev``, launch ``fn`` and (``should_sync``) trim the slot maps to the counts' sum
+    (``entries``: topk_idx's shape)."""
     slots = torch.empty((3, num_expanded_tokens), dtype=torch.int32, device=dev)
-    token_topk_to_pos = torch.empty(topk_idx.shape, dtype=torch.int32, device=dev)
+    token_topk_to_pos = torch.empty(entries, dtype=torch.int32, device=dev)
     per_expert = torch.empty((3, num_experts), dtype=torch.int32, device=dev)
     workspace = torch.empty((blocks + 1, num_experts), dtype=torch.int32, device=dev)
     pos_to_expert, pos_to_token, pos_to_token_topk = slots.unbind(0)
@@ -141,8 +155,8 @@ def _mapping_grid(numel: int, num_experts: int, slots: int, cap: int) -> tuple[i
 GET_FUSED_MAPPING = OpSpec(
     "get_fused_mapping",
     (TensorParam("topk_idx", (torch.int64,), 2, contiguous=True),
-     Param("num_experts", "int", _check_experts, key_of=_scalar_key),
-     Param("num_expanded_tokens", "int", check_expanded, key_of=type),  # the value: checked per call
+     _NumExperts("num_experts"),
+     _TypeKeyed("num_expanded_tokens", 0),
      IntParam("alignment", 1), FlagParam("force_no_sync", default="False")),
     "(Tensor, Tensor, Tensor)", _plan_mapping, per_call=mapping_per_call,
     torch=dict(result_to_schema=mapping_to_schema, result_to_public=mapping_to_public, eager_only=mapping_syncs))
@@ -238,7 +252,7 @@ def _plan_expand_sf(values: dict) -> Callable[..., tuple[torch.Tensor, torch.Ten
 EXPAND_TO_FUSED_WITH_SF = OpSpec(
     "expand_to_fused_with_sf",
     (Param("x", "Tensor", check_sf_pair, key_of=sf_pair_key),
-     Param("num_per_channels", "int", check_num_per_channels, key_of=_scalar_key),
+     _NumPerChannels("num_per_channels"),
      _slot_map("token_topk_to_pos", 2), _slot_map("pos_to_expert", 1),
      FlagParam("use_tma_aligned_col_major_sf", default="False")),
     "(Tensor, Tensor)", _plan_expand_sf, relations=_expand_sf_relations, per_call=expand_sf_per_call,
@@ -332,7 +346,7 @@ REDUCE_FUSED = OpSpec(
     (Param("x", "Tensor", check_reduce_x, key_of=reduce_x_key),
      TensorParam("topk_weights", (torch.float32,), 2, optional=True),  # contiguity: reduce_per_call
      TensorParam("token_topk_to_pos", _INT32, 2),
-     Param("fp8_format", "str", check_fp8_format, key_of=_scalar_key),
+     Param("fp8_format", "str", check_fp8_format),
      TensorParam("sf", (torch.float32,), 1, optional=True, rows_vary=False),
      Param("out", "Tensor?", _as_given, key_of=out_key)),
     "Tensor", _plan_reduce, relations=_reduce_relations, per_call=reduce_per_call,

@@ -77,8 +77,8 @@ def mapping_per_call(op: str, args: tuple) -> None:
     topk_idx, num_experts, num_expanded_tokens, alignment, _ = args
     if type(num_expanded_tokens) is not int or not 0 <= num_expanded_tokens <= _INT32_MAX:
         check_expanded(op, num_expanded_tokens)  # raises, or accepts an integer-like (a numpy int)
-    num_tokens, num_topk = topk_idx.shape
-    if num_tokens * num_topk + num_experts * (alignment - 1) > _MAX_SLOTS:
+    if topk_idx.numel() + num_experts * (alignment - 1) > _MAX_SLOTS:
+        num_tokens, num_topk = topk_idx.shape
         raise fail(op, f"{num_tokens} x {num_topk} entries plus {num_experts} x (alignment {alignment} - 1) padding "
                        "exceed 2**30 slots; split the tokens or lower the alignment")
 
@@ -134,13 +134,14 @@ def check_sf_layout(op: str, data: torch.Tensor, x_sf: torch.Tensor, num_per_cha
 
 
 def sf_pair_key(x: Any) -> tuple:
-    """The pair's memo-key part: each tensor's dtype, device, rank and sizes but the first
-    (TypeError or AttributeError, hence the checked path, for anything but a 2-tuple of tensors)."""
+    """The pair's memo-key part: each tensor's dtype, device, rank and last size (the checks want
+    both 2-D: no other rank is ever stored); TypeError, AttributeError or IndexError (the checked
+    path) for anything but a 2-tuple of tensors."""
     if type(x) is not tuple or len(x) != 2:
         raise TypeError("not a (data, sf) pair")
     data, x_sf = x
     ds, ss = data.shape, x_sf.shape
-    return data.dtype, data.device, len(ds), ds[1:], x_sf.dtype, x_sf.device, len(ss), ss[1:]
+    return data.dtype, data.device, len(ds), ds[-1], x_sf.dtype, x_sf.device, len(ss), ss[-1]
 
 
 def expand_sf_per_call(op: str, args: tuple) -> None:
@@ -178,19 +179,25 @@ def check_reduce_x(op: str, x: Any) -> Any:
 
 
 def reduce_x_key(x: Any) -> tuple:
-    """x's memo-key part: dtype, device, rank, sizes but the first (and a pair's x_sf dtype,
-    device and rank); TypeError or AttributeError (the checked path) for anything else."""
+    """x's memo-key part: dtype, device, rank and last size (x is 2-D: no other rank is ever
+    stored), and a pair's x_sf dtype, device and rank; TypeError, AttributeError or IndexError
+    (the checked path) for anything else."""
     if type(x) is tuple:
         if len(x) != 2:
             raise TypeError("not an (x, x_sf) pair")
         data, x_sf = x
-        return tuple, data.dtype, data.device, data.dim(), data.shape[1:], x_sf.dtype, x_sf.device, x_sf.dim()
-    return x.dtype, x.device, x.dim(), x.shape[1:]
+        s = data.shape
+        return tuple, data.dtype, data.device, len(s), s[-1], x_sf.dtype, x_sf.device, x_sf.dim()
+    s = x.shape
+    return x.dtype, x.device, len(s), s[-1]
 
 
 def out_key(out: Any) -> Any:
-    """reduce_fused's ``out``: None, or its dtype, device, rank and sizes but the first."""
-    return None if out is None else (out.dtype, out.device, out.dim(), out.shape[1:])
+    """reduce_fused's ``out``: None, or its dtype, device, rank and last size (2-D, as x)."""
+    if out is None:
+        return None
+    s = out.shape
+    return out.dtype, out.device, len(s), s[-1]
 
 
 def check_fp8_format(op: str, value: Any) -> str:
@@ -231,6 +238,6 @@ def reduce_per_call(op: str, args: tuple) -> None:
 
 __all__ = ["EXPAND_DTYPES", "EXPAND_SF_DTYPES", "REDUCE_DTYPES", "SF_DTYPES", "check_contiguous", "check_expanded",
            "check_fp8_format", "check_num_per_channels", "check_pointer", "check_reduce_out", "check_reduce_x",
-           "check_row_bytes", "check_rows", "check_sf_layout", "check_sf_pair", "check_slot_maps", "check_token_rows", "expand_per_call",
-           "expand_sf_per_call", "mapping_per_call", "out_key", "reduce_out_dtype", "reduce_per_call", "reduce_x_key",
-           "sf_pair_key"]
+           "check_row_bytes", "check_rows", "check_sf_layout", "check_sf_pair", "check_slot_maps", "check_token_rows",
+           "expand_per_call", "expand_sf_per_call", "mapping_per_call", "out_key", "reduce_out_dtype", "reduce_per_call",
+           "reduce_x_key", "sf_pair_key"]

@@ -124,6 +124,47 @@ def test_token_and_slot_counts_vary_within_a_configuration(ops):
     assert len(r.REDUCE_FUSED.memo) == len(r.EXPAND_TO_FUSED.memo) == 1
 
 
+def test_the_key_separates_what_the_checks_tell_apart():
+    idx, y, w, ttp = torch.zeros(4, 8, dtype=I64), torch.zeros(50, 64), torch.rand(4, 8), torch.zeros(4, 8, dtype=I32)
+    key = r.GET_FUSED_MAPPING.key
+    assert key((idx, 64, 100, 16, True)) == key((idx, 64, 7, 16, True)) == key((idx[:1], 64, 0, 16, True))
+    base = key((idx, 64, 100, 16, True))
+    for other in [(idx, 64, np.int64(100), 16, True), (idx, np.int64(64), 100, 16, True), (idx, 64, 100, 16, 1),
+                  (idx, 32, 100, 16, True), (idx, 64, 100, 8, True), (idx[:, :4], 64, 100, 16, True)]:
+        assert key(other) != base, other
+    key = r.REDUCE_FUSED.key
+    base = key((y, w, ttp, "", None, None))
+    assert key((y[:7], w, ttp, "", None, None)) == base
+    for other in [((y, torch.ones(50)), w, ttp, "", None, None), (y, None, ttp, "", None, None),
+                  (y, w, ttp, "e4m3", None, None), (y, w, ttp, "", torch.ones(1), None),
+                  (y, w, ttp, "", None, torch.empty(4, 64)), (y.to(BF), w, ttp, "", None, None),
+                  (torch.zeros(50, 32), w, ttp, "", None, None)]:
+        assert key(other) != base
+    key = r.EXPAND_TO_FUSED_WITH_SF.key
+    data = torch.zeros(4, 576, dtype=E4M3)
+    base = key(((data, torch.ones(4, 18)), 32, ttp, w[0].to(I32), False))
+    for other in [((data, torch.ones(4, 5)), 32, ttp, w[0].to(I32), False), ((data, torch.ones(4, 18)), 128, ttp,
+                  w[0].to(I32), False), ((data, torch.ones(4, 18, dtype=I32)), 32, ttp, w[0].to(I32), False)]:
+        assert key(other) != base
+    for bad in [(data, 32, ttp, w[0], False), ((data,), 32, ttp, w[0], False), ([data, data], 32, ttp, w[0], False)]:
+        with pytest.raises((AttributeError, TypeError, IndexError, ValueError)):
+            hash(key(bad))
+
+
+def test_a_fake_call_stores_nothing(ops):
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from tilebin.ops._torch import register_all, traced
+
+    register_all()
+    mode = FakeTensorMode()
+    y, w, ttp = (mode.from_tensor(t) for t in (torch.zeros(50, 64), torch.rand(4, 8), torch.zeros(4, 8, dtype=I32)))
+    with mode:
+        out = traced("reduce_fused", y, w, ttp, "", None, None)
+        traced("expand_to_fused", y[:4], ttp, mode.from_tensor(torch.zeros(50, dtype=I32)))
+    assert out.shape == (4, 64) and not _memos() and not ops.launches
+
+
 def test_a_numpy_num_expanded_tokens_replays_as_the_int(ops):
     idx = torch.randint(0, 64, (4, 8))
     want = describe(r.get_fused_mapping(idx, 64, 0, 16)), describe_launches(ops.launches)
