@@ -238,7 +238,12 @@ class OpSpec:
         self._tensors = tuple(i for i, p in enumerate(params) if isinstance(p, TensorParam))
         # the per-call checks of a replayed call, in parameter order (as the first call runs them)
         self._per_call = tuple((i, p) for i, p in enumerate(params) if _checks_per_call(p))
-        self.key = _compile_key(self.name, params)
+        self.key = self._first_key  # compiled at the op's first call: importing the ops compiles nothing
+
+    def _first_key(self, args: tuple) -> tuple:
+        """:meth:`key` of the first call: compiles the spec's key function, which then serves every call."""
+        self.key = _compile_key(self.name, self.params)
+        return self.key(args)
 
     def __call__(self, *args: Any) -> Any:
         """The op on its arguments (every parameter, positionally)."""

@@ -12,7 +12,6 @@ every call.  No launcher, device check or kernel constant is read here (the op m
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, NamedTuple, Optional
 
 import torch
@@ -29,7 +28,6 @@ WHOLE_ROW_SHIFT = 31  # group_shift for one scale per row: every channel index >
 INT32_MAX = 2**31 - 1
 
 
-@dataclass(frozen=True)
 class Deferred(TensorParam):
     """A tensor parameter checked by the op's ``relations`` (the wording and the order of its
     checks depend on other arguments), not on its own: ``check`` passes the value through.  It
@@ -39,7 +37,6 @@ class Deferred(TensorParam):
         return value
 
 
-@dataclass(frozen=True)
 class Scales(Deferred):
     """Precomputed scales ``[tokens, groups]`` (or ``[groups, tokens]`` column-major): both sizes
     and the strides are checked on every call (:func:`scales_call_checks`), so the key holds only

@@ -63,14 +63,12 @@ def weights_key(w: Any) -> Any:
 
 # Params whose memo-key part is computed by one call (Param.key would wrap its key_of, or typed_key,
 # in a second one; the spec's key inlines IntParam's and FlagParam's)
-@dataclass(frozen=True)
 class ScalarParam(Param):
     """A scalar keyed by :func:`exact_key`."""
 
     key = staticmethod(exact_key)
 
 
-@dataclass(frozen=True)
 class WeightsParam(Param):
     """The forward's ``topk_weights``, keyed by :func:`weights_key`."""
 
@@ -176,7 +174,6 @@ def bwd_pair_key(x: Any) -> tuple:
     return data.dtype, data.device, len(d), d[1:], sf.dtype, sf.device, len(s), s[1:]
 
 
-@dataclass(frozen=True)
 class CountParam(TensorParam):
     """The forward's ``clamped_count``: a TensorParam (key, device check, ``Tensor(a!)?`` schema)
     whose checks all run in :func:`fwd_per_call`, after the one between it and the clamp value."""
@@ -185,7 +182,6 @@ class CountParam(TensorParam):
         return value
 
 
-@dataclass(frozen=True)
 class PairParam(Param):
     """The backward's ``x``, keyed by :func:`bwd_pair_key`."""
 
