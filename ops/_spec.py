@@ -176,6 +176,10 @@ def _compile_key(name: str, params: tuple) -> Callable[[tuple], tuple]:
         elif type(p).key in (IntParam.key, FlagParam.key) or (
                 isinstance(p, Param) and p.key_of is None and p.schema_type.rstrip("?") == "str"):
             parts.append(f"type({a}), {a}")
+        elif isinstance(p, Param) and p.key_of is None and type(p).key is Param.key:
+            # typed_key's tags, inline for the common flat values (int, bool, str, None)
+            env["_FLAT"], env["_typed"] = _FLAT, typed_key
+            parts.append(f"(t{i} := type({a})), ({a} if t{i} in _FLAT else _typed({a}))")
         else:
             env[f"k{i}"] = p.key
             parts.append(f"k{i}({a})")
@@ -184,6 +188,9 @@ def _compile_key(name: str, params: tuple) -> Callable[[tuple], tuple]:
         "def key(args):\n    if args: raise ValueError\n    return ()\n"
     exec(compile(src, f"<OpSpec {name} key>", "exec"), env)  # noqa: S102 - source built above from fixed fragments
     return env["key"]
+
+
+_FLAT = frozenset((int, bool, str, type(None)))  # values whose type and value are their whole key
 
 
 def _tensor_key_expr(p: TensorParam, a: str, s: str) -> str:

@@ -155,6 +155,8 @@ def test_the_generated_key_separates_what_the_checks_distinguish():
     assert key((x, w, None, 2, 1.0)) != key((x, torch.zeros(9), None, 2, 1.0))  # the whole shape of w
     assert key((x, w, None, 2, 1.0)) != key((x, w, torch.zeros(3, 4), 2, 1.0))
     assert key((x, w, None, 2, 0.0)) != key((x, w, None, 2, -0.0))
+    assert key((x, w, None, 2, (128, 128))) != key((x, w, None, 2, (128.0, 128.0)))  # tuples element-wise
+    assert key((x, w, None, 2, "a")) == key((x, w, None, 2, "a")) != key((x, w, None, 2, None))
     assert key((x, w, None, 2, 1.0)) != key((x, w, None, True, 1.0)) != key((x, w, None, 2.0, 1.0))
     assert key((x, w, None, 2, 1.0)) != key((torch.zeros(3), w, None, 2, 1.0))  # rank 1: len differs
     assert key((x, w, None, 2, 1.0)) != key((torch.zeros(3, 2, 4), w, None, 2, 1.0))
