@@ -2,16 +2,15 @@
 ``expand_to_fused_with_sf`` and ``reduce_fused``.
 
 Each op is declared by one :class:`tilebin.ops._spec.OpSpec`: every argument is validated before
-any GPU work (device last) and a refusal is a :class:`tilebin.runtime.ArgumentError` naming the
-op, the value, what is supported and the fix.  A configuration (dtypes, devices, ranks, sizes but
-the token / slot counts, every scalar with its type; ``get_fused_mapping``'s
-``num_expanded_tokens`` by its type only) is checked once; a later call of it checks only what
-depends on the counts, strides and pointers (``_routing_checks``' ``*_per_call``).  Outputs have
-tile_kernels' dtypes, shapes and strides; launches go on torch's current stream, asynchronously
-(``get_fused_mapping`` syncs with the host only when tile_kernels does: when
-``num_expanded_tokens == 0`` and not ``force_no_sync``; that form sizes its outputs from the
-data, so under ``torch.compile`` it runs eagerly: a graph break on purpose).  Sizes, hidden
-sizes, top-k, expert counts (<= 1024) and alignments are run-time values.
+any GPU work (device last); a refusal is a :class:`tilebin.runtime.ArgumentError` naming the op,
+the value, what is supported and the fix.  A configuration (dtypes, devices, ranks, sizes but the
+token / slot counts, scalars with their types; ``num_expanded_tokens`` by its type only) is
+checked once; a later call checks only what depends on counts, strides and pointers
+(``_routing_checks``' ``*_per_call``).  Outputs have tile_kernels' dtypes, shapes and strides;
+launches go on torch's current stream, asynchronously (``get_fused_mapping`` syncs with the host
+only when tile_kernels does: ``num_expanded_tokens == 0`` and not ``force_no_sync``; that form
+sizes its outputs from the data, so under ``torch.compile`` it runs eagerly: a graph break on
+purpose).  Sizes, hidden sizes, top-k, expert counts (<= 1024) and alignments are run-time values.
 
 Where tilebin is stricter or more defined than tile_kernels:
 
@@ -22,8 +21,7 @@ Where tilebin is stricter or more defined than tile_kernels:
 * ``expand_to_fused*`` zero-fill padding rows even for 0 tokens; rows need ``hidden * itemsize``
   to be a multiple of 16 bytes.  ``reduce_fused`` needs ``hidden % 8`` (bf16) / ``% 4`` (fp32)
   instead of ``% 256``; its e4m3 output saturates at +-448 (as tile_kernels' kernel does).
-* Read-only slot maps, weights and scales in a view that starts inside a tensor (not 16-byte
-  aligned) are copied first; x's rows and ``out`` must be 16-byte aligned (refused otherwise).
+* Read-only maps, weights and scales not 16-byte aligned (a view into a tensor) are copied first.
 """
 
 from __future__ import annotations
@@ -34,7 +32,7 @@ from typing import Any, Callable, Optional, Union
 import torch
 from torch.compiler import is_compiling
 
-from .._common import TRACING, aligned_input, check_cuda, check_int, fail, kernel_meta, launcher
+from .._common import TRACING, aligned_input, check_cuda, check_int, check_tensor, fail, kernel_meta, launcher
 from .._spec import FlagParam, IntParam, OpSpec, Param, TensorParam
 from .._torch import TorchOp, pair_to_public, pair_to_schema, traced
 from ..config import get_num_sms
@@ -278,14 +276,23 @@ def expand_to_fused_with_sf(
 
 
 # ---------------------------------------------------------------- reduce_fused
+class _CheckedLater(TensorParam):
+    """A tensor its op's ``relations`` check (after what they depend on), keyed as a TensorParam."""
+
+    def check(self, op: str, value: Any) -> Any:
+        return value
+
+
 def _reduce_relations(op: str, values: dict) -> None:
-    """sf only with e4m3 output, and of one element; out's dtype, shape and rows; every device."""
+    """sf only with e4m3 output, an fp32 [1]; out's dtype, shape and rows; every device."""
     x, fp8_format, sf, out = values["x"], values["fp8_format"], values["sf"], values["out"]
     data, x_sf = x if isinstance(x, tuple) else (x, None)
-    if fp8_format == "" and sf is not None:
-        raise fail(op, "sf is supported with fp8_format='e4m3' only (as in tile_kernels); pass sf=None")
-    if sf is not None and sf.size(0) != 1:
-        raise fail(op, f"sf has shape {tuple(sf.shape)}; it must be a [1] fp32 tensor")
+    if sf is not None:
+        if fp8_format == "":
+            raise fail(op, "sf is supported with fp8_format='e4m3' only (as in tile_kernels); pass sf=None")
+        check_tensor(op, "sf", sf, (torch.float32,), 1)
+        if sf.size(0) != 1:
+            raise fail(op, f"sf has shape {tuple(sf.shape)}; it must be a [1] fp32 tensor")
     token_topk_to_pos = values["token_topk_to_pos"]
     if out is not None:
         check_reduce_out(op, out, (token_topk_to_pos.size(0), data.size(1)), reduce_out_dtype(fp8_format, data))
@@ -347,7 +354,7 @@ REDUCE_FUSED = OpSpec(
      TensorParam("topk_weights", (torch.float32,), 2, optional=True),  # contiguity: reduce_per_call
      TensorParam("token_topk_to_pos", _INT32, 2),
      Param("fp8_format", "str", check_fp8_format),
-     TensorParam("sf", (torch.float32,), 1, optional=True, rows_vary=False),
+     _CheckedLater("sf", (torch.float32,), 1, optional=True, rows_vary=False),  # after fp8_format's relation
      Param("out", "Tensor?", _as_given, key_of=out_key)),
     "Tensor", _plan_reduce, relations=_reduce_relations, per_call=reduce_per_call,
     schema_args=('Tensor x, Tensor? x_sf, Tensor? topk_weights, Tensor token_topk_to_pos, str fp8_format="", '

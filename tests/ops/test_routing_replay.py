@@ -303,6 +303,14 @@ def test_reduce_fused_refusals_after_warm_up(ops):
         assert match in _same_refusal(ops, warm, r.reduce_fused, *{**good, **over}.values())
 
 
+@pytest.mark.parametrize("sf", [1.0, "x", torch.ones(1), torch.ones(4, dtype=I32), torch.ones(2)], ids=repr)
+def test_an_sf_without_e4m3_is_refused_as_such_whatever_it_is(ops, sf):
+    """fp8_format '' takes no sf: that refusal comes before sf's own checks (as it did by hand)."""
+    y, w, ttp = torch.zeros(50, 64), torch.rand(4, 8), torch.zeros(4, 8, dtype=I32)
+    msg = _same_refusal(ops, lambda: r.reduce_fused(y, w, ttp), r.reduce_fused, y, w, ttp, "", sf)
+    assert msg.startswith("reduce_fused: sf is supported with fp8_format='e4m3' only")
+
+
 def test_a_refused_call_stores_nothing_and_changes_no_later_call(ops):
     y, w, ttp = torch.zeros(50, 64), torch.rand(4, 8), torch.zeros(4, 8, dtype=I32)
     with pytest.raises(ArgumentError, match="sf is supported with fp8_format='e4m3' only"):
