@@ -92,18 +92,6 @@ def ptr(t: torch.Tensor) -> int:
     return 0 if TRACING.on else t.data_ptr()
 
 
-def memo_table(table: dict, made_with: list, *current: Any) -> dict:
-    """``table`` (an op module's memo of validated configurations), emptied first when the objects
-    it was filled under (``made_with``: e.g. the module's launcher and device check, which tests
-    stub) are no longer ``current``; ``made_with`` then records them."""
-    if TRACING.on:  # fake tensors: a fresh, throw-away table (nothing found, nothing kept)
-        return {}
-    if made_with != [*current]:  # list equality compares identity first (3x cheaper than any(... is not ...))
-        table.clear()
-        made_with[:] = current
-    return table
-
-
 def typed_key(*parts: Any) -> tuple:
     """A memo key that equals another only when every part has the same type and value.
 

@@ -18,7 +18,7 @@ OP_MODULES = (
     "tilebin.ops._spec",
 )
 # module-level dicts that memoize validated configurations or launchers
-MEMO_NAMES = ("_FAST", "_DUMMIES", "_LAUNCHERS", "_PLACEHOLDERS")
+MEMO_NAMES = ("_DUMMIES", "_LAUNCHERS", "_PLACEHOLDERS")
 
 
 class StubbedOps:
