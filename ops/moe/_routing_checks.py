@@ -239,5 +239,5 @@ def reduce_per_call(op: str, args: tuple) -> None:
 __all__ = ["EXPAND_DTYPES", "EXPAND_SF_DTYPES", "REDUCE_DTYPES", "SF_DTYPES", "check_contiguous", "check_expanded",
            "check_fp8_format", "check_num_per_channels", "check_pointer", "check_reduce_out", "check_reduce_x",
            "check_row_bytes", "check_rows", "check_sf_layout", "check_sf_pair", "check_slot_maps", "check_token_rows",
-           "expand_per_call", "expand_sf_per_call", "mapping_per_call", "out_key", "reduce_out_dtype", "reduce_per_call",
-           "reduce_x_key", "sf_pair_key"]
+           "expand_per_call", "expand_sf_per_call", "mapping_per_call", "out_key", "reduce_out_dtype",
+           "reduce_per_call", "reduce_x_key", "sf_pair_key"]
