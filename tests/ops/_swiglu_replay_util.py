@@ -1,130 +1,20 @@
-"""Helpers of the SwiGLU replay tests (``test_swiglu_replay*.py``): a recorder of launches and of
-the checked path, the comparison of a replayed call with the checked one, and refusal checks."""
+"""The SwiGLU replay tests' view of ``replay_util`` (``test_swiglu_replay*.py``): the forward's
+stand-in tensors (``_swiglu._DUMMIES``) count as known inputs, and ``Recorder.both`` compares a
+checked call with its replay."""
 
 from __future__ import annotations
 
-import math
-
-import pytest
-import torch
-
-from ops_stub import StubbedOps
-from tilebin.ops import _spec
+import replay_util
+from replay_util import misaligned, odd_address, raises  # noqa: F401  (re-exported)
 from tilebin.ops.quant import _swiglu as sw
-from tilebin.runtime import ArgumentError
-
-E4M3 = torch.float8_e4m3fn
 
 
-class Recorder:
-    """Launches (name, key, args) and how often a spec's checked path ran."""
-
-    def __init__(self, monkeypatch):
-        self.stub = StubbedOps(monkeypatch)  # launcher, device check, SM count stubbed; memos emptied
-        self.checked = 0
-        real = _spec.OpSpec.checked
-
-        def counted(spec, args, key):
-            self.checked += 1
-            return real(spec, args, key)
-
-        monkeypatch.setattr(_spec.OpSpec, "checked", counted)
-
-    @property
-    def calls(self) -> list:
-        return self.stub.launches
-
-    def run(self, call, *, fast: bool):
-        """``(result, launches)`` of ``call()``; asserts whether the checked path ran."""
-        before, start = self.checked, len(self.calls)
-        result = call()
-        assert (self.checked != before) != fast, f"expected the {'replayed' if fast else 'checked'} path"
-        return result, self.calls[start:]
-
-    def checked_run(self, spec, call):
-        """``call()`` through the checked path (the memo emptied for it, then restored; what the
-        call stored stays)."""
-        saved = dict(spec.memo)
-        spec.memo.clear()
-        try:
-            return self.run(call, fast=False)
-        finally:
-            spec.memo.update(saved)
-
+class Recorder(replay_util.Recorder):
     def both(self, spec, call, known: list):
         """The checked call, then the replayed one, on the same arguments: the same work."""
         assert_same(self.checked_run(spec, call), self.run(call, fast=True), known)
 
 
-def _storage(t: torch.Tensor) -> int:
-    return t.untyped_storage().data_ptr() if t.device.type != "meta" else id(t)
-
-
-def _sig(value, known: list, args: tuple = ()):
-    """Comparable description: tensors by dtype/shape/strides/offset, which known tensor they are
-    (inputs, stand-ins) and which launch argument they share memory with (outputs)."""
-    if isinstance(value, (tuple, list)):
-        return tuple(_sig(v, known, args) for v in value)
-    if isinstance(value, torch.Tensor):
-        same = next((i for i, k in enumerate(known) if value is k), None)
-        shares = next((i for i, a in enumerate(args) if isinstance(a, torch.Tensor) and a.numel() and value.numel()
-                       and _storage(a) == _storage(value)), None)
-        return ("tensor", value.dtype, tuple(value.shape), value.stride(), value.storage_offset(), value.device,
-                same, shares)
-    return (type(value), value)
-
-
-def _bits(t: torch.Tensor) -> torch.Tensor:
-    return t.view(torch.uint8) if t.dtype == E4M3 else t
-
-
 def assert_same(slow, fast, known: list):
-    """Two ``(result, launches)`` describe the same work."""
-    known = known + list(sw._DUMMIES.values())
-    (r_slow, l_slow), (r_fast, l_fast) = slow, fast
-    assert len(l_slow) == len(l_fast) <= 1
-    args_slow = l_slow[0][2] if l_slow else ()
-    args_fast = l_fast[0][2] if l_fast else ()
-    if l_slow:
-        (n1, k1, a1), (n2, k2, a2) = l_slow[0], l_fast[0]
-        assert n1 == n2 and k1 == k2
-        assert _sig(a1, known) == _sig(a2, known)
-        for x1, x2 in zip(a1, a2):  # inputs hold the same values
-            if isinstance(x1, torch.Tensor) and x1.device.type != "meta" and any(
-                    x1 is k or _shares(x1, k) for k in known):
-                assert torch.equal(_bits(x1), _bits(x2))
-    assert _sig(r_slow, known, args_slow) == _sig(r_fast, known, args_fast)
-
-
-def _shares(t: torch.Tensor, k: torch.Tensor) -> bool:
-    return t.numel() > 0 and k.numel() > 0 and _storage(t) == _storage(k)
-
-
-def raises(rec, spec, match: str, fn, *args, **kwargs):
-    """``fn`` raises ArgumentError matching ``match`` with a warm memo, launching and storing
-    nothing, and the same message with an empty one."""
-    saved, start = dict(spec.memo), len(rec.calls)
-    with pytest.raises(ArgumentError, match=match) as warm:
-        fn(*args, **kwargs)
-    assert spec.memo == saved and len(rec.calls) == start
-    spec.memo.clear()
-    try:
-        with pytest.raises(ArgumentError) as cold:
-            fn(*args, **kwargs)
-        assert not spec.memo and len(rec.calls) == start
-    finally:
-        spec.memo.update(saved)
-    assert str(cold.value) == str(warm.value)
-
-
-def misaligned(shape, dtype, by: int = 1):
-    """A contiguous tensor whose data pointer is ``by`` elements past a 16-byte boundary."""
-    flat = torch.randn(math.prod(shape) + by).to(dtype)
-    return flat[by:].view(shape)
-
-
-def odd_address(shape, dtype):
-    """A contiguous tensor whose data pointer is odd (one byte into its storage)."""
-    storage = torch.zeros(math.prod(shape) * torch.empty((), dtype=dtype).element_size() + 1,
-                          dtype=torch.uint8).untyped_storage()[1:]
-    return torch.empty(0, dtype=dtype).set_(storage, 0, shape)
+    """:func:`replay_util.assert_same`, the forward's stand-ins known too."""
+    replay_util.assert_same(slow, fast, known + list(sw._DUMMIES.values()))

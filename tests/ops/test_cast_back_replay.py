@@ -12,119 +12,26 @@ launch and nothing stored.
 
 from __future__ import annotations
 
-import math
-
 import pytest
 import torch
 
-from ops_stub import StubbedOps
-from tilebin.ops import _spec
+import replay_util
+from replay_util import assert_same, misaligned as _misaligned
 from tilebin.ops.quant import _cast_back as cb
-from tilebin.runtime import ArgumentError
 
 BF16, FP32, E4M3, I8 = torch.bfloat16, torch.float32, torch.float8_e4m3fn, torch.int8
 CAST_BACK, PER_TOKEN = cb.CAST_BACK, cb.PER_TOKEN_CAST_BACK
 
 
-class Recorder:
-    """The stubbed ops (launches recorded), and which specs ran their checked path."""
-
-    def __init__(self, monkeypatch):
-        self.stub = StubbedOps(monkeypatch)
-        self.checked: list[str] = []
-        real = _spec.OpSpec.checked
-        monkeypatch.setattr(_spec.OpSpec, "checked",
-                            lambda spec, args, key: self.checked.append(spec.name) or real(spec, args, key))
-
-    @property
-    def calls(self) -> list:
-        return self.stub.launches
-
-    def run(self, call, *, fast: bool):
-        """``(result, launches)`` of ``call()``; asserts whether the checked path ran."""
-        before, start = len(self.checked), len(self.calls)
-        result = call()
-        assert (len(self.checked) == before) == fast, f"expected the {'replayed' if fast else 'checked'} path"
-        return result, self.calls[start:]
-
-    def checked_run(self, spec, call):
-        """``call()`` through the checked path (the memo emptied for it, then restored; what the
-        call memoized stays)."""
-        saved = dict(spec.memo)
-        spec.memo.clear()
-        try:
-            return self.run(call, fast=False)
-        finally:
-            spec.memo.update(saved)
-
+class Recorder(replay_util.Recorder):
     def raises(self, spec, match: str, fn, *args, replayed: bool = False):
-        """``fn(*args)`` raises ArgumentError matching ``match`` with the memo as it is (warm) and
-        with an empty one, the same message; it launches nothing and stores nothing.  ``replayed``:
-        the warm call found its configuration (a per-call check refused it, not the checked path)."""
-        saved, start, checked = dict(spec.memo), len(self.calls), len(self.checked)
-        with pytest.raises(ArgumentError, match=match) as warm:
-            fn(*args)
-        assert spec.memo == saved
-        assert not replayed or len(self.checked) == checked, "the configuration was not found"
-        spec.memo.clear()
-        try:
-            with pytest.raises(ArgumentError) as cold:
-                fn(*args)
-            assert not spec.memo
-        finally:
-            spec.memo.update(saved)
-        assert str(cold.value) == str(warm.value)
-        assert len(self.calls) == start
+        """:func:`replay_util.raises` of ``fn(*args)``."""
+        replay_util.raises(self, spec, match, fn, *args, replayed=replayed)
 
 
 @pytest.fixture
 def rec(monkeypatch):
     return Recorder(monkeypatch)
-
-
-def _storage(t: torch.Tensor) -> int:
-    return t.untyped_storage().data_ptr() if t.device.type != "meta" else id(t)
-
-
-def _sig(value, known: list, args: tuple = ()):
-    """Comparable description: tensors by dtype/shape/strides/offset, which known tensor they are
-    (inputs) and which launch argument they share memory with (outputs)."""
-    if isinstance(value, (tuple, list)):
-        return tuple(_sig(v, known, args) for v in value)
-    if isinstance(value, torch.Tensor):
-        same = next((i for i, k in enumerate(known) if value is k), None)
-        shares = next((i for i, a in enumerate(args) if isinstance(a, torch.Tensor) and a.numel() and value.numel()
-                       and _storage(a) == _storage(value)), None)
-        return ("tensor", value.dtype, tuple(value.shape), value.stride(), value.storage_offset(), value.device,
-                same, shares)
-    return (type(value), value)
-
-
-def _bits(t: torch.Tensor) -> torch.Tensor:
-    return t.view(torch.uint8) if t.dtype == E4M3 else t
-
-
-def assert_same(slow, fast, known: list):
-    """Two ``(result, launches)`` describe the same work."""
-    (r_slow, l_slow), (r_fast, l_fast) = slow, fast
-    assert len(l_slow) == len(l_fast) <= 1
-    args_slow = l_slow[0][2] if l_slow else ()
-    args_fast = l_fast[0][2] if l_fast else ()
-    if l_slow:
-        (n1, k1, a1), (n2, k2, a2) = l_slow[0], l_fast[0]
-        assert n1 == n2 and k1 == k2
-        assert _sig(a1, known) == _sig(a2, known)
-        for x1, x2 in zip(a1, a2):  # inputs (or their copies) hold the same values
-            if isinstance(x1, torch.Tensor) and x1.device.type != "meta" and any(
-                    x1 is k or (x1.numel() and k.numel() and _storage(x1) == _storage(k)) for k in known):
-                assert torch.equal(_bits(x1), _bits(x2))
-    assert _sig(r_slow, known, args_slow) == _sig(r_fast, known, args_fast)
-
-
-def _misaligned(shape, dtype):
-    """A contiguous tensor whose data pointer is one element past a 16-byte boundary."""
-    flat = torch.randn(math.prod(shape) + 1).to(dtype)
-    return flat[1:].view(shape)
 
 
 def _data(tokens, hidden, dtype):

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from _per_token_replay_util import Recorder, assert_same, misaligned, raises
+from replay_util import Recorder, assert_same, misaligned, raises
 from tilebin.ops.quant import _e5m6 as e5
 from tilebin.ops.quant import _per_token as pt
 

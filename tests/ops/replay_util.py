@@ -1,6 +1,6 @@
-"""Helpers of the per-token casts' replay tests (``test_per_token_replay.py``, ``test_e5m6_replay.py``):
-a recorder of launches and of the checked path, the comparison of a replayed call with the
-checked one, and refusal checks."""
+"""What the OpSpec replay tests share (``test_*_replay.py``): a recorder of launches and of the
+checked path, the comparison of a replayed call with the checked one, refusal checks, and inputs
+at awkward addresses."""
 
 from __future__ import annotations
 
@@ -17,18 +17,14 @@ E4M3 = torch.float8_e4m3fn
 
 
 class Recorder:
-    """Launches (name, key, args) and how often a spec's checked path ran."""
+    """The stubbed ops (launches recorded: ``calls``) and the specs whose checked path ran (``checked``)."""
 
     def __init__(self, monkeypatch):
-        self.stub = StubbedOps(monkeypatch)  # launcher, device check and kernel meta stubbed, memos emptied
-        self.checked = 0
+        self.stub = StubbedOps(monkeypatch)  # launcher, device check, kernel meta, SM count stubbed; memos emptied
+        self.checked: list[str] = []
         real = _spec.OpSpec.checked
-
-        def counted(spec, args, key):
-            self.checked += 1
-            return real(spec, args, key)
-
-        monkeypatch.setattr(_spec.OpSpec, "checked", counted)
+        monkeypatch.setattr(_spec.OpSpec, "checked",
+                            lambda spec, args, key: self.checked.append(spec.name) or real(spec, args, key))
 
     @property
     def calls(self) -> list:
@@ -36,10 +32,9 @@ class Recorder:
 
     def run(self, call, *, fast: bool):
         """``(result, launches)`` of ``call()``; asserts whether the checked path ran."""
-        before, start = self.checked, len(self.calls)
+        before, start = len(self.checked), len(self.calls)
         result = call()
-        ran_checked = self.checked != before
-        assert ran_checked != fast, f"expected the {'replayed' if fast else 'checked'} path"
+        assert (len(self.checked) == before) == fast, f"expected the {'replayed' if fast else 'checked'} path"
         return result, self.calls[start:]
 
     def checked_run(self, spec, call):
@@ -57,9 +52,13 @@ def _storage(t: torch.Tensor) -> int:
     return t.untyped_storage().data_ptr() if t.device.type != "meta" else id(t)
 
 
+def _shares(t: torch.Tensor, k: torch.Tensor) -> bool:
+    return t.numel() > 0 and k.numel() > 0 and _storage(t) == _storage(k)
+
+
 def _sig(value, known: list, args: tuple = ()):
     """Comparable description: tensors by dtype/shape/strides/offset, which known tensor they are
-    (inputs) and which launch argument they share memory with (outputs)."""
+    (inputs, stand-ins) and which launch argument they share memory with (outputs)."""
     if isinstance(value, (tuple, list)):
         return tuple(_sig(v, known, args) for v in value)
     if isinstance(value, torch.Tensor):
@@ -92,17 +91,15 @@ def assert_same(slow, fast, known: list):
     assert _sig(r_slow, known, args_slow) == _sig(r_fast, known, args_fast)
 
 
-def _shares(t: torch.Tensor, k: torch.Tensor) -> bool:
-    return t.numel() > 0 and k.numel() > 0 and _storage(t) == _storage(k)
-
-
-def raises(rec, spec, match: str, fn, *args, **kwargs):
+def raises(rec, spec, match: str, fn, *args, replayed: bool = False, **kwargs):
     """``fn`` raises ArgumentError matching ``match`` with a warm memo, launching and storing
-    nothing, and the same message with an empty one."""
-    saved, start = dict(spec.memo), len(rec.calls)
+    nothing, and the same message with an empty one.  ``replayed``: the warm call found its
+    configuration (a per-call check refused it, not the checked path)."""
+    saved, start, checked = dict(spec.memo), len(rec.calls), len(rec.checked)
     with pytest.raises(ArgumentError, match=match) as warm:
         fn(*args, **kwargs)
     assert spec.memo == saved and len(rec.calls) == start
+    assert not replayed or len(rec.checked) == checked, "the configuration was not found"
     spec.memo.clear()
     try:
         with pytest.raises(ArgumentError) as cold:
@@ -113,7 +110,14 @@ def raises(rec, spec, match: str, fn, *args, **kwargs):
     assert str(cold.value) == str(warm.value)
 
 
-def misaligned(shape, dtype):
-    """A contiguous tensor whose data pointer is one element past a 16-byte boundary."""
-    flat = torch.randn(math.prod(shape) + 1).to(dtype)
-    return flat[1:].view(shape)
+def misaligned(shape, dtype, by: int = 1):
+    """A contiguous tensor whose data pointer is ``by`` elements past a 16-byte boundary."""
+    flat = torch.randn(math.prod(shape) + by).to(dtype)
+    return flat[by:].view(shape)
+
+
+def odd_address(shape, dtype):
+    """A contiguous tensor whose data pointer is odd (one byte into its storage)."""
+    storage = torch.zeros(math.prod(shape) * torch.empty((), dtype=dtype).element_size() + 1,
+                          dtype=torch.uint8).untyped_storage()[1:]
+    return torch.empty(0, dtype=dtype).set_(storage, 0, shape)
