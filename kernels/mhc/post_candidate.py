@@ -1,0 +1,126 @@
+"""``mhc._post_fwd_candidate``: a speed candidate for ``mhc.post_fwd`` (issue 9): same parameters,
+variants (``mhc`` 4, 2, 8) and bits; the bench and ``tests/gpu/test_gpu_cand_mhc.py`` launch it
+directly (``runtime.unchecked_launcher("mhc._post_fwd_candidate", mhc=M)``).
+
+``(x, residual, post_mix, comb_mix, out)``: ``x`` bf16 ``[num_tokens, hidden]``, ``residual``
+bf16 ``[num_tokens, mhc, hidden]``, ``post_mix`` fp32 ``[num_tokens, mhc]``, ``comb_mix`` fp32
+``[num_tokens, mhc, mhc]``, ``out`` bf16 like residual.  Per element, in fp32 (the shipped
+kernel's operations in its order)::
+
+    acc = post_mix[t, n] * float(x[t, i])
+    acc = fma(comb_mix[t, m, n], float(residual[t, m, i]), acc) for m = 0 .. mhc-1
+    out[t, n, i] = bf16(acc)
+
+``num_tokens`` and ``hidden`` (``% 8 == 0``) are run-time symbols; contiguous, 16-byte aligned
+tensors.
+
+Why: the shipped kernel's block loads one 2048-value segment of a token (10 ``LDG.E.128`` per
+thread at M = 4), computes, stores and exits: within a block nothing overlaps the load latency,
+and at hidden 7168 every fourth block is half idle (896 vectors in 256-vector segments).  The
+one-vector-per-thread variant of it (more, shorter blocks) measured slower.  Here a block owns
+a token and walks its row in *chunks* of ``THREADS`` 16-byte vectors (one per thread and
+stream: 4 chunks at hidden 4096, 7 at 7168, none partly idle) through a ``DEPTH``-deep register
+ring: the loads of chunk ``k + DEPTH - 1`` are issued before chunk ``k``'s math and stores, so a
+thread keeps one to two chunks (``mhc + 1`` vectors each) in flight all along its row (as
+tile_kernels' block per token does with its two-stage pipeline), and there are 4x fewer blocks
+to launch and retire than the shipped kernel has.  The ring's slots are compile-time indices
+(the chunk loop is unrolled ``DEPTH`` times), addresses are int32 vector indices with
+compile-time steps.
+"""
+
+# No ``from __future__ import annotations``: TileLang evaluates the PrimFunc's tensor
+# annotations, which name closure variables of the factory.
+import tilelang.language as T
+
+from .._declare import KernelDecl
+
+THREADS = 128
+V = 8  # bf16 per 16-byte vector
+MHC_VALUES = (4, 2, 8)
+DEPTH = {2: 3, 4: 2, 8: 2}  # chunks in the register ring
+MIN_BLOCKS = {2: 6, 4: 5, 8: 2}  # __launch_bounds__ minimum blocks per SM
+PASS_CONFIGS = {"tl.disable_safe_memory_legalize": True}  # every access is guarded
+
+
+def post_fwd_candidate(mhc: int):
+    """Build the forward PrimFunc for ``mhc`` streams."""
+    D = DEPTH[mhc]
+    S = mhc + 1  # vectors per chunk and thread: x, then the streams
+    num_tokens, hidden = T.dynamic("num_tokens"), T.dynamic("hidden")
+    nvec = hidden // V
+    x_flat = (num_tokens * nvec * V,)
+    r_flat = (num_tokens * mhc * nvec * V,)
+
+    @T.prim_func
+    def main(
+        x: T.Tensor((num_tokens, hidden), "bfloat16"),
+        residual: T.Tensor((num_tokens, mhc, hidden), "bfloat16"),
+        post_mix: T.Tensor((num_tokens, mhc), "float32"),
+        comb_mix: T.Tensor((num_tokens, mhc, mhc), "float32"),
+        out: T.Tensor((num_tokens, mhc, hidden), "bfloat16"),
+    ):
+        with T.Kernel(num_tokens, threads=THREADS) as bx:
+            T.annotate_min_blocks_per_sm(MIN_BLOCKS[mhc])
+            tid = T.get_thread_binding()
+            ring = T.alloc_local((D * S * V,), "bfloat16")
+            pw = T.alloc_local((mhc,), "float32")
+            cw = T.alloc_local((mhc * mhc,), "float32")
+            acc = T.alloc_local((V,), "float32")
+            ob = T.alloc_local((V,), "bfloat16")
+            xv = T.alloc_var("int32")  # vector index of the thread's x vector in chunk 0
+            rv = T.alloc_var("int32")  # ... and of its stream-0 vector
+            xv = bx * nvec + tid
+            rv = bx * mhc * nvec + tid
+            for m in T.unroll(mhc):
+                pw[m] = post_mix[bx, m]
+                for n in T.unroll(mhc):
+                    cw[m * mhc + n] = comb_mix[bx, m, n]
+            # prologue: chunks 0 .. D-2 into slots 0 .. D-2
+            for j in T.unroll(D - 1):
+                if j * THREADS + tid < nvec:
+                    for i in T.vectorized(V):
+                        ring[(j * S) * V + i] = T.Tensor(x_flat, "bfloat16", x.data)[(xv + j * THREADS) * V + i]
+                    for m in T.unroll(mhc):
+                        for i in T.vectorized(V):
+                            ring[(j * S + 1 + m) * V + i] = T.Tensor(r_flat, "bfloat16", residual.data)[
+                                (rv + m * nvec + j * THREADS) * V + i]
+            for p in T.serial(T.ceildiv(T.ceildiv(nvec, THREADS), D)):
+                for j in T.unroll(D):
+                    # issue chunk p*D + j + D - 1 into slot (j + D - 1) % D, then chunk p*D + j from slot j
+                    if (p * D + j + D - 1) * THREADS + tid < nvec:
+                        for i in T.vectorized(V):
+                            ring[(((j + D - 1) % D) * S) * V + i] = T.Tensor(x_flat, "bfloat16", x.data)[
+                                (xv + (p * D + j + D - 1) * THREADS) * V + i]
+                        for m in T.unroll(mhc):
+                            for i in T.vectorized(V):
+                                ring[(((j + D - 1) % D) * S + 1 + m) * V + i] = T.Tensor(
+                                    r_flat, "bfloat16", residual.data)[
+                                    (rv + m * nvec + (p * D + j + D - 1) * THREADS) * V + i]
+                    if (p * D + j) * THREADS + tid < nvec:
+                        for n in T.unroll(mhc):
+                            for i in T.unroll(V):
+                                acc[i] = T.ieee_mul(pw[n], T.Cast("float32", ring[(j * S) * V + i]))
+                            for m in T.unroll(mhc):
+                                for i in T.unroll(V):
+                                    acc[i] = T.ieee_fmaf(cw[m * mhc + n], T.Cast("float32", ring[(j * S + 1 + m) * V + i]),
+                                                         acc[i])
+                            for i in T.vectorized(V):
+                                ob[i] = T.Cast("bfloat16", acc[i])
+                            T.stg128(T.Tensor(r_flat, "bfloat16", out.data)[(rv + n * nvec + (p * D + j) * THREADS) * V],
+                                     T.Tensor((1,), "uint32x4", ob.data)[0])
+
+    return main
+
+
+KERNELS = (
+    KernelDecl(
+        name="mhc._post_fwd_candidate",
+        factory=post_fwd_candidate,
+        grid=tuple({"mhc": m} for m in MHC_VALUES),
+        outputs=("out",),
+        pass_configs=PASS_CONFIGS,
+        doc="Speed candidate for mhc.post_fwd (same parameters, variants and bits): a block per token, register ring.",
+    ),
+)
+
+__all__ = ["KERNELS", "MHC_VALUES", "THREADS", "post_fwd_candidate"]

@@ -1,0 +1,108 @@
+"""``mhc._pre_apply_mix_fwd_candidate``: a speed candidate for ``mhc.pre_apply_mix_fwd`` (issue 9):
+same parameters, variants (``mhc`` 4, 2, 8) and bits; the bench and
+``tests/gpu/test_gpu_cand_mhc.py`` launch it directly
+(``runtime.unchecked_launcher("mhc._pre_apply_mix_fwd_candidate", mhc=M)``).
+
+``(x, mix, out)``: ``x`` bf16 ``[num_tokens, mhc, hidden]``, ``mix`` fp32 ``[num_tokens, mhc]``,
+``out`` bf16 ``[num_tokens, hidden]``.  Per token and element, in fp32 (the shipped kernel's
+operations in its order)::
+
+    acc = w_0 * x_0;  acc = fma(w_m, x_m, acc) for m = 1 .. mhc-1;  out = bf16(acc)
+
+``num_tokens`` and ``hidden`` (``% 8 == 0``) are run-time symbols; contiguous, 16-byte aligned
+tensors.
+
+Why: the shipped kernel's block loads one 2048-value segment of a token (8 ``LDG.E.128`` per
+thread at M = 4), computes, stores and exits, so nothing within a block overlaps its load
+latency, and at hidden 7168 every fourth block is half idle (896 vectors in 256-vector
+segments).  Here a block owns a token and walks its row in chunks of ``THREADS`` 16-byte vectors
+(one per thread and stream; 4 chunks at hidden 4096, 7 at 7168, none partly idle) through a
+``DEPTH``-deep register ring: chunk ``k + DEPTH - 1``'s loads are issued before chunk ``k``'s
+math and store, so each thread keeps ``DEPTH - 1`` to ``DEPTH`` chunks of ``mhc`` vectors in
+flight along its whole row, with 2x-4x fewer blocks than the shipped grid.  Ring slots are
+compile-time indices (the chunk loop is unrolled ``DEPTH`` times); int32 vector indices.
+"""
+
+# No ``from __future__ import annotations``: TileLang evaluates the PrimFunc's tensor
+# annotations, which name closure variables of the factory.
+import tilelang.language as T
+
+from .._declare import KernelDecl
+
+THREADS = 128
+V = 8  # bf16 per 16-byte vector
+MHC_VALUES = (4, 2, 8)
+DEPTH = {2: 4, 4: 3, 8: 2}  # chunks in the register ring
+MIN_BLOCKS = {2: 8, 4: 6, 8: 4}  # __launch_bounds__ minimum blocks per SM
+PASS_CONFIGS = {"tl.disable_safe_memory_legalize": True}  # every access is guarded
+
+
+def pre_apply_mix_fwd_candidate(mhc: int):
+    """Build the forward PrimFunc for ``mhc`` streams."""
+    D = DEPTH[mhc]
+    num_tokens, hidden = T.dynamic("num_tokens"), T.dynamic("hidden")
+    nvec = hidden // V
+    x_flat = (num_tokens * mhc * nvec * V,)
+    o_flat = (num_tokens * nvec * V,)
+
+    @T.prim_func
+    def main(
+        x: T.Tensor((num_tokens, mhc, hidden), "bfloat16"),
+        mix: T.Tensor((num_tokens, mhc), "float32"),
+        out: T.Tensor((num_tokens, hidden), "bfloat16"),
+    ):
+        with T.Kernel(num_tokens, threads=THREADS) as bx:
+            T.annotate_min_blocks_per_sm(MIN_BLOCKS[mhc])
+            tid = T.get_thread_binding()
+            ring = T.alloc_local((D * mhc * V,), "bfloat16")
+            w = T.alloc_local((mhc,), "float32")
+            acc = T.alloc_local((V,), "float32")
+            ob = T.alloc_local((V,), "bfloat16")
+            xv = T.alloc_var("int32")  # vector index of the thread's stream-0 vector in chunk 0
+            ov = T.alloc_var("int32")  # ... and of its output vector
+            xv = bx * mhc * nvec + tid
+            ov = bx * nvec + tid
+            for m in T.unroll(mhc):
+                w[m] = mix[bx, m]
+            # prologue: chunks 0 .. D-2 into slots 0 .. D-2
+            for j in T.unroll(D - 1):
+                if j * THREADS + tid < nvec:
+                    for m in T.unroll(mhc):
+                        for i in T.vectorized(V):
+                            ring[(j * mhc + m) * V + i] = T.Tensor(x_flat, "bfloat16", x.data)[
+                                (xv + m * nvec + j * THREADS) * V + i]
+            for p in T.serial(T.ceildiv(T.ceildiv(nvec, THREADS), D)):
+                for j in T.unroll(D):
+                    # issue chunk p*D + j + D - 1 into slot (j + D - 1) % D, then chunk p*D + j from slot j
+                    if (p * D + j + D - 1) * THREADS + tid < nvec:
+                        for m in T.unroll(mhc):
+                            for i in T.vectorized(V):
+                                ring[(((j + D - 1) % D) * mhc + m) * V + i] = T.Tensor(x_flat, "bfloat16", x.data)[
+                                    (xv + m * nvec + (p * D + j + D - 1) * THREADS) * V + i]
+                    if (p * D + j) * THREADS + tid < nvec:
+                        for i in T.unroll(V):
+                            acc[i] = T.ieee_mul(w[0], T.Cast("float32", ring[(j * mhc) * V + i]))
+                        for m in T.unroll(mhc - 1):
+                            for i in T.unroll(V):
+                                acc[i] = T.ieee_fmaf(w[m + 1], T.Cast("float32", ring[(j * mhc + m + 1) * V + i]), acc[i])
+                        for i in T.vectorized(V):
+                            ob[i] = T.Cast("bfloat16", acc[i])
+                        T.stg128(T.Tensor(o_flat, "bfloat16", out.data)[(ov + (p * D + j) * THREADS) * V],
+                                 T.Tensor((1,), "uint32x4", ob.data)[0])
+
+    return main
+
+
+KERNELS = (
+    KernelDecl(
+        name="mhc._pre_apply_mix_fwd_candidate",
+        factory=pre_apply_mix_fwd_candidate,
+        grid=tuple({"mhc": m} for m in MHC_VALUES),
+        outputs=("out",),
+        pass_configs=PASS_CONFIGS,
+        doc="Speed candidate for mhc.pre_apply_mix_fwd (same parameters, variants and bits): a block per token, "
+            "register ring.",
+    ),
+)
+
+__all__ = ["KERNELS", "MHC_VALUES", "THREADS", "pre_apply_mix_fwd_candidate"]
