@@ -19,8 +19,10 @@ Two tables:
 * host us per call at 4 tokens, hidden 7168 (``_common.host_us``), tilebin and tile_kernels.
 
 ``--candidate`` adds a row "<op> (candidate)" after each op that has a speed candidate kernel
-(``CANDIDATES``: the op module's ``_KERNEL`` / ``_FWD_KERNEL`` switch, what
-``TILEBIN_CANDIDATE_<OP>=1`` sets at import), same inputs and timing; its tile_kernels column repeats the op's.
+(``CANDIDATES``): the candidate launched directly (``tilebin.runtime.unchecked_launcher``) with
+the arguments and variant key the shipped op passes its kernel, its output allocated per call as
+the op does; same inputs, bytes and timing; its tile_kernels column repeats the op's.
+``--only-candidates`` keeps only those ops' rows (and no host table).
 
 Every op of the nine mHC op modules has rows; an op whose module is missing from the installed
 tilebin is skipped with the reason printed.  Exit status 1 when a tilebin row could not be
@@ -33,12 +35,16 @@ import argparse
 import importlib
 import sys
 
-from _common import env_facts, env_markdown, host_us, markdown_table, time_device_ms, with_attr, write_reports
+from _common import env_facts, env_markdown, host_us, markdown_table, time_device_ms, write_reports
 
 M = 4
 SHAPES = [(n1, h) for n1 in (4096, 8192) for h in (4096, 7168)]
-# op row label -> (the op module's kernel attribute, a speed candidate kernel) (issue 9); none at present
-CANDIDATES: dict = {}
+# op row label -> (speed candidate kernel, its variant key) (issue 9); the call: _candidate_call
+CANDIDATES: dict = {
+    "expand_to_mhc fwd": ("mhc._expand_fwd_candidate", {}),
+    "mhc_pre_apply_mix fwd": ("mhc._pre_apply_mix_fwd_candidate", {"mhc": M}),
+    "mhc_post_fwd": ("mhc._post_fwd_candidate", {"mhc": M}),
+}
 MODULES = ("expand", "pre_apply_mix", "post", "head_compute_mix", "sinkhorn", "pre_split_mixes",
            "multilayer_recompute", "norm_fn", "pre_big_fuse")
 
@@ -102,11 +108,34 @@ def _inputs(n1: int, hidden: int):
                 scale=scale, base=base)
 
 
-def _switched(mod, switch: tuple[str, str], call):
-    """``call`` run with the op module's candidate switch ``setattr(mod, *switch)``; a module without
-    the switch (tile_kernels') gets ``call`` unchanged."""
-    attr, kernel = switch
-    return with_attr(mod, attr, kernel, call) if hasattr(mod, attr) else call
+def _candidate_call(label: str, t: dict):
+    """The call of ``label``'s candidate kernel on the inputs ``t``: the launch the shipped op
+    makes (same views, same variant key), the output allocated per call as the op does."""
+    import torch
+
+    from tilebin import runtime
+
+    kernel, key = CANDIDATES[label]
+    fn = runtime.unchecked_launcher(kernel, **key)
+    r, x, pre, post, comb = t["r"], t["x"], t["pre"], t["post"], t["comb"]
+    mhc, hidden = r.shape[-2:]
+    if label == "expand_to_mhc fwd":
+        def call():
+            out = torch.empty(r.shape, dtype=torch.bfloat16, device=x.device)
+            fn(x.view(-1, hidden), out.view(-1, mhc, hidden))
+            return out
+    elif label == "mhc_pre_apply_mix fwd":
+        def call():
+            out = torch.empty(x.shape, dtype=torch.bfloat16, device=x.device)
+            fn(r.view(-1, mhc, hidden), pre.view(-1, mhc), out.view(-1, hidden))
+            return out
+    else:  # mhc_post_fwd
+        def call():
+            out = torch.empty(r.shape, dtype=torch.bfloat16, device=x.device)
+            fn(x.view(-1, hidden), r.view(-1, mhc, hidden), post.view(-1, mhc), comb.view(-1, mhc, mhc),
+               out.view(-1, mhc, hidden))
+            return out
+    return call
 
 
 def rows_for(ours: dict, peer, n1: int, hidden: int, candidate: bool = False):
@@ -138,8 +167,8 @@ def rows_for(ours: dict, peer, n1: int, hidden: int, candidate: bool = False):
         mine, theirs = both(name, build)
         rows.append((label, name, mine, theirs, moved))
         if candidate and label in CANDIDATES:
-            mine, theirs = both(name, lambda m: _switched(m, CANDIDATES[label], build(m)))
-            rows.append((f"{label} (candidate)", name, mine, theirs, moved))
+            cand = (lambda: _candidate_call(label, t)) if name in ours else None
+            rows.append((f"{label} (candidate)", name, cand, theirs, moved))
 
     add("expand_to_mhc fwd", "expand", lambda m: (lambda: m.expand_to_mhc(x, M)), _nbytes(x, r))
     add("expand_to_mhc bwd", "expand",
