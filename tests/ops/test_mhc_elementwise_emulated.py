@@ -22,11 +22,11 @@ from mhc_ref import expand as eref
 from mhc_ref import head as href
 from mhc_ref import post as pref
 from mhc_ref.close import assert_bf16_close, assert_bitwise, assert_fp32_close
-from tilebin.modeling.mhc.ops import _rows
 from tilebin.modeling.mhc.ops import expand as ex
 from tilebin.modeling.mhc.ops import head_compute_mix as hm
 from tilebin.modeling.mhc.ops import post as po
 from tilebin.modeling.mhc.ops import pre_apply_mix as am
+from tilebin.ops import _spec
 
 F32, BF16 = torch.float32, torch.bfloat16
 
@@ -134,15 +134,13 @@ def prim_params():
     return _prim_params()
 
 
-@pytest.fixture(params=["checked", "fast"])
-def launches(request, monkeypatch, prim_params):
+@pytest.fixture
+def launches(monkeypatch, prim_params):
     """Every launch recorded as (kernel, key, args), checked against the PrimFunc (count, ranks,
-    dtypes, int/float scalars) and then emulated.  Twice: through the checked path, and with CPU
-    tensors counting as on the GPU for the ops' fast-path predicates (``_rows.device_ok``), so the
-    common case takes the fast paths here as it does on a GPU."""
+    dtypes, int/float scalars) and then emulated.  The OpSpecs' device check is off (CPU tensors)
+    and their memos fresh (plans built under this launcher, forgotten after the test)."""
     log = []
-    if request.param == "fast":
-        monkeypatch.setattr(_rows, "device_ok", lambda t: True)
+    monkeypatch.setattr(_spec, "check_cuda", lambda *a, **k: None)
 
     def launcher(name, **key):
         params = prim_params[(name, tuple(sorted(key.items())))]
@@ -167,7 +165,8 @@ def launches(request, monkeypatch, prim_params):
 
     for mod in (ex, am, po, hm):
         monkeypatch.setattr(mod, "launcher", launcher)
-        monkeypatch.setattr(mod, "check_cuda", lambda *a, **k: None)
+        for spec in mod.SPECS:
+            monkeypatch.setattr(spec, "memo", {})
     return log
 
 

@@ -1,4 +1,5 @@
-"""Argument checks of the mHC stream ops (expand, pre_apply_mix, post, head_compute_mix).
+"""What the mHC ops share: argument checks, OpSpec parameters of token-major tensors, the ``out=``
+convention and the ``grad_from_mhc_post`` stash.
 
 Each raises :class:`tilebin.runtime.ArgumentError` through ``ops._common.fail``: the op, the
 argument, the value received, what is supported and the fix.
@@ -6,11 +7,14 @@ argument, the value received, what is supported and the fix.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import torch
+from torch.compiler import is_compiling
 
-from tilebin.ops._common import aligned_input, check_tensor, fail
+from tilebin.ops._common import TRACING, aligned_input, check_float32, check_tensor, fail, ptr
+from tilebin.ops._spec import OpSpec, Param, TensorParam
+from tilebin.ops._torch import TorchOp, traced
 
 BF16 = (torch.bfloat16,)
 FP32 = (torch.float32,)
@@ -72,55 +76,137 @@ def check_out(op: str, out: Any, shape: tuple, dtype: torch.dtype, device: torch
     if not out.is_contiguous():
         raise fail(op, f"out must be contiguous (strides {tuple(out.stride())}); pass a fresh torch.empty of shape "
                        f"{tuple(shape)}")
-    if out.numel() and out.data_ptr() % 16:
-        raise fail(op, f"out's data pointer {out.data_ptr():#x} is not 16-byte aligned; pass a fresh torch.empty")
+    if out.numel() and ptr(out) % 16:
+        raise fail(op, f"out's data pointer {ptr(out):#x} is not 16-byte aligned; pass a fresh torch.empty")
     if out.device != device:
         raise fail(op, f"out is on {out.device} but the inputs are on {device}; allocate it on {device}")
-    if out.numel():
+    if out.numel() and not TRACING.on:  # fake tensors have no memory to overlap
         lo, hi = out.data_ptr(), out.data_ptr() + out.numel() * out.element_size()
         for name, t in inputs.items():
             if t is not None and t.numel() and t.device == out.device:
                 a = t.data_ptr()
-                b = a + t.numel() * t.element_size()
-                if a < hi and lo < b:
+                if a < hi and lo < a + t.numel() * t.element_size():
                     raise fail(op, f"out overlaps {name} in memory; the op is not in place: pass a separate tensor")
 
 
-_B16, _F32 = torch.bfloat16, torch.float32
+class Rows(TensorParam):
+    """A ``[..., H]`` tensor: its memo key holds dtype, device, rank and the last dim (the leading dims
+    are token dims and may vary between calls of one configuration: the op's ``per_call`` checks
+    they agree between tensors)."""
+
+    def key(self, t: Any) -> Any:
+        s = t.shape
+        return t.dtype, t.device, len(s), s[-1:]
 
 
-def device_ok(t: torch.Tensor) -> bool:
-    """The fast paths' device test (a CUDA tensor); the CPU tests replace it to run those paths."""
-    return t.is_cuda
+class Streams(TensorParam):
+    """A ``[..., M, H]`` (or ``[..., M, M]``) tensor: its memo key holds the last two dims (see :class:`Rows`)."""
+
+    def key(self, t: Any) -> Any:
+        s = t.shape
+        return t.dtype, t.device, len(s), s[-2:]
 
 
-def plain(*tensors: torch.Tensor) -> bool:
-    """The fast paths' shared facts: every tensor contiguous, 16-byte aligned, on one CUDA device,
-    at most 2**31 - 1 elements.  (Shapes and dtypes are each op's own test.)  Stricter than the
-    checks is safe: a False only costs the checked path, which raises what it always raised."""
-    dev = None
-    for t in tensors:
-        if not (t.is_contiguous() and device_ok(t) and not t.data_ptr() % 16 and t.numel() <= MAX_ELEMENTS):
-            return False
-        d = t.get_device()
-        if dev is None:
-            dev = d
-        elif d != dev:
-            return False
-    return True
+def _as_given(op: str, value: Any) -> Any:
+    return value  # out: judged by the op's relations (check_out), on every call (out_key)
 
 
-def plain_streams(t: Any) -> tuple[int, int] | None:
-    """``(mhc, hidden)`` of a bf16 ``[..., M, H]`` tensor with ``M`` in :data:`MHC_VALUES` and ``H``
-    a positive multiple of 8, else None (the caller then takes the checked path)."""
-    if not isinstance(t, torch.Tensor) or t.dtype is not _B16 or t.dim() < 2:
+def _out_key(out: Any) -> None:
+    """A call with ``out`` takes the checked path every time (its pointer and overlap are per call)."""
+    if out is not None:
+        raise TypeError
+    return None
+
+
+OUT = Param("out", "Tensor(a!)?", _as_given, key_of=_out_key, default="None")
+
+
+def float_param(name: str, default: str | None = None) -> Param:
+    """A float parameter checked by :func:`check_float32` (the float32 the kernel's scalar holds)."""
+    return Param(name, "float", lambda op, value: check_float32(op, name, value), default=default)
+
+
+def ordered(check: Callable[..., Any], plain: Callable[..., bool]) -> dict:
+    """``relations`` and ``per_call`` of an op whose ordered checks are ``check(op, *args)``: every
+    configuration's first call runs them, a later call only where ``plain(*args)`` (a cheap test
+    of what the memo key leaves out: token dims that agree, contiguity, size) is False, so a bad
+    call raises the same message memoized or not."""
+    def per_call(op: str, args: tuple) -> None:
+        if not plain(*args):
+            check(op, *args)
+
+    def relations(op: str, values: dict) -> None:
+        check(op, *values.values())
+
+    return dict(relations=relations, per_call=per_call)
+
+
+def schema_args(params: tuple, skip: tuple = ()) -> str:
+    """The schema's argument list of ``params`` (but ``skip``), each mutated tensor with its own alias
+    set (``(a!)``, ``(b!)``...): what ``OpSpec.schema`` writes, less its one shared ``(a!)``."""
+    parts, sets = [], iter("abcdefgh")
+    for p in params:
+        if p.name not in skip:
+            kind = p.schema_type.replace("(a!)", f"({next(sets)}!)")
+            parts.append(f"{kind} {p.name}" + ("" if p.default is None else f"={p.default}"))
+    return ", ".join(parts)
+
+
+def _no_outputs(result: Any) -> None:
+    return None
+
+
+def torch_ops(spec: OpSpec, out: bool = False) -> tuple:
+    """The ``tilebin::<name>`` declarations of ``spec`` (its public function is the spec itself); with
+    ``out`` (its last parameter), ``tilebin::<name>`` without it and ``tilebin::<name>_out``, which
+    mutates ``out`` and returns nothing (custom-op outputs may not alias an input)."""
+    if not out:
+        return (spec.torch_op(spec),)
+    return (spec.torch_op(spec),
+            TorchOp(spec.name + "_out", f"({schema_args(spec.params)}) -> ()", spec, spec.fake,
+                    result_to_schema=_no_outputs))
+
+
+def call_out(spec: OpSpec, *args: Any) -> Any:
+    """``spec(*args)`` (``out`` last); under torch.compile with ``out`` given, ``tilebin::<name>_out``."""
+    out = args[-1]
+    if out is not None and is_compiling() and not TRACING.on:
+        traced(spec.name + "_out", *args)
+        return out
+    return spec(*args)
+
+
+def without_out(*args: Any) -> tuple:
+    return args[:-1]
+
+
+def with_out(*args: Any) -> tuple:
+    return (*args, None)
+
+
+def out_spec(*args: Any, **kwargs: Any) -> OpSpec:
+    """An OpSpec whose last parameter is :data:`OUT`: its ``tilebin::<name>`` schema leaves ``out`` out."""
+    params = args[1]
+    return OpSpec(*args, schema_args=schema_args(params, ("out",)),
+                  torch=dict(to_schema=without_out, to_public=with_out), **kwargs)
+
+
+def stash_of(x: torch.Tensor) -> torch.Tensor | None:
+    """The residual gradient mhc_post's backward left on ``x``'s storage (``grad_from_mhc_post``)
+    when ``x``'s gradient can be added into it in place (a contiguous bf16 tensor of ``x``'s size
+    on its device, left for this very view), else None.  Never while compiling: a traced graph
+    cannot see the storage attribute, so there every gradient is returned (the same sum, formed
+    by autograd)."""
+    if is_compiling():
         return None
-    m, h = t.shape[-2:]
-    if m not in MHC_VALUES or h <= 0 or h % HIDDEN_ALIGN:
-        return None
-    return m, h
+    stash = getattr(x.untyped_storage(), STASH, None)
+    if (isinstance(stash, torch.Tensor) and stash.dtype == torch.bfloat16 and stash.is_contiguous()
+            and stash.numel() == x.numel() and stash.device == x.device
+            and getattr(stash, "_mhc_residual_ptr", x.data_ptr()) == x.data_ptr()):
+        return stash
+    return None
 
 
-__all__ = ["BF16", "FP32", "MAX_ELEMENTS", "MHC_VALUES", "STASH", "aligned_input", "check_contiguous",
-           "check_hidden", "check_mhc", "check_out", "check_shape", "check_size", "device_ok", "plain",
-           "plain_streams", "small_input"]
+__all__ = ["BF16", "FP32", "MAX_ELEMENTS", "MHC_VALUES", "OUT", "STASH", "Rows", "Streams", "aligned_input",
+           "call_out", "check_contiguous", "float_param", "check_hidden", "check_mhc", "check_out", "check_shape", "check_size",
+           "ordered", "out_spec", "schema_args", "small_input", "stash_of", "torch_ops"]

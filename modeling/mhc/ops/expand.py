@@ -5,7 +5,8 @@ Forward: ``hidden`` bf16 ``[..., H]`` -> bf16 ``[..., mhc_mult, H]`` with every 
 ``hidden`` (a bit copy), into ``out`` when given.  Backward: the stream sum, in fp32 in stream
 order, rounded to bf16 once.  Any leading dims (0 tokens included: nothing is launched), ``H`` a
 positive multiple of 8, ``mhc_mult`` from 1 to 1024 (one cubin serves every count and hidden size).
-Bad arguments raise :class:`tilebin.runtime.ArgumentError` before any GPU work.
+Bad arguments raise :class:`tilebin.runtime.ArgumentError` before any GPU work.  Both directions
+are OpSpec ops (``tilebin::expand_to_mhc``, ``tilebin::expand_to_mhc_out``, ``tilebin::expand_to_mhc_bwd``).
 """
 
 from __future__ import annotations
@@ -14,39 +15,65 @@ from typing import Any
 
 import torch
 
-from tilebin.ops._common import check_cuda, check_int, check_tensor, fail, launcher
+from tilebin.ops._common import aligned_input, fail, launcher
+from tilebin.ops._spec import IntParam, OpSpec
 
-from . import _rows
-from ._rows import BF16, MAX_ELEMENTS, aligned_input, check_contiguous, check_hidden, check_out
-
-_OP = "expand_to_mhc"
+from ._rows import (BF16, MAX_ELEMENTS, OUT, Rows, Streams, call_out, check_contiguous, check_hidden, check_out,
+                    ordered, out_spec, torch_ops)
 
 
-def _check(hidden: Any, mhc_mult: Any, out: Any) -> tuple[torch.Tensor, int, tuple]:
-    check_tensor(_OP, "hidden", hidden, BF16)
+def _check(op: str, hidden: torch.Tensor, mhc: int, out: Any) -> None:
     if hidden.dim() < 1:
-        raise fail(_OP, "hidden must be [..., hidden_size], got a 0-D tensor; pass hidden.reshape(1, -1)")
-    mhc = check_int(_OP, "mhc_mult", mhc_mult, 1, 1024)
-    check_hidden(_OP, "hidden", hidden)
-    check_contiguous(_OP, "hidden", hidden)
-    shape = (*hidden.shape[:-1], mhc, hidden.shape[-1])
+        raise fail(op, "hidden must be [..., hidden_size], got a 0-D tensor; pass hidden.reshape(1, -1)")
+    check_hidden(op, "hidden", hidden)
+    check_contiguous(op, "hidden", hidden)
     if hidden.numel() * mhc > MAX_ELEMENTS:
-        raise fail(_OP, f"the output would have {hidden.numel() * mhc} elements, more than 2**31 - 1; "
-                        "split the tokens into chunks")
+        raise fail(op, f"the output would have {hidden.numel() * mhc} elements, more than 2**31 - 1; "
+                       "split the tokens into chunks")
     if out is not None:
-        check_out(_OP, out, shape, torch.bfloat16, hidden.device, {"hidden": hidden})
-    check_cuda(_OP, hidden=hidden, out=out)
-    return aligned_input(hidden), mhc, shape
+        check_out(op, out, (*hidden.shape[:-1], mhc, hidden.shape[-1]), torch.bfloat16, hidden.device,
+                  {"hidden": hidden})
 
 
-def _plain(hidden: Any, mhc_mult: Any) -> bool:
-    """True when :func:`_check` and the device check would accept the arguments (``out`` None)
-    and ``hidden`` needs no copy; else False (the checked path)."""
-    if not (isinstance(hidden, torch.Tensor) and hidden.dtype is torch.bfloat16 and hidden.dim() >= 1
-            and type(mhc_mult) is int and 1 <= mhc_mult <= 1024):
-        return False
-    h = hidden.shape[-1]
-    return (h > 0 and not h % 8 and hidden.numel() * mhc_mult <= MAX_ELEMENTS and _rows.plain(hidden))
+def _plain(hidden: torch.Tensor, mhc: int, out: Any) -> bool:
+    return hidden.is_contiguous() and hidden.numel() * mhc <= MAX_ELEMENTS
+
+
+def _plan(values: dict):
+    mhc, fn = values["mhc_mult"], launcher("mhc.expand_fwd")
+
+    def run(hidden: torch.Tensor, _: Any, out: Any) -> torch.Tensor:
+        *lead, h = hidden.shape
+        if out is None:
+            out = torch.empty((*lead, mhc, h), dtype=torch.bfloat16, device=hidden.device)
+        if hidden.numel():
+            fn(aligned_input(hidden).view(-1, h), out.view(-1, mhc, h))
+        return out
+
+    return run
+
+
+def _plan_bwd(values: dict):
+    fn = launcher("mhc.expand_bwd")
+
+    def run(out_grad: torch.Tensor) -> torch.Tensor:
+        *lead, mhc, h = out_grad.shape
+        grad = torch.empty((*lead, h), dtype=torch.bfloat16, device=out_grad.device)
+        if out_grad.numel():  # autograd may hand an expanded or offset view
+            fn(aligned_input(out_grad.contiguous()).view(-1, mhc, h), grad.view(-1, h))
+        return grad
+
+    return run
+
+
+def _check_bwd(op: str, values: dict) -> None:
+    if values["out_grad"].dim() < 2:
+        raise fail(op, f"out_grad must be [..., mhc_mult, hidden], got shape {tuple(values['out_grad'].shape)}")
+
+
+EXPAND = out_spec("expand_to_mhc", (Rows("hidden", BF16), IntParam("mhc_mult", 1, 1024), OUT), "Tensor", _plan,
+                  **ordered(_check, _plain))
+EXPAND_BWD = OpSpec("expand_to_mhc_bwd", (Streams("out_grad", BF16),), "Tensor", _plan_bwd, relations=_check_bwd)
 
 
 class ExpandToMHCFn(torch.autograd.Function):
@@ -54,32 +81,21 @@ class ExpandToMHCFn(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, hidden: torch.Tensor, mhc_mult: int, out: torch.Tensor | None) -> torch.Tensor:
-        if out is None and _plain(hidden, mhc_mult):  # the common case, one cheaper predicate
-            x, mhc, shape = hidden, mhc_mult, (*hidden.shape[:-1], mhc_mult, hidden.shape[-1])
-        else:
-            x, mhc, shape = _check(hidden, mhc_mult, out)
-        if out is None:
-            out = torch.empty(shape, dtype=torch.bfloat16, device=hidden.device)
-        else:
+        if out is not None:
             ctx.mark_dirty(out)
-        h = shape[-1]
-        if x.numel():
-            launcher("mhc.expand_fwd")(x.view(-1, h), out.view(-1, mhc, h))
-        return out
+        return call_out(EXPAND, hidden, mhc_mult, out)
 
     @staticmethod
     def backward(ctx: Any, out_grad: torch.Tensor) -> tuple:
-        *lead, mhc, h = out_grad.shape
-        g = aligned_input(out_grad.contiguous())  # autograd may hand an expanded or offset view
-        grad = torch.empty((*lead, h), dtype=torch.bfloat16, device=g.device)
-        if g.numel():
-            launcher("mhc.expand_bwd")(g.view(-1, mhc, h), grad.view(-1, h))
-        return grad, None, None
+        return EXPAND_BWD(out_grad), None, None
 
 
 def expand_to_mhc(hidden: torch.Tensor, mhc_mult: int, out: torch.Tensor | None = None) -> torch.Tensor:
     """``hidden`` ``[..., H]`` (bf16, contiguous) as ``mhc_mult`` equal streams ``[..., mhc_mult, H]``."""
     return ExpandToMHCFn.apply(hidden, mhc_mult, out)
 
+
+SPECS = (EXPAND, EXPAND_BWD)
+TORCH_OPS = (*torch_ops(EXPAND, out=True), *torch_ops(EXPAND_BWD))
 
 __all__ = ["ExpandToMHCFn", "expand_to_mhc"]

@@ -12,7 +12,8 @@ Forward: ``input_mix`` fp32 ``[..., M]``, ``mhc_scale`` fp32 ``[1]``, ``mhc_base
 every GPU and run).  ``M`` from 1 to 8, any leading dims, 0 tokens included (nothing is launched; the scale
 and base gradients are then zeros).  ``input_mix`` may be a strided view (e.g. the first ``M`` columns of
 the pre-norm mixes): it is copied to contiguous memory (a few bytes per token).  Bad arguments
-raise :class:`tilebin.runtime.ArgumentError` before any GPU work.
+raise :class:`tilebin.runtime.ArgumentError` before any GPU work.  OpSpec ops: ``tilebin::mhc_head_compute_mix`` and
+``tilebin::mhc_head_compute_mix_bwd``.
 """
 
 from __future__ import annotations
@@ -21,32 +22,78 @@ from typing import Any
 
 import torch
 
-from tilebin.ops._common import check_cuda, check_float32, check_tensor, fail, kernel_meta, launcher
+from tilebin.ops._common import fail, kernel_meta, launcher
+from tilebin.ops._spec import OpSpec, TensorParam
 
-from ._rows import FP32, check_shape, check_size
+from ._rows import FP32, MAX_ELEMENTS, Rows, check_shape, check_size, float_param, ordered, torch_ops
 
-_OP = "mhc_head_compute_mix"
-_FWD_KERNEL = "mhc.head_compute_mix_fwd"
 _BWD = "mhc.head_compute_mix_bwd"  # its meta: max_mhc (the op's limit), parts (rows of the backward's scratch)
 
 
-def _check(input_mix: Any, mhc_scale: Any, mhc_base: Any, mhc_pre_eps: Any) -> tuple[int, float]:
-    check_tensor(_OP, "input_mix", input_mix, FP32)
+def _check(op: str, input_mix: torch.Tensor, mhc_scale: torch.Tensor, mhc_base: torch.Tensor, *_: Any) -> None:
+    """Every check but the dtypes, eps and the device, in today's order."""
     if input_mix.dim() < 1:
-        raise fail(_OP, "input_mix must be [..., mhc_mult], got a 0-D tensor")
+        raise fail(op, "input_mix must be [..., mhc_mult], got a 0-D tensor")
     mhc = input_mix.shape[-1]
     max_mhc = kernel_meta(_BWD, "max_mhc")
     if not 1 <= mhc <= max_mhc:
-        raise fail(_OP, f"input_mix has shape {tuple(input_mix.shape)}; supported: mhc_mult (its last dim) "
-                        f"from 1 to {max_mhc}")
-    check_size(_OP, "input_mix", input_mix)
-    check_tensor(_OP, "mhc_scale", mhc_scale, FP32)
-    check_shape(_OP, "mhc_scale", mhc_scale, (1,), "one scale; pass scale.reshape(1)")
-    check_tensor(_OP, "mhc_base", mhc_base, FP32)
-    check_shape(_OP, "mhc_base", mhc_base, (mhc,), "one bias per stream")
-    eps = check_float32(_OP, "mhc_pre_eps", mhc_pre_eps)
-    check_cuda(_OP, input_mix=input_mix, mhc_scale=mhc_scale, mhc_base=mhc_base)
-    return mhc, eps
+        raise fail(op, f"input_mix has shape {tuple(input_mix.shape)}; supported: mhc_mult (its last dim) "
+                       f"from 1 to {max_mhc}")
+    check_size(op, "input_mix", input_mix)
+    check_shape(op, "mhc_scale", mhc_scale, (1,), "one scale; pass scale.reshape(1)")
+    check_shape(op, "mhc_base", mhc_base, (mhc,), "one bias per stream")
+
+
+def _check_bwd(op: str, grad: torch.Tensor, input_mix: torch.Tensor, *rest: Any) -> None:
+    _check(op, input_mix, *rest)
+    check_shape(op, "grad", grad, tuple(input_mix.shape), "input_mix's shape")
+
+
+def _plain(input_mix: torch.Tensor, *_: Any) -> bool:
+    return input_mix.numel() <= MAX_ELEMENTS
+
+
+def _plain_bwd(grad: torch.Tensor, input_mix: torch.Tensor, *_: Any) -> bool:
+    return grad.shape == input_mix.shape and input_mix.numel() <= MAX_ELEMENTS
+
+
+def _plan_fwd(values: dict):
+    mhc, eps, fn = values["input_mix"].shape[-1], values["mhc_pre_eps"], launcher("mhc.head_compute_mix_fwd")
+
+    def run(input_mix, mhc_scale, mhc_base, _):
+        out = torch.empty(input_mix.shape, dtype=torch.float32, device=input_mix.device)
+        if out.numel():
+            fn(input_mix.contiguous().view(-1, mhc), mhc_scale.contiguous(), mhc_base.contiguous(), out.view(-1, mhc),
+               eps)
+        return out
+
+    return run
+
+
+def _plan_bwd(values: dict):
+    mhc, fn = values["input_mix"].shape[-1], launcher(_BWD)
+    parts, max_mhc = kernel_meta(_BWD, "parts"), kernel_meta(_BWD, "max_mhc")
+
+    def run(grad, input_mix, mhc_scale, mhc_base):
+        dev = input_mix.device
+        grad_input = torch.empty(input_mix.shape, dtype=torch.float32, device=dev)
+        new = torch.empty if input_mix.numel() else torch.zeros
+        grad_scale, grad_base = new((1,), dtype=torch.float32, device=dev), new((mhc,), dtype=torch.float32, device=dev)
+        if input_mix.numel():  # 0 tokens: nothing to launch, the sums are zeros
+            partial = torch.empty((parts, max_mhc + 1), dtype=torch.float32, device=dev)
+            fn(grad.contiguous().view(-1, mhc), input_mix.contiguous().view(-1, mhc), mhc_scale.contiguous(),
+               mhc_base.contiguous(), grad_input.view(-1, mhc), partial, grad_scale, grad_base)
+        return grad_input, grad_scale, grad_base
+
+    return run
+
+
+_SCALE_BASE = (TensorParam("mhc_scale", FP32, rows_vary=False), TensorParam("mhc_base", FP32, rows_vary=False))
+HEAD_MIX = OpSpec("mhc_head_compute_mix",
+                  (Rows("input_mix", FP32), *_SCALE_BASE, float_param("mhc_pre_eps")),
+                  "Tensor", _plan_fwd, **ordered(_check, _plain))
+HEAD_MIX_BWD = OpSpec("mhc_head_compute_mix_bwd", (Rows("grad", FP32), Rows("input_mix", FP32), *_SCALE_BASE),
+                      "(Tensor, Tensor, Tensor)", _plan_bwd, **ordered(_check_bwd, _plain_bwd))
 
 
 class MHCHeadComputeMix(torch.autograd.Function):
@@ -55,32 +102,13 @@ class MHCHeadComputeMix(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, input_mix: torch.Tensor, mhc_scale: torch.Tensor, mhc_base: torch.Tensor,
                 mhc_pre_eps: float) -> torch.Tensor:
-        mhc, eps = _check(input_mix, mhc_scale, mhc_base, mhc_pre_eps)
-        inp = input_mix.contiguous()
-        scale, base = mhc_scale.contiguous(), mhc_base.contiguous()
-        out = torch.empty(input_mix.shape, dtype=torch.float32, device=input_mix.device)
-        if out.numel():
-            launcher(_FWD_KERNEL)(inp.view(-1, mhc), scale, base, out.view(-1, mhc), eps)
-        ctx.save_for_backward(inp, scale, base)
+        out = HEAD_MIX(input_mix, mhc_scale, mhc_base, mhc_pre_eps)
+        ctx.save_for_backward(input_mix, mhc_scale, mhc_base)
         return out
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple:
-        inp, scale, base = ctx.saved_tensors
-        mhc = inp.shape[-1]
-        dev = inp.device
-        grad_input = torch.empty(inp.shape, dtype=torch.float32, device=dev)
-        if not inp.numel():  # 0 tokens: nothing to launch, the sums are zeros
-            grad_scale = torch.zeros((1,), dtype=torch.float32, device=dev)
-            return grad_input, grad_scale.view(scale.shape), torch.zeros((mhc,), dtype=torch.float32, device=dev), None
-        g = grad.contiguous()
-        partial = torch.empty((kernel_meta(_BWD, "parts"), kernel_meta(_BWD, "max_mhc") + 1), dtype=torch.float32,
-                              device=dev)
-        grad_scale = torch.empty((1,), dtype=torch.float32, device=dev)
-        grad_base = torch.empty((mhc,), dtype=torch.float32, device=dev)
-        launcher("mhc.head_compute_mix_bwd")(g.view(-1, mhc), inp.view(-1, mhc), scale, base,
-                                             grad_input.view(-1, mhc), partial, grad_scale, grad_base)
-        return grad_input, grad_scale.view(scale.shape), grad_base, None
+        return (*HEAD_MIX_BWD(grad, *ctx.saved_tensors), None)
 
 
 def mhc_head_compute_mix(input_mix: torch.Tensor, mhc_scale: torch.Tensor, mhc_base: torch.Tensor,
@@ -88,5 +116,8 @@ def mhc_head_compute_mix(input_mix: torch.Tensor, mhc_scale: torch.Tensor, mhc_b
     """``sigmoid(input_mix * mhc_scale + mhc_base) + mhc_pre_eps`` (fp32; see the module docstring)."""
     return MHCHeadComputeMix.apply(input_mix, mhc_scale, mhc_base, mhc_pre_eps)
 
+
+SPECS = (HEAD_MIX, HEAD_MIX_BWD)
+TORCH_OPS = (*torch_ops(HEAD_MIX), *torch_ops(HEAD_MIX_BWD))
 
 __all__ = ["MHCHeadComputeMix", "mhc_head_compute_mix"]

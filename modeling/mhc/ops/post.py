@@ -29,114 +29,106 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from torch.compiler import is_compiling
 
-from tilebin.ops._common import check_cuda, check_flag, check_tensor, fail, launcher
+from tilebin.ops._common import aligned_input, fail, launcher
+from tilebin.ops._spec import FlagParam, OpSpec
 
-from . import _rows
-from ._rows import (BF16, FP32, STASH, aligned_input, check_contiguous, check_hidden, check_mhc, check_out,
-                    check_shape, check_size, small_input)
-
-_OP = "mhc_post"
-_FWD_KERNEL = "mhc.post_fwd"
+from ._rows import (BF16, FP32, MAX_ELEMENTS, OUT, STASH, Rows, Streams, call_out, check_contiguous, check_hidden,
+                    check_mhc, check_out, check_shape, check_size, ordered, out_spec, small_input, torch_ops)
 
 
-def _check(op: str, x: Any, residual: Any, post_layer_mix: Any, comb_res_mix: Any) -> tuple[int, int, tuple]:
-    check_tensor(op, "residual", residual, BF16)
+def _check(op: str, x: Any, residual: Any, post_layer_mix: Any, comb_res_mix: Any, out: Any = None,
+           d_o: Any = None, fuse: Any = None) -> None:
+    """Every check but the dtypes and the device, in today's order (``d_o``: the backward's)."""
     if residual.dim() < 2:
         raise fail(op, f"residual must be [..., mhc_mult, hidden], got shape {tuple(residual.shape)}")
     *lead, mhc, hidden = residual.shape
     check_mhc(op, "mhc_mult (residual.shape[-2])", mhc)
     check_hidden(op, "residual", residual)
     check_size(op, "residual", residual)
-    check_tensor(op, "x", x, BF16)
     check_shape(op, "x", x, (*lead, hidden), "residual without its mhc_mult dim")
     check_contiguous(op, "x", x)
-    check_tensor(op, "post_layer_mix", post_layer_mix, FP32)
     check_shape(op, "post_layer_mix", post_layer_mix, (*lead, mhc, 1), "residual's leading dims and mhc_mult, then 1")
-    check_tensor(op, "comb_res_mix", comb_res_mix, FP32)
     check_shape(op, "comb_res_mix", comb_res_mix, (*lead, mhc, mhc), "residual's leading dims, then mhc_mult twice")
-    return mhc, hidden, tuple(lead)
+    if out is not None:
+        check_out(op, out, tuple(residual.shape), torch.bfloat16, residual.device,
+                  {"x": x, "residual": residual, "post_layer_mix": post_layer_mix, "comb_res_mix": comb_res_mix})
+    if d_o is not None:
+        check_shape(op, "d_o", d_o, tuple(residual.shape), "the forward's output shape")
 
 
-def _plain_args(x: Any, residual: Any, post_layer_mix: Any, comb_res_mix: Any) -> tuple[int, int] | None:
-    """``(mhc, hidden)`` when :func:`_check` and the device check would accept the arguments and
-    none needs a copy (all contiguous, aligned, on one GPU); else None."""
-    mh = _rows.plain_streams(residual)
-    if mh is None or not (isinstance(x, torch.Tensor) and isinstance(post_layer_mix, torch.Tensor)
-                          and isinstance(comb_res_mix, torch.Tensor)):
-        return None
-    mhc, hidden = mh
+def _plain(x: torch.Tensor, residual: torch.Tensor, post_layer_mix: torch.Tensor, comb_res_mix: torch.Tensor,
+           *rest: Any) -> bool:
+    """The token dims agree, x is contiguous, residual within int32 indexing (the key holds the rest)."""
     lead = residual.shape[:-2]
-    if (x.dtype is not BF16[0] or post_layer_mix.dtype is not FP32[0] or comb_res_mix.dtype is not FP32[0]
-            or x.shape != (*lead, hidden) or post_layer_mix.shape != (*lead, mhc, 1)
-            or comb_res_mix.shape != (*lead, mhc, mhc)):
-        return None
-    return mh if _rows.plain(residual, x, post_layer_mix, comb_res_mix) else None
+    return (x.shape[:-1] == lead and post_layer_mix.shape[:-2] == lead and comb_res_mix.shape[:-2] == lead
+            and (len(rest) < 2 or rest[0].shape == residual.shape) and x.is_contiguous()
+            and residual.numel() <= MAX_ELEMENTS)
+
+
+def _inputs(x: torch.Tensor, residual: torch.Tensor, post: torch.Tensor, comb: torch.Tensor) -> tuple:
+    """The kernels' views of the four inputs: ``[T, H]``, ``[T, M, H]``, ``[T, M]``, ``[T, M, M]``, aligned."""
+    mhc, hidden = residual.shape[-2:]
+    return (aligned_input(x).view(-1, hidden), aligned_input(residual.contiguous()).view(-1, mhc, hidden),
+            small_input(post).view(-1, mhc), small_input(comb).view(-1, mhc, mhc))
+
+
+def _plan_fwd(values: dict):
+    mhc, hidden = values["residual"].shape[-2:]
+    fn = launcher("mhc.post_fwd", mhc=mhc)
+
+    def run(x, residual, post_layer_mix, comb_res_mix, out):
+        if out is None:
+            out = torch.empty(residual.shape, dtype=torch.bfloat16, device=residual.device)
+        if out.numel():
+            fn(*_inputs(x, residual, post_layer_mix, comb_res_mix), out.view(-1, mhc, hidden))
+        return out
+
+    return run
+
+
+def _plan_bwd(values: dict):
+    mhc, hidden = values["residual"].shape[-2:]
+    fn, fuse = launcher("mhc.post_bwd", mhc=mhc), values["fuse_grad_acc"]
+
+    def run(x, residual, post_layer_mix, comb_res_mix, d_o, _):
+        d_x, d_residual, d_post, d_comb = (torch.empty(t.shape, dtype=t.dtype, device=t.device)
+                                           for t in (x, residual, post_layer_mix, comb_res_mix))
+        if d_residual.numel():
+            x2, r3, p2, c3 = _inputs(x, residual, post_layer_mix, comb_res_mix)
+            fn(aligned_input(d_o.contiguous()).view(-1, mhc, hidden), x2, r3, p2, c3, d_x.view(-1, hidden),
+               d_residual.view(-1, mhc, hidden), d_post.view(-1, mhc), d_comb.view(-1, mhc, mhc))
+        return d_x, d_residual, d_post, d_comb
+
+    return run
+
+
+_INPUTS = (Rows("x", BF16), Streams("residual", BF16), Streams("post_layer_mix", FP32),
+           Streams("comb_res_mix", FP32))
+POST_FWD = out_spec("mhc_post_fwd", (*_INPUTS, OUT), "Tensor", _plan_fwd, **ordered(_check, _plain))
+POST_BWD = OpSpec("mhc_post_bwd", (*_INPUTS, Streams("d_o", BF16), FlagParam("fuse_grad_acc", "True")),
+                  "(Tensor, Tensor, Tensor, Tensor)", _plan_bwd,
+                  **ordered(lambda op, x, r, p, c, d_o, fuse: _check(op, x, r, p, c, None, d_o), _plain))
 
 
 def mhc_post_fwd(x: torch.Tensor, residual: torch.Tensor, post_layer_mix: torch.Tensor, comb_res_mix: torch.Tensor,
                  out: torch.Tensor | None = None) -> torch.Tensor:
     """The merged residual ``[..., M, H]`` (bf16; see the module docstring), into ``out`` when given."""
-    if out is None:
-        mh = _plain_args(x, residual, post_layer_mix, comb_res_mix)
-        if mh is not None:  # the common case, validated by one cheaper predicate
-            mhc, hidden = mh
-            out = torch.empty(residual.shape, dtype=torch.bfloat16, device=residual.device)
-            if out.numel():
-                launcher(_FWD_KERNEL, mhc=mhc)(x.view(-1, hidden), residual.view(-1, mhc, hidden),
-                                               post_layer_mix.view(-1, mhc), comb_res_mix.view(-1, mhc, mhc),
-                                               out.view(-1, mhc, hidden))
-            return out
-    op = "mhc_post_fwd"
-    mhc, hidden, lead = _check(op, x, residual, post_layer_mix, comb_res_mix)
-    if out is not None:
-        check_out(op, out, tuple(residual.shape), torch.bfloat16, residual.device,
-                  {"x": x, "residual": residual, "post_layer_mix": post_layer_mix, "comb_res_mix": comb_res_mix})
-    check_cuda(op, x=x, residual=residual, post_layer_mix=post_layer_mix, comb_res_mix=comb_res_mix, out=out)
-    if out is None:
-        out = torch.empty(residual.shape, dtype=torch.bfloat16, device=residual.device)
-    if out.numel():
-        launcher(_FWD_KERNEL, mhc=mhc)(
-            aligned_input(x).view(-1, hidden), aligned_input(residual.contiguous()).view(-1, mhc, hidden),
-            small_input(post_layer_mix).view(-1, mhc), small_input(comb_res_mix).view(-1, mhc, mhc),
-            out.view(-1, mhc, hidden))
-    return out
+    return call_out(POST_FWD, x, residual, post_layer_mix, comb_res_mix, out)
 
 
 def mhc_post_bwd(x: torch.Tensor, residual: torch.Tensor, post_layer_mix: torch.Tensor, comb_res_mix: torch.Tensor,
                  d_o: torch.Tensor, fuse_grad_acc: bool = True) -> tuple[torch.Tensor, ...]:
     """``(d_x, d_residual, d_post_layer_mix, d_comb_res_mix)`` of :func:`mhc_post_fwd` given ``d_o``
     (bf16 like the output; any strides).  ``fuse_grad_acc``: also leave ``d_residual`` on the
-    residual's storage (``grad_from_mhc_post``) for the pre ops of the same residual."""
-    op = "mhc_post_bwd"
-    mhc, hidden, lead = _check(op, x, residual, post_layer_mix, comb_res_mix)
-    check_tensor(op, "d_o", d_o, BF16)
-    check_shape(op, "d_o", d_o, tuple(residual.shape), "the forward's output shape")
-    fuse = check_flag(op, "fuse_grad_acc", fuse_grad_acc)
-    check_cuda(op, x=x, residual=residual, post_layer_mix=post_layer_mix, comb_res_mix=comb_res_mix, d_o=d_o)
-    return _backward(x, residual, post_layer_mix, comb_res_mix, d_o, fuse)
-
-
-def _backward(x: torch.Tensor, residual: torch.Tensor, post_layer_mix: torch.Tensor, comb_res_mix: torch.Tensor,
-              d_o: torch.Tensor, fuse: bool) -> tuple[torch.Tensor, ...]:
-    """:func:`mhc_post_bwd` on validated arguments (the autograd backward: the forward checked
-    them, and autograd hands ``d_o`` of the output's shape and dtype)."""
-    mhc, hidden = residual.shape[-2:]
-    dev = residual.device
-    d_x = torch.empty(x.shape, dtype=torch.bfloat16, device=dev)
-    d_residual = torch.empty(residual.shape, dtype=torch.bfloat16, device=dev)
-    d_post = torch.empty(post_layer_mix.shape, dtype=torch.float32, device=dev)
-    d_comb = torch.empty(comb_res_mix.shape, dtype=torch.float32, device=dev)
-    if d_residual.numel():
-        launcher("mhc.post_bwd", mhc=mhc)(
-            aligned_input(d_o.contiguous()).view(-1, mhc, hidden), aligned_input(x).view(-1, hidden),
-            aligned_input(residual.contiguous()).view(-1, mhc, hidden), small_input(post_layer_mix).view(-1, mhc),
-            small_input(comb_res_mix).view(-1, mhc, mhc), d_x.view(-1, hidden), d_residual.view(-1, mhc, hidden),
-            d_post.view(-1, mhc), d_comb.view(-1, mhc, mhc))
-    if fuse:
-        d_residual._mhc_residual_ptr = residual.data_ptr()  # which view of the storage it belongs to
-        setattr(residual.untyped_storage(), STASH, d_residual)
-    return d_x, d_residual, d_post, d_comb
+    residual's storage (``grad_from_mhc_post``) for the pre ops of the same residual (eager only:
+    under torch.compile every gradient is returned, see ``_rows.stash_of``)."""
+    grads = POST_BWD(x, residual, post_layer_mix, comb_res_mix, d_o, fuse_grad_acc)
+    if fuse_grad_acc and not is_compiling():
+        grads[1]._mhc_residual_ptr = residual.data_ptr()  # which view of the storage it belongs to
+        setattr(residual.untyped_storage(), STASH, grads[1])
+    return grads
 
 
 class MHCPost(torch.autograd.Function):
@@ -153,8 +145,7 @@ class MHCPost(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, d_o: torch.Tensor) -> tuple:
-        x, residual, post_layer_mix, comb_res_mix = ctx.saved_tensors
-        return (*_backward(x, residual, post_layer_mix, comb_res_mix, d_o, True), None)
+        return (*mhc_post_bwd(*ctx.saved_tensors, d_o, True), None)
 
 
 def mhc_post(x: torch.Tensor, residual: torch.Tensor, post_layer_mix: torch.Tensor, comb_res_mix: torch.Tensor,
@@ -162,5 +153,8 @@ def mhc_post(x: torch.Tensor, residual: torch.Tensor, post_layer_mix: torch.Tens
     """Differentiable :func:`mhc_post_fwd` (backward: :func:`mhc_post_bwd` with fused accumulation)."""
     return MHCPost.apply(x, residual, post_layer_mix, comb_res_mix, out)
 
+
+SPECS = (POST_FWD, POST_BWD)
+TORCH_OPS = (*torch_ops(POST_FWD, out=True), *torch_ops(POST_BWD))
 
 __all__ = ["MHCPost", "mhc_post", "mhc_post_bwd", "mhc_post_fwd"]

@@ -15,7 +15,8 @@ returned.
 
 ``M`` in (2, 4, 8); ``H`` a positive multiple of 8 (one cubin per ``M`` serves every hidden);
 any leading dims, 0 tokens included (nothing is launched).  Bad arguments raise
-:class:`tilebin.runtime.ArgumentError` before any GPU work.
+:class:`tilebin.runtime.ArgumentError` before any GPU work.  OpSpec ops: ``tilebin::mhc_pre_apply_mix``
+(``_out``) and ``tilebin::mhc_pre_apply_mix_bwd`` (which writes or adds into its ``grad_x``).
 """
 
 from __future__ import annotations
@@ -24,50 +25,79 @@ from typing import Any
 
 import torch
 
-from tilebin.ops._common import check_cuda, check_tensor, fail, launcher
+from tilebin.ops._common import aligned_input, fail, launcher
+from tilebin.ops._spec import FlagParam, OpSpec
 
-from . import _rows
-from ._rows import (BF16, FP32, STASH, aligned_input, check_contiguous, check_hidden, check_mhc, check_out,
-                    check_shape, check_size, small_input)
-
-_OP = "mhc_pre_apply_mix"
-_FWD_KERNEL = "mhc.pre_apply_mix_fwd"
+from ._rows import (BF16, FP32, MAX_ELEMENTS, OUT, Rows, Streams, call_out, check_contiguous, check_hidden,
+                    check_mhc, check_out, check_shape, check_size, ordered, out_spec, small_input, stash_of,
+                    torch_ops)
 
 
-def _check(x: Any, mix: Any, out: Any) -> tuple[int, int, tuple]:
-    check_tensor(_OP, "x", x, BF16)
+def _check(op: str, x: torch.Tensor, mix: torch.Tensor, out: Any) -> None:
+    """Every check but the dtypes and the device, in today's order."""
     if x.dim() < 2:
-        raise fail(_OP, f"x must be [..., mhc_mult, hidden], got shape {tuple(x.shape)}")
+        raise fail(op, f"x must be [..., mhc_mult, hidden], got shape {tuple(x.shape)}")
     *lead, mhc, hidden = x.shape
-    check_mhc(_OP, "mhc_mult (x.shape[-2])", mhc)
-    check_hidden(_OP, "x", x)
-    check_contiguous(_OP, "x", x)
-    check_size(_OP, "x", x)
-    check_tensor(_OP, "mix", mix, FP32)
-    check_shape(_OP, "mix", mix, (*lead, mhc, 1), "x's leading dims and mhc_mult, then 1")
+    check_mhc(op, "mhc_mult (x.shape[-2])", mhc)
+    check_hidden(op, "x", x)
+    check_contiguous(op, "x", x)
+    check_size(op, "x", x)
+    check_shape(op, "mix", mix, (*lead, mhc, 1), "x's leading dims and mhc_mult, then 1")
     if out is not None:
-        check_out(_OP, out, (*lead, hidden), torch.bfloat16, x.device, {"x": x, "mix": mix})
-    check_cuda(_OP, x=x, mix=mix, out=out)
-    return mhc, hidden, tuple(lead)
+        check_out(op, out, (*lead, hidden), torch.bfloat16, x.device, {"x": x, "mix": mix})
 
 
-def _stash_of(x: torch.Tensor) -> torch.Tensor | None:
-    """The residual gradient mhc_post's backward left on ``x``'s storage, when it is one ``x``'s
-    gradient can be added into (a contiguous bf16 tensor of ``x``'s size on its device, left for
-    this very residual), else None."""
-    stash = getattr(x.untyped_storage(), STASH, None)
-    if (isinstance(stash, torch.Tensor) and stash.dtype == torch.bfloat16 and stash.is_contiguous()
-            and stash.numel() == x.numel() and stash.device == x.device
-            and getattr(stash, "_mhc_residual_ptr", x.data_ptr()) == x.data_ptr()):
-        return stash
-    return None
+def _plain(x: torch.Tensor, mix: torch.Tensor, *_: Any) -> bool:
+    return mix.shape[:-2] == x.shape[:-2] and x.is_contiguous() and x.numel() <= MAX_ELEMENTS
 
 
-def _plain_mix(x: torch.Tensor, mix: Any, mhc: int, hidden: int) -> bool:
-    """True when :func:`_check` and the device check would accept ``(x, mix)`` (x already known
-    to be bf16 ``[..., mhc, hidden]``) and neither needs a copy; else False (the checked path)."""
-    return (isinstance(mix, torch.Tensor) and mix.dtype is FP32[0] and mix.shape == (*x.shape[:-1], 1)
-            and _rows.plain(x, mix))
+def _plan_fwd(values: dict):
+    mhc, hidden = values["x"].shape[-2:]
+    fn = launcher("mhc.pre_apply_mix_fwd", mhc=mhc)
+
+    def run(x: torch.Tensor, mix: torch.Tensor, out: Any) -> torch.Tensor:
+        if out is None:
+            out = torch.empty((*x.shape[:-2], hidden), dtype=torch.bfloat16, device=x.device)
+        if x.numel():
+            fn(aligned_input(x).view(-1, mhc, hidden), small_input(mix).view(-1, mhc), out.view(-1, hidden))
+        return out
+
+    return run
+
+
+def _check_bwd(op: str, out_grad, x, mix, grad_x, accumulate) -> None:
+    _check(op, x, mix, None)
+    check_shape(op, "out_grad", out_grad, (*x.shape[:-2], x.shape[-1]), "the forward's output shape")
+    check_shape(op, "grad_x", grad_x, tuple(x.shape), "x's shape")
+    check_contiguous(op, "grad_x", grad_x)
+
+
+def _plain_bwd(out_grad, x, mix, grad_x, accumulate) -> bool:
+    return (_plain(x, mix) and out_grad.shape[:-1] == x.shape[:-2] and grad_x.shape == x.shape
+            and grad_x.is_contiguous())
+
+
+def _plan_bwd(values: dict):
+    mhc, hidden = values["x"].shape[-2:]
+    fn = launcher("mhc.pre_apply_mix_bwd", mhc=mhc)
+
+    def run(out_grad, x, mix, grad_x, accumulate) -> torch.Tensor:
+        grad_mix = torch.empty(mix.shape, dtype=torch.float32, device=x.device)
+        if x.numel():  # autograd may hand an expanded or offset out_grad
+            fn(aligned_input(out_grad.contiguous()).view(-1, hidden), aligned_input(x).view(-1, mhc, hidden),
+               small_input(mix).view(-1, mhc), grad_x.view(-1, mhc, hidden), grad_mix.view(-1, mhc),
+               1 if accumulate else 0)
+        return grad_mix
+
+    return run
+
+
+APPLY_MIX = out_spec("mhc_pre_apply_mix", (Streams("x", BF16), Streams("mix", FP32), OUT), "Tensor", _plan_fwd,
+                     **ordered(_check, _plain))
+APPLY_MIX_BWD = OpSpec("mhc_pre_apply_mix_bwd",
+                       (Rows("out_grad", BF16), Streams("x", BF16), Streams("mix", FP32),
+                        Streams("grad_x", BF16, mutated=True), FlagParam("accumulate")),
+                       "Tensor", _plan_bwd, **ordered(_check_bwd, _plain_bwd))
 
 
 class MHCPreApplyMix(torch.autograd.Function):
@@ -75,42 +105,27 @@ class MHCPreApplyMix(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, mix: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
-        mh = _rows.plain_streams(x) if out is None else None
-        if mh is not None and _plain_mix(x, mix, *mh):  # the common case, one cheaper predicate
-            (mhc, hidden), lead, xa, m2 = mh, x.shape[:-2], x, mix
-        else:
-            mhc, hidden, lead = _check(x, mix, out)
-            xa = aligned_input(x)
-            m2 = small_input(mix)
-        if out is None:
-            out = torch.empty((*lead, hidden), dtype=torch.bfloat16, device=x.device)
-        else:
+        if out is not None:
             ctx.mark_dirty(out)
-        if x.numel():
-            launcher(_FWD_KERNEL, mhc=mhc)(xa.view(-1, mhc, hidden), m2.view(-1, mhc), out.view(-1, hidden))
-        ctx.save_for_backward(x, m2)
-        return out
+        result = call_out(APPLY_MIX, x, mix, out)
+        ctx.save_for_backward(x, mix)
+        return result
 
     @staticmethod
     def backward(ctx: Any, out_grad: torch.Tensor) -> tuple:
         x, mix = ctx.saved_tensors
-        *lead, mhc, hidden = x.shape
-        stash = _stash_of(x) if ctx.needs_input_grad[0] else None
+        stash = stash_of(x) if ctx.needs_input_grad[0] else None
         grad_x = stash.view(x.shape) if stash is not None else torch.empty_like(x)
-        grad_mix = torch.empty(mix.shape, dtype=torch.float32, device=x.device)
-        if x.numel():
-            g = aligned_input(out_grad.contiguous())  # autograd may hand an expanded or offset view
-            launcher("mhc.pre_apply_mix_bwd", mhc=mhc)(
-                g.view(-1, hidden), aligned_input(x).view(-1, mhc, hidden), mix.view(-1, mhc),
-                grad_x.view(-1, mhc, hidden), grad_mix.view(-1, mhc), 1 if stash is not None else 0)
-        if stash is not None or not ctx.needs_input_grad[0]:
-            grad_x = None
-        return grad_x, grad_mix, None
+        grad_mix = APPLY_MIX_BWD(out_grad, x, mix, grad_x, stash is not None)
+        return (grad_x if stash is None and ctx.needs_input_grad[0] else None), grad_mix, None
 
 
 def mhc_pre_apply_mix(x: torch.Tensor, mix: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     """``sum_m mix[..., m, 0] * x[..., m, :]`` as bf16 ``[..., H]`` (see the module docstring)."""
     return MHCPreApplyMix.apply(x, mix, out)
 
+
+SPECS = (APPLY_MIX, APPLY_MIX_BWD)
+TORCH_OPS = (*torch_ops(APPLY_MIX, out=True), *torch_ops(APPLY_MIX_BWD))
 
 __all__ = ["MHCPreApplyMix", "mhc_pre_apply_mix"]
