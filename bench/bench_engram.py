@@ -16,9 +16,11 @@ Two tables:
 * host us per call at 4 tokens (``_common.host_us``), next to the torch eager reference of the
   same op (fp32 math, ``tests/engram_ref``) and tile_kernels' call when importable.
 
-``--candidate`` adds a row "<op> (candidate)" after each op that has a speed candidate kernel
-(``CANDIDATES``: the op module's kernel attribute, what ``TILEBIN_CANDIDATE_<OP>=1`` sets at
-import), same inputs and timing; its tile_kernels column repeats the op's.
+``--candidate`` adds a row "<op> (<candidate>)" after each op that has speed candidate kernels
+(``CANDIDATES``): the candidate launched directly (``runtime.unchecked_launcher``) with the
+arguments the op passes its shipped kernel, its outputs allocated as the op allocates them, on
+the same inputs, timed the same way, with the same bytes; its tile_kernels column repeats the
+op's.  ``--only-candidates`` keeps just those ops' rows (shipped and candidates), no host table.
 
 Exit status 1 when a tilebin row could not be measured (the other rows are still reported).
 """
@@ -26,16 +28,18 @@ Exit status 1 when a tilebin row could not be measured (the other rows are still
 from __future__ import annotations
 
 import argparse
-import importlib
 import sys
 from pathlib import Path
 
-from _common import REPO, env_facts, env_markdown, host_us, markdown_table, time_device_ms, with_attr, write_reports
+from _common import REPO, env_facts, env_markdown, host_us, markdown_table, time_device_ms, write_reports
 
 HC, EPS, CLAMP = 4, 1e-20, 1e-6
 SHAPES = [(t, h) for t in (4001, 8001) for h in (4096, 7168)]
-# op (row label up to " (") -> (its op module, the module's kernel attribute, a speed candidate kernel)
-CANDIDATES: dict = {}  # none at present
+# op (row label up to " (") -> its speed candidates: (row label suffix, internal kernel name)
+CANDIDATES: dict = {
+    "engram_gate_bwd": (("candidate", "engram._engram_gate_bwd_candidate"),
+                        ("candidate s2", "engram._engram_gate_bwd_candidate_s2")),
+}
 
 
 def _nbytes(*ts) -> int:
@@ -68,26 +72,44 @@ def _inputs(tokens: int, hidden: int, sets: int = 1):
     return [one() for _ in range(sets)], wh, we
 
 
-def _switched(switch: tuple[str, str, str], call):
-    """``call`` run with the op module's candidate switch set (``setattr(module, attr, kernel)``)."""
-    mod, attr, kernel = switch
-    return with_attr(importlib.import_module(mod), attr, kernel, call)
+def _gate_bwd_launch(kernel: str, go, x, k, v, wf, stats):
+    """A call of ``kernel`` as ``ops/engram/_gate.py``'s ``_plan_bwd`` launches engram.engram_gate_bwd
+    (fresh outputs each call, ``grad_w_partial`` with ``get_num_sms()`` rows, scalars clamp and
+    hidden**-0.5)."""
+    import torch
+    from tilebin import runtime
+    from tilebin.ops.config import get_num_sms
+
+    fn = runtime.unchecked_launcher(kernel)
+    tokens, hc, hidden = x.shape
+    scalars = (CLAMP, hidden ** -0.5)
+
+    def call():
+        grad_x = torch.empty((tokens, hc, hidden), dtype=torch.bfloat16, device=x.device)
+        grad_k = torch.empty((tokens, hc, hidden), dtype=torch.bfloat16, device=x.device)
+        grad_v = torch.empty((tokens, hidden), dtype=torch.bfloat16, device=x.device)
+        grad_w_partial = torch.empty((get_num_sms(x.device), hc, hidden), dtype=torch.float32, device=x.device)
+        fn(go, x, k, v, wf, *stats, grad_x, grad_k, grad_v, grad_w_partial, *scalars)
+        return grad_x, grad_k, grad_v, grad_w_partial
+
+    return call
 
 
-def with_candidates(rows: list) -> list:
-    """``rows`` with a "<label> (candidate)" row after each op in ``CANDIDATES`` (same inputs,
-    the tilebin calls switched to the candidate kernel, the peer calls repeated)."""
+def with_candidates(rows: list, launches: dict) -> list:
+    """``rows`` with a "<label> (<candidate>)" row after each op in ``CANDIDATES`` (same inputs and
+    bytes, ``launches[op](kernel)`` the candidate's call, the peer calls repeated)."""
     out = []
     for label, fns, peer_fns, moved in rows:
         out.append((label, fns, peer_fns, moved))
-        switch = CANDIDATES.get(label.split(" (")[0])
-        if switch is not None:
-            out.append((f"{label} (candidate)", [_switched(switch, fn) for fn in fns], peer_fns, moved))
+        op = label.split(" (")[0]
+        for suffix, kernel in CANDIDATES.get(op, ()):
+            out.append((f"{label} ({suffix})", [launches[op](kernel)], peer_fns, moved))
     return out
 
 
-def rows_for(eg, peer, tokens: int, hidden: int):
-    """(label, tilebin fn list, peer fn list or None, bytes moved per call) at one shape."""
+def rows_for(eg, peer, tokens: int, hidden: int, candidate: bool = False):
+    """(label, tilebin fn list, peer fn list or None, bytes moved per call) at one shape; with
+    ``candidate``, each op's candidate rows after its own (:func:`with_candidates`)."""
     import torch
     from tilebin.ops.config import get_num_sms
 
@@ -118,6 +140,9 @@ def rows_for(eg, peer, tokens: int, hidden: int):
         (f"grad_w_reduce ({get_num_sms()} rows)", [lambda p=p: eg.grad_w_reduce(p, wh, we, gh, ge) for p in parts],
          peer and _peer_reduce(peer, parts, wh, we, gh, ge), _nbytes(gwp, wh, we) + 2 * _nbytes(gh, ge)),
     ]
+    if candidate:
+        launches = {"engram_gate_bwd": lambda kernel: _gate_bwd_launch(kernel, go, x, k, v, wf, stats)}
+        rows = with_candidates(rows, launches)
     return rows
 
 
@@ -145,8 +170,7 @@ def copy_gbps(nbytes: int) -> float:
 def device_table(eg, peer, candidate: bool = False, only_candidates: bool = False) -> tuple[list, bool]:
     out, ok = [], True
     for tokens, hidden in SHAPES:
-        rows = rows_for(eg, peer, tokens, hidden)
-        for label, fns, peer_fns, moved in with_candidates(rows) if candidate else rows:
+        for label, fns, peer_fns, moved in rows_for(eg, peer, tokens, hidden, candidate):
             if only_candidates and label.split(" (")[0] not in CANDIDATES:
                 continue
             try:

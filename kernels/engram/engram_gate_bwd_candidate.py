@@ -66,6 +66,7 @@ def engram_gate_bwd_candidate(stages: int = 3):
     k_w = ((num_tokens - 1) * (ks0 // V) * W + (hc - 1) * (ks1 // V) * W + nvec * W,)
     v_w = ((num_tokens - 1) * (vs0 // V) * W + nvec * W,)
     gv_flat = (num_tokens * nvec * V,)
+    st_flat = (num_tokens * hc,)  # the saved statistics
 
     @T.prim_func
     def main(
@@ -214,12 +215,12 @@ def engram_gate_bwd_candidate(stages: int = 3):
                     # the row's statistics and the first heads' gates: one thread per half copies them
                     if tr == 0:
                         si = ti * hc + h
-                        cp_async(scl[ss, tid // HALF, 0], T.Tensor((num_tokens * hc,), "float32", dot.data)[si], 1)
-                        cp_async(scl[ss, tid // HALF, 1], T.Tensor((num_tokens * hc,), "float32", gate_score.data)[si], 1)
-                        cp_async(scl[ss, tid // HALF, 2], T.Tensor((num_tokens * hc,), "float32", rstd_x.data)[si], 1)
-                        cp_async(scl[ss, tid // HALF, 3], T.Tensor((num_tokens * hc,), "float32", rstd_k.data)[si], 1)
+                        cp_async(scl[ss, tid // HALF, 0], T.Tensor(st_flat, "float32", dot.data)[si], 1)
+                        cp_async(scl[ss, tid // HALF, 1], T.Tensor(st_flat, "float32", gate_score.data)[si], 1)
+                        cp_async(scl[ss, tid // HALF, 2], T.Tensor(st_flat, "float32", rstd_x.data)[si], 1)
+                        cp_async(scl[ss, tid // HALF, 3], T.Tensor(st_flat, "float32", rstd_k.data)[si], 1)
                         for q in T.unroll(HEADS_IN_FLIGHT):
-                            cp_async(scl[ss, tid // HALF, 4 + q], T.Tensor((num_tokens * hc,), "float32", gate_score.data)[
+                            cp_async(scl[ss, tid // HALF, 4 + q], T.Tensor(st_flat, "float32", gate_score.data)[
                                 si - h + q], 1, q < hc)
                 T.ptx_commit_group()  # one group per iteration, possibly empty
                 if it < steps:  # the issue cursor moves on (uniform)
