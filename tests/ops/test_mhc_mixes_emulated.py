@@ -15,6 +15,7 @@ from mhc_ref import split_mixes as mref
 from tilebin.modeling.mhc.ops import multilayer_recompute as rc
 from tilebin.modeling.mhc.ops import pre_split_mixes as sm
 from tilebin.modeling.mhc.ops import sinkhorn as sk
+from tilebin.ops import _spec
 
 
 class Emulator:
@@ -25,6 +26,9 @@ class Emulator:
         self.by_ptr: dict[int, torch.Tensor] = {}
         for mod in (sk, sm, rc):
             monkeypatch.setattr(mod, "launcher", self.launcher)
+            for spec in mod.SPECS:  # plans built under this launcher, forgotten after the test
+                monkeypatch.setattr(spec, "memo", {})
+        for mod in (rc, _spec):  # the OpSpecs' device check, and recompute's of its lists' tensors
             monkeypatch.setattr(mod, "check_cuda", lambda *a, **k: None)
         monkeypatch.setattr(sm, "get_num_sms", lambda device=None: 3)
 

@@ -24,6 +24,9 @@ any input.  Bad arguments raise :class:`tilebin.runtime.ArgumentError` before an
 The per-layer tensors reach the kernel as a table of data pointers, copied to the GPU from pinned
 host memory on the current stream (as tile_kernels does); under CUDA-graph capture that copy is
 captured with its host buffer, so capture this op only with tensors that outlive the graph.
+
+An OpSpec op, ``tilebin::mhc_multilayer_recompute`` (it mutates ``layer_input_list`` and
+``residual_list``); every call runs every check (its lists are never memoized).
 """
 
 from __future__ import annotations
@@ -32,7 +35,10 @@ from typing import Any
 
 import torch
 
-from tilebin.ops._common import check_cuda, check_tensor, fail, launcher
+from tilebin.ops._common import TRACING, check_cuda, check_tensor, fail, launcher, ptr
+from tilebin.ops._spec import OpSpec, Param, TensorParam
+
+from ._rows import schema_args, torch_ops
 
 _OP = "mhc_multilayer_recompute"
 _KERNEL = "mhc.multilayer_recompute"
@@ -41,10 +47,18 @@ _INT32_MAX = 2**31 - 1
 _BF16, _FP32 = (torch.bfloat16,), (torch.float32,)
 
 
-def _check_list(name: str, items: Any) -> list:
-    if not isinstance(items, (list, tuple)):
-        raise fail(_OP, f"{name} must be a list of tensors, got {type(items).__name__}")
-    return list(items)
+def _list_param(name: str, written: bool = False) -> Param:
+    """A list of tensors; its memo-key part raises: such a call takes the checked path every time."""
+    def check(op: str, items: Any) -> list:
+        if not isinstance(items, (list, tuple)):
+            raise fail(op, f"{name} must be a list of tensors, got {type(items).__name__}")
+        return list(items)
+
+    return Param(name, "Tensor(a!)[]" if written else "Tensor[]", check, key_of=_never)
+
+
+def _never(value: Any) -> Any:
+    raise TypeError
 
 
 def _check_member(name: str, t: Any, dtypes: tuple, numel: int, shape_note: str) -> None:
@@ -54,8 +68,8 @@ def _check_member(name: str, t: Any, dtypes: tuple, numel: int, shape_note: str)
                         f"({shape_note})")
     if not t.is_contiguous():
         raise fail(_OP, f"{name} is not contiguous (strides {tuple(t.stride())}); pass {name}.contiguous()")
-    if numel and t.data_ptr() % 16:
-        raise fail(_OP, f"{name}'s data pointer {t.data_ptr():#x} is not 16-byte aligned (vector access); "
+    if numel and ptr(t) % 16:
+        raise fail(_OP, f"{name}'s data pointer {ptr(t):#x} is not 16-byte aligned (vector access); "
                         f"pass {name}.clone()")
 
 
@@ -73,12 +87,8 @@ def _check_disjoint(spans: list[tuple[int, int, str, bool]]) -> None:
             end_written = (end, name)
 
 
-def mhc_multilayer_recompute(initial_residual: torch.Tensor, pre_mix_list: list[torch.Tensor],
-                             layer_output_list: list[torch.Tensor], post_mix_list: list[torch.Tensor],
-                             comb_mix_list: list[torch.Tensor], layer_input_list: list[torch.Tensor],
-                             residual_list: list[torch.Tensor]) -> None:
-    """Write ``layer_input_list`` and ``residual_list`` in place: see the module docstring."""
-    check_tensor(_OP, "initial_residual", initial_residual, _BF16)
+def _check(op: str, initial_residual: torch.Tensor, *lists: list) -> None:
+    """Every check but initial_residual's dtype and the lists' types, in today's order; the devices last."""
     shape = tuple(initial_residual.shape)
     if len(shape) < 2 or shape[-2] not in MULTS or shape[-1] < 8 or shape[-1] % 8:
         raise fail(_OP, f"initial_residual has shape {shape}; supported: [..., M, hidden] with M (mhc_mult) in "
@@ -89,9 +99,7 @@ def mhc_multilayer_recompute(initial_residual: torch.Tensor, pre_mix_list: list[
                         f"{_INT32_MAX} (split the tokens)")
     n = initial_residual.numel() // (m * hidden)
     _check_member("initial_residual", initial_residual, _BF16, n * m * hidden, "[..., M, hidden]")
-    lists = {name: _check_list(name, items) for name, items in (
-        ("pre_mix_list", pre_mix_list), ("layer_output_list", layer_output_list), ("post_mix_list", post_mix_list),
-        ("comb_mix_list", comb_mix_list), ("layer_input_list", layer_input_list), ("residual_list", residual_list))}
+    lists = dict(zip(_LISTS, lists))
     layers, post = len(lists["pre_mix_list"]), len(lists["layer_output_list"])
     if layers < 1:
         raise fail(_OP, "pre_mix_list is empty; supported: at least one layer")
@@ -111,29 +119,59 @@ def mhc_multilayer_recompute(initial_residual: torch.Tensor, pre_mix_list: list[
             "comb_mix_list": (_FP32, n * m * m, "[..., M, M] fp32", False),
             "layer_input_list": (_BF16, n * hidden, "[..., hidden] bf16", True),
             "residual_list": (_BF16, n * m * hidden, "[..., M, hidden] bf16", True)}
-    spans = [(initial_residual.data_ptr(), initial_residual.data_ptr() + 2 * initial_residual.numel(),
+    spans = [(ptr(initial_residual), ptr(initial_residual) + 2 * initial_residual.numel(),
               "initial_residual", False)]
     tensors = {"initial_residual": initial_residual}
     for name, items in lists.items():
         dtypes, numel, note, written = spec[name]
         for i, t in enumerate(items):
             _check_member(f"{name}[{i}]", t, dtypes, numel, note)
-            spans.append((t.data_ptr(), t.data_ptr() + t.element_size() * t.numel(), f"{name}[{i}]", written))
+            spans.append((ptr(t), ptr(t) + t.element_size() * t.numel(), f"{name}[{i}]", written))
             tensors[f"{name}[{i}]"] = t
-    _check_disjoint(spans)
+    if not TRACING.on:  # fake tensors have no memory to overlap
+        _check_disjoint(spans)
     check_cuda(_OP, **tensors)
-    if not n:
-        return
-    rows = ("pre_mix_list", "layer_input_list", "layer_output_list", "post_mix_list", "comb_mix_list",
-            "residual_list")
-    table = []
-    for name in rows:
-        items = lists[name]
-        table += [t.data_ptr() for t in items] + [0] * (layers - len(items))
-    dev = initial_residual.device
-    host = torch.tensor(table, dtype=torch.int64, pin_memory=dev.type == "cuda")
-    ptrs = host.to(dev, non_blocking=True).view(6, layers)
-    launcher(_KERNEL, mhc_mult=m)(initial_residual.view(n, m, hidden), ptrs, post)
 
+
+_LISTS = ("pre_mix_list", "layer_output_list", "post_mix_list", "comb_mix_list", "layer_input_list", "residual_list")
+_ROWS = ("pre_mix_list", "layer_input_list", "layer_output_list", "post_mix_list", "comb_mix_list", "residual_list")
+
+
+def _plan(values: dict):
+    m, hidden = values["initial_residual"].shape[-2:]
+
+    def run(initial_residual: torch.Tensor, *lists: list) -> None:
+        n = initial_residual.numel() // (m * hidden)
+        if not n or TRACING.on:
+            return
+        by_name = dict(zip(_LISTS, lists))
+        layers, post = len(by_name["pre_mix_list"]), len(by_name["layer_output_list"])
+        table = []
+        for name in _ROWS:
+            table += [t.data_ptr() for t in by_name[name]] + [0] * (layers - len(by_name[name]))
+        dev = initial_residual.device
+        host = torch.tensor(table, dtype=torch.int64, pin_memory=dev.type == "cuda")
+        ptrs = host.to(dev, non_blocking=True).view(6, layers)
+        launcher(_KERNEL, mhc_mult=m)(initial_residual.view(n, m, hidden), ptrs, post)
+
+    return run
+
+
+_PARAMS = (TensorParam("initial_residual", _BF16), *(_list_param(n, n in _LISTS[4:]) for n in _LISTS))
+RECOMPUTE = OpSpec(_OP, _PARAMS, "()", _plan, relations=lambda op, values: _check(op, *values.values()),
+                   schema_args=schema_args(_PARAMS))
+
+
+def mhc_multilayer_recompute(initial_residual: torch.Tensor, pre_mix_list: list[torch.Tensor],
+                             layer_output_list: list[torch.Tensor], post_mix_list: list[torch.Tensor],
+                             comb_mix_list: list[torch.Tensor], layer_input_list: list[torch.Tensor],
+                             residual_list: list[torch.Tensor]) -> None:
+    """Write ``layer_input_list`` and ``residual_list`` in place: see the module docstring."""
+    return RECOMPUTE(initial_residual, pre_mix_list, layer_output_list, post_mix_list, comb_mix_list,
+                     layer_input_list, residual_list)
+
+
+SPECS = (RECOMPUTE,)
+TORCH_OPS = torch_ops(RECOMPUTE)
 
 __all__ = ["MULTS", "mhc_multilayer_recompute"]

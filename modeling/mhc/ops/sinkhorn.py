@@ -9,7 +9,8 @@ needs a scratch of ``(2 * repeat - 1) * M`` floats per matrix while it runs.
 
 x: fp32 ``[..., M, M]`` with ``M`` in 2, 4, 8 (any leading dims, 0 matrices included, any
 strides: a non-contiguous x is copied); returns fp32 of x's shape.  Bad arguments raise
-:class:`tilebin.runtime.ArgumentError` before any GPU work.
+:class:`tilebin.runtime.ArgumentError` before any GPU work.  OpSpec ops: ``tilebin::sinkhorn_normalize``
+(``for_backward``: also check the backward's scratch limit) and ``tilebin::sinkhorn_normalize_bwd``.
 """
 
 from __future__ import annotations
@@ -18,68 +19,99 @@ from typing import Any
 
 import torch
 
-from tilebin.ops._common import aligned_input, check_cuda, check_float32, check_int, check_tensor, fail, launcher
+from tilebin.ops._common import aligned_input, fail, launcher
+from tilebin.ops._spec import FlagParam, IntParam, OpSpec
 
-_OP = "sinkhorn_normalize"
+from ._rows import FP32, Streams, float_param, ordered, torch_ops
+
 MULTS = (2, 4, 8)  # the prebuilt mhc_mult variants
 MAX_REPEAT = 1 << 20
 _INT32_MAX = 2**31 - 1
 
 
-def _check(x: Any, repeat: Any, eps: Any) -> tuple[int, int, int, float]:
-    """``(M, number of matrices, repeat, eps)`` after every check but the device."""
-    check_tensor(_OP, "x", x, (torch.float32,))
+def _check(op: str, x: torch.Tensor, repeat: int, eps: float, for_backward: bool = False) -> None:
+    """Every check but the dtype, the scalars and the device, in today's order."""
     if x.dim() < 2 or x.shape[-1] != x.shape[-2] or x.shape[-1] not in MULTS:
-        raise fail(_OP, f"x has shape {tuple(x.shape)}; supported: [..., M, M] with M (mhc_mult) in "
-                        f"{', '.join(map(str, MULTS))}")
-    m = x.shape[-1]
-    repeat = check_int(_OP, "repeat", repeat, 1, MAX_REPEAT)
-    eps = check_float32(_OP, "eps", eps)
+        raise fail(op, f"x has shape {tuple(x.shape)}; supported: [..., M, M] with M (mhc_mult) in "
+                       f"{', '.join(map(str, MULTS))}")
     if x.numel() > _INT32_MAX:
-        raise fail(_OP, f"x has {x.numel()} elements; supported: at most {_INT32_MAX} (split the call)")
-    return m, x.numel() // (m * m), repeat, eps
+        raise fail(op, f"x has {x.numel()} elements; supported: at most {_INT32_MAX} (split the call)")
+    m = x.shape[-1]
+    n = x.numel() // (m * m)
+    if for_backward and (2 * repeat - 1) * n * m > _INT32_MAX:  # the backward's scratch stays int32-indexable
+        raise fail(op, f"the backward of {n} matrices with repeat={repeat} needs {(2 * repeat - 1) * n * m} "
+                       f"scratch floats; supported: (2 * repeat - 1) * tokens * M <= {_INT32_MAX} "
+                       f"(lower repeat or split the tokens)")
 
 
-def _check_work(n: int, m: int, repeat: int) -> None:
-    """The backward's scratch (``2 * repeat - 1`` sums of M floats per matrix) stays int32-indexable."""
-    if (2 * repeat - 1) * n * m > _INT32_MAX:
-        raise fail(_OP, f"the backward of {n} matrices with repeat={repeat} needs {(2 * repeat - 1) * n * m} "
-                        f"scratch floats; supported: (2 * repeat - 1) * tokens * M <= {_INT32_MAX} "
-                        f"(lower repeat or split the tokens)")
+def _plain(x: torch.Tensor, repeat: int, eps: float, for_backward: bool = False) -> bool:
+    return (2 * repeat - 1 if for_backward else 1) * x.numel() <= _INT32_MAX
+
+
+def _plan_fwd(values: dict):
+    m, repeat, eps = values["x"].shape[-1], values["repeat"], values["eps"]
+    fn = launcher("mhc.sinkhorn_fwd", mhc_mult=m)
+
+    def run(x: torch.Tensor, *_: Any) -> torch.Tensor:
+        out = torch.empty(x.shape, dtype=torch.float32, device=x.device)
+        if x.numel():
+            fn(aligned_input(x.contiguous()).view(-1, m, m), out.view(-1, m, m), repeat, eps)
+        return out
+
+    return run
+
+
+def _plan_bwd(values: dict):
+    m, repeat, eps = values["x"].shape[-1], values["repeat"], values["eps"]
+    fn = launcher("mhc.sinkhorn_bwd", mhc_mult=m)
+
+    def run(grad_out: torch.Tensor, x: torch.Tensor, *_: Any) -> torch.Tensor:
+        grad_in = torch.empty(x.shape, dtype=torch.float32, device=x.device)
+        n = x.numel() // (m * m)
+        if n:
+            work = torch.empty((2 * repeat - 1, n, m), dtype=torch.float32, device=x.device)
+            fn(aligned_input(grad_out.to(torch.float32).contiguous()).view(n, m, m),
+               aligned_input(x.contiguous()).view(n, m, m), grad_in.view(n, m, m), work, eps)
+        return grad_in
+
+    return run
+
+
+def _check_bwd(op: str, grad_out: torch.Tensor, x: torch.Tensor, repeat: int, eps: float) -> None:
+    _check(op, x, repeat, eps, True)
+    if grad_out.shape != x.shape:
+        raise fail(op, f"grad_out has shape {tuple(grad_out.shape)}, want x's {tuple(x.shape)}")
+
+
+_SCALARS = (IntParam("repeat", 1, MAX_REPEAT), float_param("eps"))
+SINKHORN = OpSpec("sinkhorn_normalize", (Streams("x", FP32), *_SCALARS, FlagParam("for_backward", "False")),
+                  "Tensor", _plan_fwd, **ordered(_check, _plain))
+SINKHORN_BWD = OpSpec("sinkhorn_normalize_bwd", (Streams("grad_out", FP32), Streams("x", FP32), *_SCALARS),
+                      "Tensor", _plan_bwd,
+                      **ordered(_check_bwd, lambda g, x, r, e: g.shape == x.shape and _plain(x, r, e, True)))
 
 
 class SinkhornNormalize(torch.autograd.Function):
     """``apply(x, repeat, eps)``: see the module docstring."""
 
     @staticmethod
-    def forward(ctx, x, repeat, eps):
-        m, n, repeat, eps = _check(x, repeat, eps)
-        if ctx.needs_input_grad[0]:
-            _check_work(n, m, repeat)
-        check_cuda(_OP, x=x)
-        x3 = aligned_input(x.contiguous()).view(n, m, m)
-        out = torch.empty((n, m, m), dtype=torch.float32, device=x.device)
-        if n:
-            launcher("mhc.sinkhorn_fwd", mhc_mult=m)(x3, out, repeat, eps)
-        ctx.save_for_backward(x3)
-        ctx.meta = (m, n, repeat, eps)
-        return out.view(x.shape)
+    def forward(ctx: Any, x: torch.Tensor, repeat: int, eps: float) -> torch.Tensor:
+        out = SINKHORN(x, repeat, eps, ctx.needs_input_grad[0])
+        ctx.save_for_backward(x)
+        ctx.scalars = (repeat, eps)
+        return out
 
     @staticmethod
-    def backward(ctx, grad_out):
-        (x3,) = ctx.saved_tensors
-        m, n, repeat, eps = ctx.meta
-        grad_in = torch.empty((n, m, m), dtype=torch.float32, device=x3.device)
-        if n:
-            g3 = aligned_input(grad_out.to(torch.float32).contiguous()).view(n, m, m)
-            work = torch.empty((2 * repeat - 1, n, m), dtype=torch.float32, device=x3.device)
-            launcher("mhc.sinkhorn_bwd", mhc_mult=m)(g3, x3, grad_in, work, eps)
-        return grad_in.view(grad_out.shape), None, None
+    def backward(ctx: Any, grad_out: torch.Tensor) -> tuple:
+        return SINKHORN_BWD(grad_out, *ctx.saved_tensors, *ctx.scalars), None, None
 
 
 def sinkhorn_normalize(x: torch.Tensor, repeat: int = 10, eps: float = 1e-6) -> torch.Tensor:
     """Sinkhorn-normalise the ``[M, M]`` matrices of fp32 ``x`` (``[..., M, M]``): see the module docstring."""
     return SinkhornNormalize.apply(x, repeat, eps)
 
+
+SPECS = (SINKHORN, SINKHORN_BWD)
+TORCH_OPS = (*torch_ops(SINKHORN), *torch_ops(SINKHORN_BWD))
 
 __all__ = ["MULTS", "SinkhornNormalize", "sinkhorn_normalize"]
