@@ -23,11 +23,12 @@ whose body is ``return SPEC(arg1, arg2, ...)``.  ``ops/README.md`` shows one.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 import torch
 from torch.compiler import is_compiling
+
+from tilebin.runtime._record import Factory, record
 
 from ._common import TRACING, check_cuda, check_flag, check_int, check_tensor, fail, typed_key
 from ._torch import TorchOp, traced
@@ -35,7 +36,7 @@ from ._torch import TorchOp, traced
 _MEMO_MAX = 256  # configurations kept per op (a process sees a handful; the cap bounds a shape sweep)
 
 
-@dataclass(frozen=True)
+@record
 class TensorParam:
     """A tensor parameter: one of ``dtypes``, ``ndim`` dims (None: any), contiguous if asked, at
     most ``max_numel`` elements (checked per call), written by the op if ``mutated``; None
@@ -89,7 +90,7 @@ class TensorParam:
         return (t.dtype, t.device, len(s), s[1:]) if self.rows_vary else (t.dtype, t.device, s)
 
 
-@dataclass(frozen=True)
+@record
 class IntParam:
     """An int parameter in ``[lo, hi]`` (integer-likes converted; bools, floats and tensors refused);
     ``hi`` defaults to the kernels' int32 limit; None accepted if ``optional``."""
@@ -113,7 +114,7 @@ class IntParam:
         return type(value), value
 
 
-@dataclass(frozen=True)
+@record
 class FlagParam:
     """A bool parameter (the ints 0 and 1 accepted, as tile_kernels' callers pass them)."""
 
@@ -129,7 +130,7 @@ class FlagParam:
         return type(value), value
 
 
-@dataclass(frozen=True)
+@record
 class Param:
     """Any other parameter: ``schema_type`` as torch.library writes it (``"str"``, ``"float?"``,
     ``"int[]"``, ``"ScalarType"``...), checked by ``check(op, value) -> checked value`` (raise
@@ -208,7 +209,7 @@ def _checks_per_call(p: Any) -> bool:
     return getattr(p, "call_check", None) is not None
 
 
-@dataclass
+@record(frozen=False, eq=False)
 class OpSpec:
     """One op, declared once (see the module docstring).
 
@@ -237,8 +238,8 @@ class OpSpec:
     relations: Optional[Callable[[str, dict], None]] = None
     per_call: Optional[Callable[[str, tuple], None]] = None
     schema_args: Optional[str] = None
-    torch: dict = field(default_factory=dict, repr=False)
-    memo: dict = field(default_factory=dict, repr=False)
+    torch: dict = Factory(dict)
+    memo: dict = Factory(dict)
 
     def __post_init__(self) -> None:
         params = self.params

@@ -27,10 +27,11 @@ from __future__ import annotations
 
 import importlib
 import threading
-from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 import torch
+
+from tilebin.runtime._record import record
 
 from ._common import TRACING, check_flag, check_int, fail
 
@@ -62,7 +63,7 @@ def _one(result: Any) -> Any:
     return result
 
 
-@dataclass(frozen=True)
+@record
 class TorchOp:
     """How public op ``name`` maps onto the custom op ``tilebin::<name>``.
 

@@ -5,7 +5,9 @@
 ``Factory`` defaults made per instance), ``__repr__``, ``__eq__`` (same class, fields in order)
 and ``__hash__`` (of the fields), and assignment refused with :class:`FrozenRecordError`.
 ``eq=False`` keeps identity equality and hashing; ``frozen=False`` allows assignment (and, with
-``eq``, makes instances unhashable, as dataclasses do).
+``eq``, makes instances unhashable, as dataclasses do).  As with dataclasses, a ``@record``
+subclass of a record has its base's fields first, then its own; re-annotating a base field gives
+it a new default in place; a ``__post_init__`` method runs after ``__init__`` has set the fields.
 
 Why: ``dataclasses`` generates each class's methods with several ``exec`` calls and inspects
 every annotation; the ~20 spec classes imported before an op's first launch cost more than half
@@ -51,11 +53,20 @@ def is_record(obj: Any) -> bool:
     return hasattr(type(obj), "__record_fields__")
 
 
-def _init(names: tuple[str, ...], defaults: dict[str, Any], frozen: bool) -> Callable[..., None]:
+def replace(obj: Any, **changes: Any) -> Any:
+    """A copy of record ``obj`` with ``changes`` to its fields (``dataclasses.replace``)."""
+    unknown = set(changes) - set(record_fields(obj))
+    if unknown:
+        raise TypeError(f"{type(obj).__name__} has no field {sorted(unknown)[0]!r}")
+    return type(obj)(**{n: changes.get(n, getattr(obj, n)) for n in record_fields(obj)})
+
+
+def _init(cls: type, names: tuple[str, ...], defaults: dict[str, Any], frozen: bool) -> Callable[..., None]:
     """The class's ``__init__``: arguments bound to fields by position or name, defaults filled."""
     index = {n: i for i, n in enumerate(names)}
     fill = tuple(defaults.get(n, _MISSING) for n in names)
     put = object.__setattr__ if frozen else setattr
+    post = getattr(cls, "__post_init__", None)
 
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
         if len(args) > len(names):
@@ -74,6 +85,8 @@ def _init(names: tuple[str, ...], defaults: dict[str, Any], frozen: bool) -> Cal
                     raise TypeError(f"{type(self).__name__}() missing argument {names[i]!r}")
                 value = d.make() if isinstance(d, Factory) else d
             put(self, names[i], value)
+        if post is not None:
+            post(self)
 
     return __init__
 
@@ -100,11 +113,15 @@ def record(cls: type | None = None, /, *, frozen: bool = True, eq: bool = True) 
     """Make ``cls`` a value class (see the module docstring); usable bare or with arguments."""
 
     def wrap(cls: type) -> type:
-        names = tuple(cls.__dict__.get("__annotations__", {}))
-        defaults = {n: cls.__dict__[n] for n in names if n in cls.__dict__}
+        base = next((b for b in cls.__mro__[1:] if "__record_fields__" in b.__dict__), None)
+        own = tuple(cls.__dict__.get("__annotations__", {}))
+        names = (() if base is None else base.__record_fields__)
+        names += tuple(n for n in own if n not in names)
+        defaults = {} if base is None else dict(base.__record_defaults__)
+        defaults.update({n: cls.__dict__[n] for n in own if n in cls.__dict__})
         if any(n in defaults and m not in defaults for n, m in zip(names, names[1:])):
             raise TypeError(f"{cls.__name__}: a field without a default follows one with a default")
-        methods = {"__init__": _init(names, defaults, frozen), **_methods(names)}
+        methods = {"__init__": _init(cls, names, defaults, frozen), **_methods(names)}
         if not eq:
             del methods["__eq__"], methods["__hash__"]
         elif not frozen:
@@ -113,15 +130,15 @@ def record(cls: type | None = None, /, *, frozen: bool = True, eq: bool = True) 
             if fn is not None:
                 fn.__qualname__ = f"{cls.__qualname__}.{name}"
             setattr(cls, name, fn)
-        for n, d in defaults.items():
-            if isinstance(d, Factory):
+        for n in own:
+            if isinstance(cls.__dict__.get(n), Factory):
                 delattr(cls, n)
         if frozen:
             cls.__setattr__, cls.__delattr__ = _frozen_setattr, _frozen_delattr
-        cls.__record_fields__ = names
+        cls.__record_fields__, cls.__record_defaults__ = names, defaults
         return cls
 
     return wrap if cls is None else wrap(cls)
 
 
-__all__ = ["Factory", "FrozenRecordError", "is_record", "record", "record_fields"]
+__all__ = ["Factory", "FrozenRecordError", "is_record", "record", "record_fields", "replace"]

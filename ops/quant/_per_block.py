@@ -13,10 +13,11 @@ stream.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
+
+from tilebin.runtime._record import record
 
 from .._common import aligned_input, check_cuda, check_tensor, fail, launcher, ptr
 from .._spec import FlagParam, OpSpec, Param, TensorParam
@@ -31,7 +32,7 @@ _IN_DTYPES = (torch.bfloat16, torch.float32)
 _KERNEL = "quant.per_block_cast"
 
 
-@dataclass(frozen=True)
+@record
 class _Rows(TensorParam):
     """``x`` of the per-block casts, bf16/fp32 ``[tokens, hidden]``, with this module's checks and
     wording (:func:`check_rows`): contiguous, ``hidden % 64 == 0``, at most 2**31 - 1 elements,

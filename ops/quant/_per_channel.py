@@ -23,10 +23,11 @@ checked (it would need a device sync): the values of ``pos_to_token``; a positio
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, Callable, Optional, Union
 
 import torch
+
+from tilebin.runtime._record import record
 
 from .._common import TRACING, aligned_input, check_cuda, fail, launcher
 from .._spec import FlagParam, OpSpec, Param, TensorParam
@@ -58,7 +59,7 @@ def _dummy(device: torch.device, dtype: torch.dtype, ndim: int) -> torch.Tensor:
     return t
 
 
-@dataclass(frozen=True)
+@record
 class _Matrix(TensorParam):
     """A 2-D tensor of ``dtypes``, contiguous, ``hidden % align == 0``, 16-byte aligned, in this
     module's wording (:func:`check_matrix`); contiguity and alignment checked on every call.
@@ -79,7 +80,7 @@ class _Matrix(TensorParam):
             check_matrix(op, self.name, t, self.dtypes, self.align)  # says which (the first call's message)
 
 
-@dataclass(frozen=True)
+@record
 class _Positions(TensorParam):
     """``pos_to_token``: None, or int32 ``[num_tokens_out]``, contiguous, 4-byte aligned
     (:func:`check_pos`; contiguity and alignment checked on every call)."""

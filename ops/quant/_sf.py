@@ -20,10 +20,11 @@ them into what the op returns, :func:`input_sf` reads a user's ``(data, sf)`` pa
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import torch
+
+from tilebin.runtime._record import record
 
 from .._common import check_flag, fail
 
@@ -47,7 +48,7 @@ def check_fmt(op: str, fmt: Any, allowed: tuple[str, ...] = ("e4m3", "e2m1")) ->
     return fmt
 
 
-@dataclass(frozen=True)
+@record
 class SfLayout:
     """One scale-factor layout: block shape and storage kind (see the module docstring)."""
 

@@ -9,10 +9,11 @@ the op has always checked them) and the checks between parameters that the key d
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, Optional
 
 import torch
+
+from tilebin.runtime._record import record
 
 from .._common import check_aligned, check_float32, check_tensor, fail, ptr
 from .._spec import IntParam, Param, TensorParam
@@ -92,7 +93,7 @@ def sf_clamp_min(op: str, value: Any) -> float:
     return check_float(op, "sf_clamp_min", value, 1e-4)
 
 
-@dataclass(frozen=True)
+@record
 class IntChoice(IntParam):
     """An int parameter that takes only ``allowed`` (bools and other types refused; None: any value
     here, checked in the op's relations), keyed as an IntParam: type and value, inline in the key."""

@@ -4,7 +4,6 @@ tensors get as far as the device check (the last one)."""
 
 from __future__ import annotations
 
-from dataclasses import replace
 
 import pytest
 import torch
@@ -14,6 +13,7 @@ from tilebin.ops._spec import TensorParam
 
 from tilebin.ops.moe import _stats as st
 from tilebin.runtime import ArgumentError
+from tilebin.runtime._record import replace
 
 
 def _idx(tokens=4, topk=2, dtype=torch.int64):

@@ -81,3 +81,40 @@ def test_fields_and_declaration_errors():
         class Bad:
             a: int = 0
             b: int
+
+
+@record
+class Point3(Point):
+    y: int = 5  # a base field re-declared: new default, same position
+    z: int = 0
+
+
+@record(frozen=False, eq=False)
+class Counted:
+    n: int
+    seen: list = Factory(list)
+
+    def __post_init__(self) -> None:
+        self.seen.append(self.n)
+
+
+def test_subclass_fields_follow_the_base_and_post_init_runs():
+    assert record_fields(Point3) == ("x", "y", "tags", "z")
+    p = Point3(1)
+    assert (p.x, p.y, p.tags, p.z) == (1, 5, {}, 0)
+    assert Point3(1, 2, {}, 3).z == 3 and Point(1).y == 0  # the base keeps its own default
+    assert Point3(1) == Point3(1) and Point3(1) != Point(1, 5)  # equality is per class, as dataclasses
+    with pytest.raises(FrozenRecordError):
+        p.z = 1
+    c = Counted(4)
+    assert c.seen == [4] and Counted(4) != c  # identity equality with eq=False
+
+
+def test_replace_copies_with_changes():
+    from tilebin.runtime._record import replace
+
+    p = Point3(1, 2, {"a": 1}, 3)
+    q = replace(p, z=4)
+    assert (q.x, q.y, q.tags, q.z) == (1, 2, {"a": 1}, 4) and type(q) is Point3 and p.z == 3
+    with pytest.raises(TypeError, match="no field 'w'"):
+        replace(p, w=1)
