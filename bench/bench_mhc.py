@@ -44,6 +44,7 @@ CANDIDATES: dict = {
     "expand_to_mhc fwd": ("mhc._expand_fwd_candidate", {}),
     "mhc_pre_apply_mix fwd": ("mhc._pre_apply_mix_fwd_candidate", {"mhc": M}),
     "mhc_post_fwd": ("mhc._post_fwd_candidate", {"mhc": M}),
+    "mhc_multilayer_recompute (2 layers)": ("mhc._multilayer_recompute_candidate", {"mhc_mult": M}),
 }
 MODULES = ("expand", "pre_apply_mix", "post", "head_compute_mix", "sinkhorn", "pre_split_mixes",
            "multilayer_recompute", "norm_fn", "pre_big_fuse")
@@ -108,9 +109,27 @@ def _inputs(n1: int, hidden: int):
                 scale=scale, base=base)
 
 
-def _candidate_call(label: str, t: dict):
-    """The call of ``label``'s candidate kernel on the inputs ``t``: the launch the shipped op
-    makes (same views, same variant key), the output allocated per call as the op does."""
+def _recompute_call(fn, r, lists: tuple):
+    """The multilayer recompute candidate's call: the op's pointer table (rows pre_mix,
+    layer_input, layer_output, post_mix, comb_mix, residual; padded to the layer count) copied to
+    the device per call from pinned memory, as the op does, then the launch."""
+    import torch
+
+    pre, l_in, outs, post, comb, res = lists
+    layers, mhc, hidden = len(pre), r.shape[-2], r.shape[-1]
+    table = [t.data_ptr() for row in (pre, l_in, outs, post, comb, res) for t in row]  # one per layer each
+
+    def call():
+        host = torch.tensor(table, dtype=torch.int64, pin_memory=True)
+        ptrs = host.to(r.device, non_blocking=True).view(6, layers)
+        fn(r.view(-1, mhc, hidden), ptrs, len(outs))
+    return call
+
+
+def _candidate_call(label: str, t: dict, lists: tuple | None = None):
+    """The call of ``label``'s candidate kernel on the inputs ``t`` (and, for multilayer
+    recompute, its tensor lists): the launch the shipped op makes (same views, same variant key),
+    the output allocated per call as the op does."""
     import torch
 
     from tilebin import runtime
@@ -119,6 +138,8 @@ def _candidate_call(label: str, t: dict):
     fn = runtime.unchecked_launcher(kernel, **key)
     r, x, pre, post, comb = t["r"], t["x"], t["pre"], t["post"], t["comb"]
     mhc, hidden = r.shape[-2:]
+    if lists is not None:
+        return _recompute_call(fn, r, lists)
     if label == "expand_to_mhc fwd":
         def call():
             out = torch.empty(r.shape, dtype=torch.bfloat16, device=x.device)
@@ -163,11 +184,11 @@ def rows_for(ours: dict, peer, n1: int, hidden: int, candidate: bool = False):
 
     rows = []
 
-    def add(label, name, build, moved):
+    def add(label, name, build, moved, lists=None):
         mine, theirs = both(name, build)
         rows.append((label, name, mine, theirs, moved))
         if candidate and label in CANDIDATES:
-            cand = (lambda: _candidate_call(label, t)) if name in ours else None
+            cand = (lambda: _candidate_call(label, t, lists)) if name in ours else None
             rows.append((f"{label} (candidate)", name, cand, theirs, moved))
 
     add("expand_to_mhc fwd", "expand", lambda m: (lambda: m.expand_to_mhc(x, M)), _nbytes(x, r))
@@ -215,7 +236,8 @@ def rows_for(ours: dict, peer, n1: int, hidden: int, candidate: bool = False):
     add(f"mhc_multilayer_recompute ({layers} layers)", "multilayer_recompute",
         lambda m: (lambda: m.mhc_multilayer_recompute(r, [pre] * layers, outs, [post] * layers, [comb] * layers,
                                                       l_in, res)),
-        _nbytes(r) + layers * _nbytes(x, pre, post, comb) + layers * _nbytes(x, r))
+        _nbytes(r) + layers * _nbytes(x, pre, post, comb) + layers * _nbytes(x, r),
+        ([pre] * layers, l_in, outs, [post] * layers, [comb] * layers, res))
     return rows
 
 

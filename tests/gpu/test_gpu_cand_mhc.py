@@ -7,7 +7,9 @@ arguments and variant key the shipped op passes its kernel), into an output pre-
 result on the same fresh random inputs, the op called with ``out=`` (also NaN-filled) and
 without.  Shapes: leading dims ``(1, n1)`` with n1 in {1, 13, 4096}, hidden in {1280, 4096,
 7168, 4160} (4160 = 65 x 64: a last 128-vector chunk of 8 vectors), mhc_mult 4, 2 and 8 (and 3
-for expand, whose stream count is a run-time value).
+for expand, whose stream count is a run-time value).  Multilayer recompute (which has no ``out=``;
+every tensor of its lists is an output or an input) runs 2 layers with 2 and with 1 completed
+layer (``num_post`` = ``num_layers`` and ``num_layers - 1``), the written lists NaN-filled for both.
 """
 
 from __future__ import annotations
@@ -89,3 +91,38 @@ def test_expand_fwd_candidate(rt, require, m, n1, h, given):
     rt.unchecked_launcher("mhc._expand_fwd_candidate")(x.view(-1, h), got.view(-1, m, h))
     assert not want.isnan().any(), "the shipped op left NaN"
     assert torch.equal(got, want), f"expand fwd candidate differs at m{m} n1 {n1} h{h}"
+
+
+RECOMPUTE_CASES = [(m, n1, h, post) for m in (4, 2, 8) for n1 in N1 for h in HIDDEN for post in (2, 1)]
+RECOMPUTE_IDS = [f"m{m}-n{n1}-h{h}-post{post}" for m, n1, h, post in RECOMPUTE_CASES]
+
+
+@pytest.mark.parametrize("m, n1, h, post", RECOMPUTE_CASES, ids=RECOMPUTE_IDS)
+def test_multilayer_recompute_candidate(rt, require, m, n1, h, post):
+    from tilebin.modeling.mhc import ops
+
+    require("mhc._multilayer_recompute_candidate")
+    seed("cand_mhc_recompute", m, n1, h, post)
+    layers = 2
+    r0 = _bf16(1, n1, m, h)
+    pre = [torch.rand(1, n1, m, 1, device="cuda") for _ in range(layers)]
+    outs = [_bf16(1, n1, h) for _ in range(post)]
+    posts = [torch.randn(1, n1, m, 1, device="cuda") * 2 for _ in range(post)]
+    combs = [torch.rand(1, n1, m, m, device="cuda") for _ in range(post)]
+
+    def written():
+        return [_nan_like((1, n1, h)) for _ in range(layers)], [_nan_like((1, n1, m, h)) for _ in range(post)]
+
+    want_in, want_res = written()
+    ops.mhc_multilayer_recompute(r0, pre, outs, posts, combs, want_in, want_res)
+    got_in, got_res = written()
+    rows = (pre, got_in, outs, posts, combs, got_res)
+    table = []
+    for row in rows:
+        table += [t.data_ptr() for t in row] + [0] * (layers - len(row))
+    ptrs = torch.tensor(table, dtype=torch.int64, device="cuda").view(6, layers)
+    rt.unchecked_launcher("mhc._multilayer_recompute_candidate", mhc_mult=m)(r0.view(-1, m, h), ptrs, post)
+    for name, got, want in (("layer_input", got_in, want_in), ("residual", got_res, want_res)):
+        for i, (g, w) in enumerate(zip(got, want)):
+            assert not w.isnan().any(), f"the shipped op left NaN in {name}[{i}]"
+            assert torch.equal(g, w), f"multilayer recompute candidate: {name}[{i}] differs at m{m} n1 {n1} h{h}"
