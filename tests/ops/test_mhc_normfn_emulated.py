@@ -23,6 +23,7 @@ from mhc_ref import big_fuse as bref
 from mhc_ref import norm_fn as ref
 from tilebin.modeling.mhc.ops import norm_fn as nf
 from tilebin.modeling.mhc.ops import pre_big_fuse as bf
+from tilebin.ops import _spec
 
 
 def _split_ranges(k: int, s: int) -> list[tuple[int, int]]:
@@ -128,7 +129,9 @@ def calls(monkeypatch):
 
     for mod in (nf, bf):
         monkeypatch.setattr(mod, "launcher", launcher)
-        monkeypatch.setattr(mod, "check_cuda", lambda *a, **k: None)
+        for spec in mod.SPECS:  # plans built under this launcher, forgotten after the test
+            monkeypatch.setattr(spec, "memo", {})
+    monkeypatch.setattr(_spec, "check_cuda", lambda *a, **k: None)
     return log
 
 

@@ -147,7 +147,7 @@ def schema_args(params: tuple, skip: tuple = ()) -> str:
     parts, sets = [], iter("abcdefgh")
     for p in params:
         if p.name not in skip:
-            kind = p.schema_type.replace("(a!)", f"({next(sets)}!)")
+            kind = p.schema_type.replace("(a!)", f"({next(sets)}!)") if "(a!)" in p.schema_type else p.schema_type
             parts.append(f"{kind} {p.name}" + ("" if p.default is None else f"={p.default}"))
     return ", ".join(parts)
 

@@ -19,6 +19,9 @@ is removed and None is returned for the residual; otherwise (or with ``fuse_grad
 a fresh gradient is returned.  With a norm weight, the ``main_grad`` convention holds for
 ``fn`` and ``norm_weight``: a ``main_grad`` attribute (contiguous fp32 of the parameter's
 shape) receives the gradient in place and None is returned for that parameter.
+
+OpSpec ops: ``tilebin::mhc_pre_norm_fn`` (which also returns the TF32 ``fn`` and the backward's
+saved sums) and ``tilebin::mhc_pre_norm_fn_bwd`` (which writes or adds into its gradient buffers).
 """
 
 from __future__ import annotations
@@ -26,17 +29,12 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from torch.compiler import is_compiling
 
-from tilebin.ops._common import (
-    aligned_input,
-    check_cuda,
-    check_flag,
-    check_float32,
-    check_int,
-    check_tensor,
-    fail,
-    launcher,
-)
+from tilebin.ops._common import aligned_input, check_tensor, fail, launcher
+from tilebin.ops._spec import FlagParam, IntParam, OpSpec, TensorParam
+
+from ._rows import FP32, STASH, Rows, Streams, check_shape, float_param, ordered, schema_args, torch_ops
 
 _OP = "mhc_pre_norm_fn"
 MULTS = (4, 2, 8)  # mhc_mult values with prebuilt kernels
@@ -89,14 +87,23 @@ def check_fn(op: str, fn: Any, mult: int, hidden: int) -> None:
         raise fail(op, f"fn must be contiguous (strides {tuple(fn.stride())}); call .contiguous()")
 
 
-def _check_weight(norm_weight: Any, k: int) -> None:
+def _check(op: str, residual: torch.Tensor, fn: torch.Tensor, norm_weight: Any, *_: Any) -> None:
+    """Every check of the forward but the dtypes, the scalars and the device, in today's order."""
+    mult, hidden, _ = check_residual(op, residual)
+    check_fn(op, fn, mult, hidden)
     if norm_weight is None:
         return
-    check_tensor(_OP, "mhc_norm_weight", norm_weight, (torch.float32,), 1)
-    if norm_weight.shape[0] != k:
-        raise fail(_OP, f"mhc_norm_weight has shape {tuple(norm_weight.shape)}; want [mhc_mult * hidden] = [{k}]")
+    if norm_weight.shape[0] != mult * hidden:
+        raise fail(op, f"mhc_norm_weight has shape {tuple(norm_weight.shape)}; want [mhc_mult * hidden] = "
+                       f"[{mult * hidden}]")
     if not norm_weight.is_contiguous():
-        raise fail(_OP, "mhc_norm_weight must be contiguous; call .contiguous()")
+        raise fail(op, "mhc_norm_weight must be contiguous; call .contiguous()")
+
+
+def _plain(residual: torch.Tensor, fn: Any = None, norm_weight: Any = None, *_: Any) -> bool:
+    """What the memo key leaves out holds: contiguity, and the residual's size."""
+    return (residual.is_contiguous() and residual.numel() < 2**31 and (fn is None or fn.is_contiguous())
+            and (norm_weight is None or norm_weight.is_contiguous()))
 
 
 def _main_grad_of(param: torch.Tensor, name: str) -> torch.Tensor | None:
@@ -131,79 +138,136 @@ def forward_partials(x: torch.Tensor, fn_eff: torch.Tensor, mult: int, n_splits:
     return part_mul, part_sq
 
 
-class MHCPreNormFn(torch.autograd.Function):
-    """``apply(residual, fn, norm_eps, fuse_grad_acc, n_splits[, norm_weight])`` -> fp32 ``[..., N]``.
+def _plan_fwd(values: dict):
+    mult, hidden = values["residual"].shape[-2:]
+    eps, splits, k, n = values["mhc_norm_eps"], values["n_splits"], mult * hidden, values["fn"].shape[0]
 
-    Arguments are validated by :func:`mhc_pre_norm_fn`'s checks (repeated here, so a direct
-    ``apply`` is checked too).
-    """
+    def run(residual, fn, norm_weight, *_):
+        x, dev = aligned_input(residual.view(-1, k)), residual.device
+        t = x.shape[0]
+        fn_eff = prep_fn(aligned_input(fn), aligned_input(norm_weight))
+        out, out_mul = (torch.empty((t, n), dtype=torch.float32, device=dev) for _ in range(2))
+        sqrsum = torch.empty((t,), dtype=torch.float32, device=dev)
+        if t:
+            part_mul, part_sq = forward_partials(x, fn_eff, mult, splits)
+            launcher("mhc.norm_fn_fwd_norm", mhc_mult=mult)(part_mul, part_sq, out, out_mul, sqrsum, k, eps)
+        return out.view(*residual.shape[:-2], n), fn_eff, out_mul, sqrsum
+
+    return run
+
+
+def _plan_bwd(values: dict):
+    mult, hidden = values["residual"].shape[-2:]
+    eps, k, n = values["eps"], mult * hidden, values["fn"].shape[0]
+
+    def run(out_grad, residual, fn, fn_eff, norm_weight, out_mul, sqrsum, _, x_grad, accumulate, fn_grad, w_grad,
+            grad_acc) -> None:
+        x, dev = aligned_input(residual.view(-1, k)), residual.device
+        t = x.shape[0]
+        part = torch.empty((num_token_splits(t, k), n, k), dtype=torch.float32, device=dev)
+        g_mul = torch.empty((t, n), dtype=torch.float32, device=dev)
+        g_sq = torch.empty((t,), dtype=torch.float32, device=dev)
+        if t:
+            launcher("mhc.norm_fn_bwd_norm", mhc_mult=mult)(out_grad.reshape(t, n).contiguous(), out_mul, sqrsum,
+                                                            g_mul, g_sq, k, eps)
+        launcher("mhc.norm_fn_bwd_mul", mhc_mult=mult)(g_mul, g_sq, x, fn_eff, x_grad.view(t, k), part,
+                                                       1 if accumulate else 0)
+        if norm_weight is None:
+            empty = fn_grad.new_empty((0,))
+            launcher("mhc.norm_fn_grad_reduce")(part, fn, empty, fn_grad, empty, 0, 0)
+        else:
+            launcher("mhc.norm_fn_grad_reduce")(part, fn, norm_weight, fn_grad, w_grad, 1, 1 if grad_acc else 0)
+
+    return run
+
+
+def _check_bwd(op: str, out_grad, residual, fn, fn_eff, norm_weight, out_mul, sqrsum, eps, x_grad, accumulate,
+               fn_grad, w_grad, grad_acc) -> None:
+    """The backward's buffers match the forward's arguments (autograd's call always passes)."""
+    _check(op, residual, fn, norm_weight)
+    t, n = residual.numel() // (residual.shape[-1] * residual.shape[-2]), fn.shape[0]
+    for name, tensor, shape in (("out_grad", out_grad, (*residual.shape[:-2], n)), ("fn_eff", fn_eff, fn.shape),
+                                ("out_mul", out_mul, (t, n)), ("sqrsum", sqrsum, (t,)), ("x_grad", x_grad, residual.shape),
+                                ("fn_grad", fn_grad, fn.shape), ("w_grad", w_grad, (fn.shape[1],))):
+        if tensor is not None:
+            check_shape(op, name, tensor, tuple(shape), "the forward's shapes")
+            if name != "out_grad" and not tensor.is_contiguous():
+                raise fail(op, f"{name} must be contiguous; call .contiguous()")
+    if (norm_weight is None) != (w_grad is None):
+        raise fail(op, "w_grad must be given exactly when mhc_norm_weight is")
+
+
+def _plain_bwd(out_grad, residual, fn, fn_eff, norm_weight, out_mul, sqrsum, eps, x_grad, *rest: Any) -> bool:
+    t = out_mul.shape[0]
+    return (_plain(residual, fn, norm_weight) and fn_eff.is_contiguous() and out_grad.shape[:-1] == residual.shape[:-2] and sqrsum.shape[0] == t
+            and x_grad.shape == residual.shape and x_grad.is_contiguous() and out_mul.is_contiguous()
+            and sqrsum.is_contiguous() and residual.numel() == t * residual.shape[-1] * residual.shape[-2])
+
+
+def _weights(w: str = "mhc_norm_weight", mutated: bool = False) -> tuple:
+    return (TensorParam(w, FP32, 1, optional=True, mutated=mutated, rows_vary=False),)
+
+
+_FN = TensorParam("fn", FP32, 2, rows_vary=False)
+NORM_FN = OpSpec(_OP, (Streams("residual", (torch.bfloat16,)), _FN, *_weights(), float_param("mhc_norm_eps"),
+                       FlagParam("fuse_grad_acc", "True"), IntParam("n_splits", 1, default="16")),
+                 "(Tensor, Tensor, Tensor, Tensor)", _plan_fwd, **ordered(_check, _plain))
+_BWD_PARAMS = (Rows("out_grad", FP32), Streams("residual", (torch.bfloat16,)), _FN,
+               TensorParam("fn_eff", FP32, 2, rows_vary=False), *_weights(), Rows("out_mul", FP32),
+               TensorParam("sqrsum", FP32, 1), float_param("eps"),
+               Streams("x_grad", (torch.bfloat16,), mutated=True), FlagParam("accumulate"),
+               TensorParam("fn_grad", FP32, 2, mutated=True, rows_vary=False), *_weights("w_grad", True),
+               FlagParam("grad_acc"))
+NORM_FN_BWD = OpSpec(_OP + "_bwd", _BWD_PARAMS, "()", _plan_bwd, schema_args=schema_args(_BWD_PARAMS),
+                     **ordered(_check_bwd, _plain_bwd))
+
+
+def _stash(residual: torch.Tensor) -> torch.Tensor | None:
+    """The residual gradient mhc_post's backward left on the residual's storage, if any (eager only)."""
+    storage = residual.untyped_storage()
+    if is_compiling() or not hasattr(storage, STASH):
+        return None
+    stash = getattr(storage, STASH)
+    if (not isinstance(stash, torch.Tensor) or stash.dtype != torch.bfloat16 or stash.numel() != residual.numel()
+            or not stash.is_contiguous() or stash.device != residual.device):
+        raise fail(_OP, "the residual's grad_from_mhc_post must be a contiguous bfloat16 tensor of the "
+                        f"residual's shape {tuple(residual.shape)} on {residual.device}")
+    return stash
+
+
+class MHCPreNormFn(torch.autograd.Function):
+    """``apply(residual, fn, norm_eps, fuse_grad_acc, n_splits[, norm_weight])`` -> fp32 ``[..., N]``."""
 
     @staticmethod
     def forward(ctx: Any, residual: torch.Tensor, fn: torch.Tensor, norm_eps: float, fuse_grad_acc: bool,
                 n_splits: int, norm_weight: torch.Tensor | None = None) -> torch.Tensor:
-        mult, hidden, outer = check_residual(_OP, residual)
-        check_fn(_OP, fn, mult, hidden)
-        k = mult * hidden
-        n = fn.shape[0]
-        _check_weight(norm_weight, k)
-        eps = check_float32(_OP, "mhc_norm_eps", norm_eps)
-        fuse = check_flag(_OP, "fuse_grad_acc", fuse_grad_acc)
-        splits = check_int(_OP, "n_splits", n_splits, 1)
-        check_cuda(_OP, residual=residual, fn=fn, mhc_norm_weight=norm_weight)
-        if norm_weight is not None:
+        if isinstance(norm_weight, torch.Tensor) and isinstance(fn, torch.Tensor):  # main_grad misuse fails early
             _main_grad_of(fn, "mhc_fn")
             _main_grad_of(norm_weight, "mhc_norm_weight")
-        x = aligned_input(residual.view(-1, k))
-        t = x.shape[0]
-        fn_eff = prep_fn(aligned_input(fn), aligned_input(norm_weight))
-        out = torch.empty((t, n), dtype=torch.float32, device=residual.device)
-        out_mul = torch.empty((t, n), dtype=torch.float32, device=residual.device)
-        sqrsum = torch.empty((t,), dtype=torch.float32, device=residual.device)
-        if t:
-            part_mul, part_sq = forward_partials(x, fn_eff, mult, splits)
-            launcher("mhc.norm_fn_fwd_norm", mhc_mult=mult)(part_mul, part_sq, out, out_mul, sqrsum, k, eps)
-        ctx.save_for_backward(x, fn, fn_eff, norm_weight, out_mul, sqrsum)
-        ctx.meta = (mult, eps, fuse, tuple(residual.shape))
-        return out.view(*outer, n)
+        out, fn_eff, out_mul, sqrsum = NORM_FN(residual, fn, norm_weight, norm_eps, fuse_grad_acc, n_splits)
+        ctx.save_for_backward(residual, fn, fn_eff, norm_weight, out_mul, sqrsum)
+        ctx.scalars = (norm_eps, fuse_grad_acc)
+        return out
 
     @staticmethod
     def backward(ctx: Any, out_grad: torch.Tensor) -> tuple:
-        x, fn, fn_eff, norm_weight, out_mul, sqrsum = ctx.saved_tensors
-        mult, eps, fuse, shape = ctx.meta
-        t, k = x.shape
-        n = fn_eff.shape[0]
-        g = out_grad.reshape(t, n).to(torch.float32).contiguous()
-        stash = None
-        if fuse and hasattr(x.untyped_storage(), "grad_from_mhc_post"):
-            stash = x.untyped_storage().grad_from_mhc_post
-            if (not isinstance(stash, torch.Tensor) or stash.dtype != torch.bfloat16 or stash.numel() != t * k
-                    or not stash.is_contiguous() or stash.device != x.device):
-                raise fail(_OP, "the residual's grad_from_mhc_post must be a contiguous bfloat16 tensor of the "
-                                f"residual's shape {shape} on {x.device}")
-        x_grad = stash.view(t, k) if stash is not None else torch.empty((t, k), dtype=torch.bfloat16, device=x.device)
-        part = torch.empty((num_token_splits(t, k), n, k), dtype=torch.float32, device=x.device)
-        g_mul = torch.empty((t, n), dtype=torch.float32, device=x.device)
-        g_sq = torch.empty((t,), dtype=torch.float32, device=x.device)
-        if t:
-            launcher("mhc.norm_fn_bwd_norm", mhc_mult=mult)(g, out_mul, sqrsum, g_mul, g_sq, k, eps)
-        launcher("mhc.norm_fn_bwd_mul", mhc_mult=mult)(g_mul, g_sq, x, fn_eff, x_grad, part, 1 if stash is not None else 0)
-        if stash is not None:
-            del x.untyped_storage().grad_from_mhc_post
-        x_out = None if stash is not None else x_grad.view(shape)
-        reduce = launcher("mhc.norm_fn_grad_reduce")
-        if norm_weight is None:
-            fn_grad = torch.empty((n, k), dtype=torch.float32, device=x.device)
-            empty = fn_grad.new_empty((0,))
-            reduce(part, fn, empty, fn_grad, empty, 0, 0)
-            return x_out, fn_grad, None, None, None, None
-        main_fn = _main_grad_of(fn, "mhc_fn")
-        main_w = _main_grad_of(norm_weight, "mhc_norm_weight")
+        residual, fn, fn_eff, norm_weight, out_mul, sqrsum = ctx.saved_tensors
+        eps, fuse = ctx.scalars
+        stash = _stash(residual) if fuse else None
+        x_grad = stash.view(residual.shape) if stash is not None else torch.empty_like(residual)
+        main_fn = main_w = None
+        if norm_weight is not None:
+            main_fn, main_w = _main_grad_of(fn, "mhc_fn"), _main_grad_of(norm_weight, "mhc_norm_weight")
         acc = main_fn is not None or main_w is not None
         new = torch.zeros if acc else torch.empty
-        fn_grad = main_fn if main_fn is not None else new((n, k), dtype=torch.float32, device=x.device)
-        w_grad = main_w if main_w is not None else new((k,), dtype=torch.float32, device=x.device)
-        reduce(part, fn, norm_weight, fn_grad, w_grad, 1, 1 if acc else 0)
-        return (x_out, None if main_fn is not None else fn_grad, None, None, None,
+        fn_grad = main_fn if main_fn is not None else new(fn.shape, dtype=torch.float32, device=fn.device)
+        w_grad = None if norm_weight is None else (
+            main_w if main_w is not None else new(norm_weight.shape, dtype=torch.float32, device=fn.device))
+        NORM_FN_BWD(out_grad.float(), residual, fn, fn_eff, norm_weight, out_mul, sqrsum, eps, x_grad,
+                    stash is not None, fn_grad, w_grad, acc)
+        if stash is not None:
+            delattr(residual.untyped_storage(), STASH)
+        return (None if stash is not None else x_grad, None if main_fn is not None else fn_grad, None, None, None,
                 None if main_w is not None else w_grad)
 
 
@@ -218,5 +282,8 @@ def mhc_pre_norm_fn(
     """The mixes ``[..., M * (M + 2)]`` (fp32) of an mHC residual ``[..., M, H]`` (bf16); see the module."""
     return MHCPreNormFn.apply(residual, mhc_fn, mhc_norm_eps, fuse_grad_acc, n_splits, mhc_norm_weight)
 
+
+SPECS = (NORM_FN, NORM_FN_BWD)
+TORCH_OPS = (*torch_ops(NORM_FN), *torch_ops(NORM_FN_BWD))
 
 __all__ = ["MHCPreNormFn", "mhc_pre_norm_fn"]
