@@ -86,16 +86,18 @@ def multilayer_recompute_candidate(mhc_mult: int):
                                     (rv + j * hv + (p * D + s + 1) * THREADS) * V + e]
                         if num_post > 0:
                             for e in T.vectorized(V):
-                                ring[((1 - s) * S + m) * V + e] = T.make_tensor_from_addr(ptrs[2, 0], o_flat, "bfloat16")[
-                                    (ov + (p * D + s + 1) * THREADS) * V + e]
+                                ring[((1 - s) * S + m) * V + e] = T.make_tensor_from_addr(
+                                    ptrs[2, 0], o_flat, "bfloat16")[(ov + (p * D + s + 1) * THREADS) * V + e]
                     if (p * D + s) * THREADS + tid < hv:
                         for i in T.serial(num_post):
                             for c in T.unroll(m // vm):
                                 for k in T.vectorized(vm):
-                                    pre[c * vm + k] = T.make_tensor_from_addr(ptrs[0, i], (n, m), "float32")[tok, c * vm + k]
+                                    pre[c * vm + k] = T.make_tensor_from_addr(ptrs[0, i], (n, m), "float32")[
+                                        tok, c * vm + k]
                             for c in T.unroll(m // vm):
                                 for k in T.vectorized(vm):
-                                    post[c * vm + k] = T.make_tensor_from_addr(ptrs[3, i], (n, m), "float32")[tok, c * vm + k]
+                                    post[c * vm + k] = T.make_tensor_from_addr(ptrs[3, i], (n, m), "float32")[
+                                        tok, c * vm + k]
                             for c in T.unroll(m * m // 4):
                                 for k in T.vectorized(4):
                                     comb[c * 4 + k] = T.make_tensor_from_addr(ptrs[4, i], (n, m * m), "float32")[
@@ -109,20 +111,22 @@ def multilayer_recompute_candidate(mhc_mult: int):
                                 acc[e] = T.ieee_mul(pre[0], T.Cast("float32", ring[(s * S) * V + e]))
                             for j in T.unroll(m - 1):
                                 for e in T.unroll(V):
-                                    acc[e] = T.ieee_add(acc[e], T.ieee_mul(pre[j + 1],
-                                                                           T.Cast("float32", ring[(s * S + j + 1) * V + e])))
+                                    acc[e] = T.ieee_add(
+                                        acc[e], T.ieee_mul(pre[j + 1],
+                                                           T.Cast("float32", ring[(s * S + j + 1) * V + e])))
                             for e in T.unroll(V):
                                 lb[e] = T.Cast("bfloat16", acc[e])
-                            T.stg128(T.make_tensor_from_addr(ptrs[1, i], o_flat, "bfloat16")[(ov + (p * D + s) * THREADS) * V],
-                                     T.Tensor((1,), "uint32x4", lb.data)[0])
+                            T.stg128(T.make_tensor_from_addr(ptrs[1, i], o_flat, "bfloat16")[
+                                (ov + (p * D + s) * THREADS) * V], T.Tensor((1,), "uint32x4", lb.data)[0])
                             # the residual leaving it, one output stream at a time
                             for o in T.unroll(m):
                                 for e in T.unroll(V):
                                     acc[e] = T.ieee_mul(post[o], T.Cast("float32", ring[(s * S + m) * V + e]))
                                 for j in T.unroll(m):
                                     for e in T.unroll(V):
-                                        acc[e] = T.ieee_add(acc[e], T.ieee_mul(comb[j * m + o],
-                                                                               T.Cast("float32", ring[(s * S + j) * V + e])))
+                                        acc[e] = T.ieee_add(
+                                            acc[e], T.ieee_mul(comb[j * m + o],
+                                                               T.Cast("float32", ring[(s * S + j) * V + e])))
                                 for e in T.unroll(V):
                                     nb[o * V + e] = T.Cast("bfloat16", acc[e])
                             for o in T.unroll(m):
@@ -142,8 +146,9 @@ def multilayer_recompute_candidate(mhc_mult: int):
                                 acc[e] = T.ieee_mul(pre[0], T.Cast("float32", ring[(s * S) * V + e]))
                             for j in T.unroll(m - 1):
                                 for e in T.unroll(V):
-                                    acc[e] = T.ieee_add(acc[e], T.ieee_mul(pre[j + 1],
-                                                                           T.Cast("float32", ring[(s * S + j + 1) * V + e])))
+                                    acc[e] = T.ieee_add(
+                                        acc[e], T.ieee_mul(pre[j + 1],
+                                                           T.Cast("float32", ring[(s * S + j + 1) * V + e])))
                             for e in T.unroll(V):
                                 lb[e] = T.Cast("bfloat16", acc[e])
                             T.stg128(T.make_tensor_from_addr(ptrs[1, num_post], o_flat, "bfloat16")[

@@ -102,12 +102,12 @@ def post_fwd_candidate(mhc: int):
                                 acc[i] = T.ieee_mul(pw[n], T.Cast("float32", ring[(j * S) * V + i]))
                             for m in T.unroll(mhc):
                                 for i in T.unroll(V):
-                                    acc[i] = T.ieee_fmaf(cw[m * mhc + n], T.Cast("float32", ring[(j * S + 1 + m) * V + i]),
-                                                         acc[i])
+                                    acc[i] = T.ieee_fmaf(cw[m * mhc + n],
+                                                         T.Cast("float32", ring[(j * S + 1 + m) * V + i]), acc[i])
                             for i in T.vectorized(V):
                                 ob[i] = T.Cast("bfloat16", acc[i])
-                            T.stg128(T.Tensor(r_flat, "bfloat16", out.data)[(rv + n * nvec + (p * D + j) * THREADS) * V],
-                                     T.Tensor((1,), "uint32x4", ob.data)[0])
+                            T.stg128(T.Tensor(r_flat, "bfloat16", out.data)[
+                                (rv + n * nvec + (p * D + j) * THREADS) * V], T.Tensor((1,), "uint32x4", ob.data)[0])
 
     return main
 

@@ -84,7 +84,8 @@ def pre_apply_mix_fwd_candidate(mhc: int):
                             acc[i] = T.ieee_mul(w[0], T.Cast("float32", ring[(j * mhc) * V + i]))
                         for m in T.unroll(mhc - 1):
                             for i in T.unroll(V):
-                                acc[i] = T.ieee_fmaf(w[m + 1], T.Cast("float32", ring[(j * mhc + m + 1) * V + i]), acc[i])
+                                acc[i] = T.ieee_fmaf(w[m + 1], T.Cast("float32", ring[(j * mhc + m + 1) * V + i]),
+                                                     acc[i])
                         for i in T.vectorized(V):
                             ob[i] = T.Cast("bfloat16", acc[i])
                         T.stg128(T.Tensor(o_flat, "bfloat16", out.data)[(ov + (p * D + j) * THREADS) * V],
