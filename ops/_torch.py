@@ -36,10 +36,11 @@ from tilebin.runtime._record import record
 from ._common import TRACING, check_flag, check_int, fail
 
 # modules that declare TORCH_OPS (imported by register_all, in this order): one per family
-# (quant and moe keep theirs beside the ops, in _torch_ops.py), or the op module itself
+# (quant, moe and mHC keep theirs beside the ops, in _torch_ops.py), or the op module itself
 OP_MODULES = (
     "tilebin.ops.quant._torch_ops", "tilebin.ops.moe._torch_ops",
     "tilebin.ops.engram._gate", "tilebin.ops.engram._hash", "tilebin.ops.transpose._torch_ops",
+    "tilebin.modeling.mhc.ops._torch_ops",
 )
 NAMESPACE = "tilebin"
 

@@ -15,6 +15,8 @@ Values come from a ``random.Random``, so a seed replays a sequence exactly.
 
 from __future__ import annotations
 
+import inspect
+import math
 import random
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -51,6 +53,17 @@ def op_function(op: str) -> Callable:
     from tilebin.ops import engram, moe, quant, transpose
 
     family, name = op.split(".")
+    if family == "mhc":  # the OpSpec ops behind tilebin.modeling.mhc.ops' autograd Functions
+        from tilebin.modeling.mhc.ops._torch_ops import TORCH_OPS
+
+        spec = {o.name: o.public for o in TORCH_OPS}[name]
+
+        def op_call(*args: Any) -> Any:
+            return spec(*args)
+
+        op_call.__signature__ = inspect.Signature(  # type: ignore[attr-defined]  (its parameters, for binding)
+            [inspect.Parameter(p.name, inspect.Parameter.POSITIONAL_OR_KEYWORD) for p in spec.params])
+        return op_call
     return getattr({"quant": quant, "moe": moe, "engram": engram, "transpose": transpose}[family], name)
 
 
@@ -350,10 +363,58 @@ BUILDERS: dict[str, Callable[..., Call]] = {
 }
 
 
+# ------------------------------------------------------------------ mHC builders (the spec'd forward and backward ops)
+def _mhc(rng, dev, big, op):
+    name, lead = op.split(".")[1], rng.choice(((0,), (3,), (2, 5), (1, 1)))
+    m, h = rng.choice((2, 4, 8)), rng.choice((64, 128))
+    bf = lambda *s: rand(s, BF16, dev, rng)  # noqa: E731
+    f = lambda *s: rand(s, FP32, dev, rng)  # noqa: E731
+    out = lambda *s: torch.empty(s, dtype=BF16, device=dev) if rng.random() < 0.3 else None  # noqa: E731
+    x, r, p, c = bf(*lead, h), bf(*lead, m, h), f(*lead, m, 1), f(*lead, m, m)
+    k, t = m * (m + 2), math.prod(lead)
+    fn, w = f(k, m * h), f(m * h) if rng.random() < 0.5 else None
+    flag = rng.random() < 0.5
+    args = {
+        "expand_to_mhc": lambda: [x, m, out(*lead, m, h)], "expand_to_mhc_bwd": lambda: [r],
+        "mhc_post_fwd": lambda: [x, r, p, c, out(*lead, m, h)],
+        "mhc_post_bwd": lambda: [x, r, p, c, bf(*lead, m, h), flag],
+        "mhc_pre_apply_mix": lambda: [r, p, out(*lead, h)],
+        "mhc_pre_apply_mix_bwd": lambda: [x, r, p, torch.empty_like(r), flag],
+        "mhc_head_compute_mix": lambda: [f(*lead, m), f(1), f(m), 1e-6],
+        "mhc_head_compute_mix_bwd": lambda: [f(*lead, m), f(*lead, m), f(1), f(m)],
+        "sinkhorn_normalize": lambda: [c, rng.choice((1, 3, 10)), 1e-6, flag],
+        "sinkhorn_normalize_bwd": lambda: [f(*lead, m, m), c, 3, 1e-6],
+        "mhc_pre_split_mixes": lambda: [f(*lead, k), f(3), f(k), m, 2.0, 1e-6],
+        "mhc_pre_split_mixes_bwd": lambda: [p, f(*lead, m, 1), c, f(*lead, k), f(3), f(k), m, 2.0],
+        "mhc_pre_norm_fn": lambda: [r, fn, w, 1e-6, flag, rng.choice((1, 16))],
+        "mhc_pre_norm_fn_bwd": lambda: [f(*lead, k), r, fn, f(k, m * h), w, f(t, k), f(t), 1e-6, torch.empty_like(r),
+                                        flag, f(k, m * h), None if w is None else f(m * h), flag],
+        "mhc_pre_big_fuse": lambda: [r, fn, f(3), f(k), 1e-6, 1e-6, 1e-6, 2.0, 3, 16],
+        "mhc_multilayer_recompute": lambda: _recompute(rng, lead, m, h, bf, f),
+    }[name]()
+    return Call(op, args)
+
+
+def _recompute(rng, lead, m, h, bf, f):
+    layers = rng.choice((1, 2, 3))
+    post = rng.choice((layers - 1, layers)) if layers > 1 else layers
+    return [bf(*lead, m, h), [f(*lead, m, 1) for _ in range(layers)], [bf(*lead, h) for _ in range(post)],
+            [f(*lead, m, 1) for _ in range(post)], [f(*lead, m, m) for _ in range(post)],
+            [bf(*lead, h) for _ in range(layers)], [bf(*lead, m, h) for _ in range(post)]]
+
+
+# not in BUILDERS (the fuzz property test and the GPU fuzz): tests/ops/test_torch_library.py checks them
+MHC_BUILDERS: dict[str, Callable[..., Call]] = {f"mhc.{n}": _mhc for n in (
+    "expand_to_mhc", "expand_to_mhc_bwd", "mhc_post_fwd", "mhc_post_bwd", "mhc_pre_apply_mix", "mhc_pre_apply_mix_bwd",
+    "mhc_head_compute_mix", "mhc_head_compute_mix_bwd", "sinkhorn_normalize", "sinkhorn_normalize_bwd",
+    "mhc_pre_split_mixes", "mhc_pre_split_mixes_bwd", "mhc_pre_norm_fn", "mhc_pre_norm_fn_bwd", "mhc_pre_big_fuse",
+    "mhc_multilayer_recompute")}
+
+
 def build(op: str, rng: random.Random, device: str, big: bool = False) -> Call:
-    return BUILDERS[op](rng, device, big, op)
+    return (BUILDERS.get(op) or MHC_BUILDERS[op])(rng, device, big, op)
 
 
 from fuzz_corrupt import bad_value, corrupt, optional_params  # noqa: E402  (re-exported)
 
-__all__ = ["BUILDERS", "Call", "bad_value", "build", "corrupt", "op_function", "optional_params", "run"]
+__all__ = ["BUILDERS", "MHC_BUILDERS", "Call", "bad_value", "build", "corrupt", "op_function", "optional_params", "run"]

@@ -16,6 +16,8 @@ OP_MODULES = (
     "tilebin.ops.moe._gating", "tilebin.ops.moe._routing", "tilebin.ops.moe._stats",
     "tilebin.ops.engram._gate", "tilebin.ops.engram._hash", "tilebin.ops.transpose._transpose",
     "tilebin.ops._spec",
+    *(f"tilebin.modeling.mhc.ops.{m}" for m in ("expand", "head_compute_mix", "multilayer_recompute", "norm_fn", "post",
+                                                "pre_apply_mix", "pre_big_fuse", "pre_split_mixes", "sinkhorn")),
 )
 # module-level dicts that memoize validated configurations or launchers
 MEMO_NAMES = ("_DUMMIES", "_LAUNCHERS", "_PLACEHOLDERS")

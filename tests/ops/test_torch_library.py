@@ -30,7 +30,7 @@ from ops_stub import StubbedOps, describe, describe_launches  # noqa: E402
 from tilebin.ops._torch import register_all, traced  # noqa: E402
 from tilebin.runtime import ArgumentError  # noqa: E402
 
-OPS = sorted(F.BUILDERS)
+OPS = sorted(F.BUILDERS) + sorted(F.MHC_BUILDERS)
 SEEDS = range(4)
 
 
@@ -74,8 +74,8 @@ def _fake_copy(mode: FakeTensorMode, args: tuple) -> tuple:
     def conv(v):
         if isinstance(v, torch.Tensor):
             return mode.from_tensor(v)
-        if isinstance(v, tuple):
-            return tuple(conv(x) for x in v)
+        if isinstance(v, (tuple, list)):  # a pair, or a Tensor[] (mhc_multilayer_recompute)
+            return type(v)(conv(x) for x in v)
         return v
     return tuple(conv(a) for a in args)
 
@@ -114,7 +114,8 @@ def test_custom_op_launches_what_eager_launches(stub, op):
 
 @pytest.mark.parametrize("op", ["quant.per_token_cast", "quant.per_block_cast", "moe.topk_gate",
                                 "moe.get_fused_mapping", "moe.expand_to_fused", "moe.reduce_fused",
-                                "quant.swiglu_backward_and_per_token_cast", "engram.engram_gate_fwd"])
+                                "quant.swiglu_backward_and_per_token_cast", "engram.engram_gate_fwd",
+                                "mhc.mhc_pre_norm_fn", "mhc.mhc_multilayer_recompute"])
 def test_fullgraph_compile_records_the_custom_op(stub, op):
     torch._dynamo.reset()
     call = _valid_call(op, 2)
@@ -177,8 +178,8 @@ def test_opcheck(stub, op):
 
     spec = _torch._OPS[name]
     schema_args = _torch._coerce(spec, spec.to_schema(*_positional(call)))
-    if name == "reduce_fused" and _positional(call)[-1] is not None:
-        name, spec = "reduce_fused_out", _torch._OPS["reduce_fused_out"]
+    if _positional(call)[-1] is not None and name + "_out" in _torch._OPS:  # out= given: the <op>_out op
+        name, spec = name + "_out", _torch._OPS[name + "_out"]
         schema_args = _torch._coerce(spec, spec.to_schema(*_positional(call)))
     # values are compared on the GPU only (launch stubbed here); test_schema compares inputs before
     # and after with arithmetic CPU torch lacks for float8
@@ -193,6 +194,10 @@ def test_every_public_op_is_registered():
     ops = register_all()
     public = {n for m in (quant, moe, engram) for n in m.__all__}
     assert public <= set(ops), sorted(public - set(ops))
+    from tilebin.modeling.mhc.ops._torch_ops import MODULES  # mHC: the ops behind its autograd Functions
+
+    specs = {spec.name for m in MODULES for spec in m.SPECS}
+    assert specs <= set(ops) and {f"mhc.{n}" for n in specs} == set(F.MHC_BUILDERS), sorted(specs)
 
 
 def test_tracing_flag_is_per_thread():

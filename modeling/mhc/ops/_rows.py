@@ -163,8 +163,8 @@ def torch_ops(spec: OpSpec, out: bool = False) -> tuple:
     if not out:
         return (spec.torch_op(spec),)
     return (spec.torch_op(spec),
-            TorchOp(spec.name + "_out", f"({schema_args(spec.params)}) -> ()", spec, spec.fake,
-                    result_to_schema=_no_outputs))
+            TorchOp(spec.name + "_out", f"({schema_args(spec.params, ('out',))}, Tensor(a!) out) -> ()", spec,
+                    spec.fake, result_to_schema=_no_outputs))
 
 
 def call_out(spec: OpSpec, *args: Any) -> Any:
@@ -174,6 +174,15 @@ def call_out(spec: OpSpec, *args: Any) -> Any:
         traced(spec.name + "_out", *args)
         return out
     return spec(*args)
+
+
+def apply(function: Any, spec: OpSpec, *args: Any) -> Any:
+    """``function.apply(*args)`` (an autograd Function whose forward calls ``spec``, ``out`` last); with
+    ``out`` under torch.compile, ``tilebin::<name>_out`` directly: dynamo cannot trace ``mark_dirty``,
+    so there ``out=`` is not differentiable."""
+    if args[-1] is not None and is_compiling():
+        return call_out(spec, *args)
+    return function.apply(*args)
 
 
 def without_out(*args: Any) -> tuple:
@@ -207,6 +216,6 @@ def stash_of(x: torch.Tensor) -> torch.Tensor | None:
     return None
 
 
-__all__ = ["BF16", "FP32", "MAX_ELEMENTS", "MHC_VALUES", "OUT", "STASH", "Rows", "Streams", "aligned_input",
-           "call_out", "check_contiguous", "float_param", "check_hidden", "check_mhc", "check_out", "check_shape", "check_size",
-           "ordered", "out_spec", "schema_args", "small_input", "stash_of", "torch_ops"]
+__all__ = ["BF16", "FP32", "MAX_ELEMENTS", "MHC_VALUES", "OUT", "STASH", "Rows", "Streams", "aligned_input", "apply",
+           "call_out", "check_contiguous", "check_hidden", "check_mhc", "check_out", "check_shape", "check_size",
+           "float_param", "ordered", "out_spec", "schema_args", "small_input", "stash_of", "torch_ops"]

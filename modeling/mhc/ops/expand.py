@@ -18,7 +18,7 @@ import torch
 from tilebin.ops._common import aligned_input, fail, launcher
 from tilebin.ops._spec import IntParam, OpSpec
 
-from ._rows import (BF16, MAX_ELEMENTS, OUT, Rows, Streams, call_out, check_contiguous, check_hidden, check_out,
+from ._rows import (BF16, MAX_ELEMENTS, OUT, Rows, Streams, apply, call_out, check_contiguous, check_hidden, check_out,
                     ordered, out_spec, torch_ops)
 
 
@@ -92,7 +92,7 @@ class ExpandToMHCFn(torch.autograd.Function):
 
 def expand_to_mhc(hidden: torch.Tensor, mhc_mult: int, out: torch.Tensor | None = None) -> torch.Tensor:
     """``hidden`` ``[..., H]`` (bf16, contiguous) as ``mhc_mult`` equal streams ``[..., mhc_mult, H]``."""
-    return ExpandToMHCFn.apply(hidden, mhc_mult, out)
+    return apply(ExpandToMHCFn, EXPAND, hidden, mhc_mult, out)
 
 
 SPECS = (EXPAND, EXPAND_BWD)

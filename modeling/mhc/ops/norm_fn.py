@@ -187,8 +187,9 @@ def _check_bwd(op: str, out_grad, residual, fn, fn_eff, norm_weight, out_mul, sq
     _check(op, residual, fn, norm_weight)
     t, n = residual.numel() // (residual.shape[-1] * residual.shape[-2]), fn.shape[0]
     for name, tensor, shape in (("out_grad", out_grad, (*residual.shape[:-2], n)), ("fn_eff", fn_eff, fn.shape),
-                                ("out_mul", out_mul, (t, n)), ("sqrsum", sqrsum, (t,)), ("x_grad", x_grad, residual.shape),
-                                ("fn_grad", fn_grad, fn.shape), ("w_grad", w_grad, (fn.shape[1],))):
+                                ("out_mul", out_mul, (t, n)), ("sqrsum", sqrsum, (t,)),
+                                ("x_grad", x_grad, residual.shape), ("fn_grad", fn_grad, fn.shape),
+                                ("w_grad", w_grad, (fn.shape[1],))):
         if tensor is not None:
             check_shape(op, name, tensor, tuple(shape), "the forward's shapes")
             if name != "out_grad" and not tensor.is_contiguous():
@@ -197,11 +198,12 @@ def _check_bwd(op: str, out_grad, residual, fn, fn_eff, norm_weight, out_mul, sq
         raise fail(op, "w_grad must be given exactly when mhc_norm_weight is")
 
 
-def _plain_bwd(out_grad, residual, fn, fn_eff, norm_weight, out_mul, sqrsum, eps, x_grad, *rest: Any) -> bool:
+def _plain_bwd(out_grad, residual, fn, fn_eff, norm_weight, out_mul, sqrsum, eps, x_grad, accumulate, fn_grad,
+               w_grad, grad_acc) -> bool:
     t = out_mul.shape[0]
-    return (_plain(residual, fn, norm_weight) and fn_eff.is_contiguous() and out_grad.shape[:-1] == residual.shape[:-2] and sqrsum.shape[0] == t
-            and x_grad.shape == residual.shape and x_grad.is_contiguous() and out_mul.is_contiguous()
-            and sqrsum.is_contiguous() and residual.numel() == t * residual.shape[-1] * residual.shape[-2])
+    return (_plain(residual, fn, norm_weight) and out_grad.shape[:-1] == residual.shape[:-2] and sqrsum.shape[0] == t
+            and x_grad.shape == residual.shape and residual.numel() == t * residual.shape[-1] * residual.shape[-2]
+            and all(b is None or b.is_contiguous() for b in (fn_eff, out_mul, sqrsum, x_grad, fn_grad, w_grad)))
 
 
 def _weights(w: str = "mhc_norm_weight", mutated: bool = False) -> tuple:

@@ -34,8 +34,9 @@ from torch.compiler import is_compiling
 from tilebin.ops._common import aligned_input, fail, launcher
 from tilebin.ops._spec import FlagParam, OpSpec
 
-from ._rows import (BF16, FP32, MAX_ELEMENTS, OUT, STASH, Rows, Streams, call_out, check_contiguous, check_hidden,
-                    check_mhc, check_out, check_shape, check_size, ordered, out_spec, small_input, torch_ops)
+from ._rows import (BF16, FP32, MAX_ELEMENTS, OUT, STASH, Rows, Streams, apply, call_out, check_contiguous,
+                    check_hidden, check_mhc, check_out, check_shape, check_size, ordered, out_spec, small_input,
+                    torch_ops)
 
 
 def _check(op: str, x: Any, residual: Any, post_layer_mix: Any, comb_res_mix: Any, out: Any = None,
@@ -151,7 +152,7 @@ class MHCPost(torch.autograd.Function):
 def mhc_post(x: torch.Tensor, residual: torch.Tensor, post_layer_mix: torch.Tensor, comb_res_mix: torch.Tensor,
              out: torch.Tensor | None = None) -> torch.Tensor:
     """Differentiable :func:`mhc_post_fwd` (backward: :func:`mhc_post_bwd` with fused accumulation)."""
-    return MHCPost.apply(x, residual, post_layer_mix, comb_res_mix, out)
+    return apply(MHCPost, POST_FWD, x, residual, post_layer_mix, comb_res_mix, out)
 
 
 SPECS = (POST_FWD, POST_BWD)

@@ -28,9 +28,8 @@ import torch
 from tilebin.ops._common import aligned_input, fail, launcher
 from tilebin.ops._spec import FlagParam, OpSpec
 
-from ._rows import (BF16, FP32, MAX_ELEMENTS, OUT, Rows, Streams, call_out, check_contiguous, check_hidden,
-                    check_mhc, check_out, check_shape, check_size, ordered, out_spec, small_input, stash_of,
-                    torch_ops)
+from ._rows import (BF16, FP32, MAX_ELEMENTS, OUT, Rows, Streams, apply, call_out, check_contiguous, check_hidden,
+                    check_mhc, check_out, check_shape, check_size, ordered, out_spec, small_input, stash_of, torch_ops)
 
 
 def _check(op: str, x: torch.Tensor, mix: torch.Tensor, out: Any) -> None:
@@ -122,7 +121,7 @@ class MHCPreApplyMix(torch.autograd.Function):
 
 def mhc_pre_apply_mix(x: torch.Tensor, mix: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     """``sum_m mix[..., m, 0] * x[..., m, :]`` as bf16 ``[..., H]`` (see the module docstring)."""
-    return MHCPreApplyMix.apply(x, mix, out)
+    return apply(MHCPreApplyMix, APPLY_MIX, x, mix, out)
 
 
 SPECS = (APPLY_MIX, APPLY_MIX_BWD)
