@@ -90,35 +90,32 @@ def check_out(op: str, out: Any, shape: tuple, dtype: torch.dtype, device: torch
 
 
 class Rows(TensorParam):
-    """A ``[..., H]`` tensor: its memo key holds dtype, device, rank and the last dim (the leading dims
-    are token dims and may vary between calls of one configuration: the op's ``per_call`` checks
-    they agree between tensors)."""
+    """A ``[..., H]`` tensor: its memo key holds dtype, device, rank and the last ``TAIL`` dims (the
+    leading dims are token dims: they may vary between calls of one configuration, and the op's
+    ``per_call`` checks they agree between tensors)."""
+
+    TAIL = 1
 
     def key(self, t: Any) -> Any:
         s = t.shape
-        return t.dtype, t.device, len(s), s[-1:]
+        return t.dtype, t.device, len(s), s[-self.TAIL:]
 
 
-class Streams(TensorParam):
-    """A ``[..., M, H]`` (or ``[..., M, M]``) tensor: its memo key holds the last two dims (see :class:`Rows`)."""
+class Streams(Rows):
+    """A ``[..., M, H]`` (or ``[..., M, M]``) tensor (see :class:`Rows`)."""
 
-    def key(self, t: Any) -> Any:
-        s = t.shape
-        return t.dtype, t.device, len(s), s[-2:]
-
-
-def _as_given(op: str, value: Any) -> Any:
-    return value  # out: judged by the op's relations (check_out), on every call (out_key)
+    TAIL = 2
 
 
 def _out_key(out: Any) -> None:
     """A call with ``out`` takes the checked path every time (its pointer and overlap are per call)."""
     if out is not None:
         raise TypeError
-    return None
 
 
-OUT = Param("out", "Tensor(a!)?", _as_given, key_of=_out_key, default="None")
+# an op's optional output: judged by its relations (check_out); not in the schema of tilebin::<op>, whose
+# tilebin::<op>_out twin mutates it and returns nothing (custom-op outputs may not alias an input)
+OUT = Param("out", "Tensor(a!)?", lambda op, value: value, key_of=_out_key, default="None")
 
 
 def float_param(name: str, default: str | None = None) -> Param:
@@ -135,8 +132,26 @@ def ordered(check: Callable[..., Any], plain: Callable[..., bool]) -> dict:
         if not plain(*args):
             check(op, *args)
 
+    return dict(relations=lambda op, values: check(op, *values.values()), per_call=per_call)
+
+
+def shapes(expected: Callable[..., tuple], check: Callable[..., Any]) -> dict:
+    """``relations`` and ``per_call`` of a backward op: ``check(op, *args)`` (the forward's checks of
+    its inputs) once per configuration, and on every call each ``(name, tensor, shape)`` of
+    ``expected(*args)`` (what autograd's calls always satisfy: the forward's shapes)."""
+    def per_call(op: str, args: tuple) -> None:
+        try:
+            pairs = expected(*args)
+        except (IndexError, ZeroDivisionError):  # a first call's malformed input: the forward's checks say which
+            check(op, *args)
+            raise
+        for name, t, shape in pairs:
+            if t is not None and t.shape != tuple(shape):
+                raise fail(op, f"{name} has shape {tuple(t.shape)}, want {tuple(shape)} (the forward's)")
+
     def relations(op: str, values: dict) -> None:
         check(op, *values.values())
+        per_call(op, tuple(values.values()))
 
     return dict(relations=relations, per_call=per_call)
 
@@ -152,19 +167,22 @@ def schema_args(params: tuple, skip: tuple = ()) -> str:
     return ", ".join(parts)
 
 
-def _no_outputs(result: Any) -> None:
-    return None
+def out_spec(name: str, params: tuple, *args: Any, **kwargs: Any) -> OpSpec:
+    """An OpSpec whose last parameter is :data:`OUT`, left out of its ``tilebin::<name>`` schema."""
+    return OpSpec(name, params, *args, schema_args=schema_args(params, ("out",)),
+                  torch=dict(to_schema=lambda *a: a[:-1], to_public=lambda *a: (*a, None)), **kwargs)
 
 
-def torch_ops(spec: OpSpec, out: bool = False) -> tuple:
-    """The ``tilebin::<name>`` declarations of ``spec`` (its public function is the spec itself); with
-    ``out`` (its last parameter), ``tilebin::<name>`` without it and ``tilebin::<name>_out``, which
-    mutates ``out`` and returns nothing (custom-op outputs may not alias an input)."""
-    if not out:
-        return (spec.torch_op(spec),)
-    return (spec.torch_op(spec),
-            TorchOp(spec.name + "_out", f"({schema_args(spec.params, ('out',))}, Tensor(a!) out) -> ()", spec,
-                    spec.fake, result_to_schema=_no_outputs))
+def torch_ops(*specs: OpSpec) -> tuple:
+    """The ``tilebin::<name>`` declarations of ``specs`` (each its own public function), with
+    ``tilebin::<name>_out`` for an :func:`out_spec`."""
+    ops = []
+    for spec in specs:
+        ops.append(spec.torch_op(spec))
+        if spec.params[-1] is OUT:
+            ops.append(TorchOp(spec.name + "_out", f"({schema_args(spec.params, ('out',))}, Tensor(a!) out) -> ()",
+                               spec, spec.fake, result_to_schema=lambda result: None))
+    return tuple(ops)
 
 
 def call_out(spec: OpSpec, *args: Any) -> Any:
@@ -185,21 +203,6 @@ def apply(function: Any, spec: OpSpec, *args: Any) -> Any:
     return function.apply(*args)
 
 
-def without_out(*args: Any) -> tuple:
-    return args[:-1]
-
-
-def with_out(*args: Any) -> tuple:
-    return (*args, None)
-
-
-def out_spec(*args: Any, **kwargs: Any) -> OpSpec:
-    """An OpSpec whose last parameter is :data:`OUT`: its ``tilebin::<name>`` schema leaves ``out`` out."""
-    params = args[1]
-    return OpSpec(*args, schema_args=schema_args(params, ("out",)),
-                  torch=dict(to_schema=without_out, to_public=with_out), **kwargs)
-
-
 def stash_of(x: torch.Tensor) -> torch.Tensor | None:
     """The residual gradient mhc_post's backward left on ``x``'s storage (``grad_from_mhc_post``)
     when ``x``'s gradient can be added into it in place (a contiguous bf16 tensor of ``x``'s size
@@ -218,4 +221,4 @@ def stash_of(x: torch.Tensor) -> torch.Tensor | None:
 
 __all__ = ["BF16", "FP32", "MAX_ELEMENTS", "MHC_VALUES", "OUT", "STASH", "Rows", "Streams", "aligned_input", "apply",
            "call_out", "check_contiguous", "check_hidden", "check_mhc", "check_out", "check_shape", "check_size",
-           "float_param", "ordered", "out_spec", "schema_args", "small_input", "stash_of", "torch_ops"]
+           "float_param", "ordered", "out_spec", "schema_args", "shapes", "small_input", "stash_of", "torch_ops"]

@@ -18,7 +18,7 @@ import torch
 from tilebin.ops._common import aligned_input, fail, launcher
 from tilebin.ops._spec import IntParam, OpSpec
 
-from ._rows import (BF16, MAX_ELEMENTS, OUT, Rows, Streams, apply, call_out, check_contiguous, check_hidden, check_out,
+from ._rows import (BF16, MAX_ELEMENTS, OUT, Rows, Streams, apply, check_contiguous, check_hidden, check_out,
                     ordered, out_spec, torch_ops)
 
 
@@ -83,7 +83,7 @@ class ExpandToMHCFn(torch.autograd.Function):
     def forward(ctx: Any, hidden: torch.Tensor, mhc_mult: int, out: torch.Tensor | None) -> torch.Tensor:
         if out is not None:
             ctx.mark_dirty(out)
-        return call_out(EXPAND, hidden, mhc_mult, out)
+        return EXPAND(hidden, mhc_mult, out)
 
     @staticmethod
     def backward(ctx: Any, out_grad: torch.Tensor) -> tuple:
@@ -96,6 +96,6 @@ def expand_to_mhc(hidden: torch.Tensor, mhc_mult: int, out: torch.Tensor | None 
 
 
 SPECS = (EXPAND, EXPAND_BWD)
-TORCH_OPS = (*torch_ops(EXPAND, out=True), *torch_ops(EXPAND_BWD))
+TORCH_OPS = torch_ops(*SPECS)
 
 __all__ = ["ExpandToMHCFn", "expand_to_mhc"]

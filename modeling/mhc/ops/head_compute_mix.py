@@ -25,7 +25,7 @@ import torch
 from tilebin.ops._common import fail, kernel_meta, launcher
 from tilebin.ops._spec import OpSpec, TensorParam
 
-from ._rows import FP32, MAX_ELEMENTS, Rows, check_shape, check_size, float_param, ordered, torch_ops
+from ._rows import FP32, MAX_ELEMENTS, Rows, check_shape, check_size, float_param, ordered, shapes, torch_ops
 
 _BWD = "mhc.head_compute_mix_bwd"  # its meta: max_mhc (the op's limit), parts (rows of the backward's scratch)
 
@@ -44,17 +44,8 @@ def _check(op: str, input_mix: torch.Tensor, mhc_scale: torch.Tensor, mhc_base: 
     check_shape(op, "mhc_base", mhc_base, (mhc,), "one bias per stream")
 
 
-def _check_bwd(op: str, grad: torch.Tensor, input_mix: torch.Tensor, *rest: Any) -> None:
-    _check(op, input_mix, *rest)
-    check_shape(op, "grad", grad, tuple(input_mix.shape), "input_mix's shape")
-
-
 def _plain(input_mix: torch.Tensor, *_: Any) -> bool:
     return input_mix.numel() <= MAX_ELEMENTS
-
-
-def _plain_bwd(grad: torch.Tensor, input_mix: torch.Tensor, *_: Any) -> bool:
-    return grad.shape == input_mix.shape and input_mix.numel() <= MAX_ELEMENTS
 
 
 def _plan_fwd(values: dict):
@@ -93,7 +84,9 @@ HEAD_MIX = OpSpec("mhc_head_compute_mix",
                   (Rows("input_mix", FP32), *_SCALE_BASE, float_param("mhc_pre_eps")),
                   "Tensor", _plan_fwd, **ordered(_check, _plain))
 HEAD_MIX_BWD = OpSpec("mhc_head_compute_mix_bwd", (Rows("grad", FP32), Rows("input_mix", FP32), *_SCALE_BASE),
-                      "(Tensor, Tensor, Tensor)", _plan_bwd, **ordered(_check_bwd, _plain_bwd))
+                      "(Tensor, Tensor, Tensor)", _plan_bwd,
+                      **shapes(lambda grad, input_mix, *_: (("grad", grad, input_mix.shape),),
+                               lambda op, grad, *args: _check(op, *args)))
 
 
 class MHCHeadComputeMix(torch.autograd.Function):
@@ -118,6 +111,6 @@ def mhc_head_compute_mix(input_mix: torch.Tensor, mhc_scale: torch.Tensor, mhc_b
 
 
 SPECS = (HEAD_MIX, HEAD_MIX_BWD)
-TORCH_OPS = (*torch_ops(HEAD_MIX), *torch_ops(HEAD_MIX_BWD))
+TORCH_OPS = torch_ops(*SPECS)
 
 __all__ = ["MHCHeadComputeMix", "mhc_head_compute_mix"]

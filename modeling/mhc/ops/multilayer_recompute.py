@@ -172,6 +172,6 @@ def mhc_multilayer_recompute(initial_residual: torch.Tensor, pre_mix_list: list[
 
 
 SPECS = (RECOMPUTE,)
-TORCH_OPS = torch_ops(RECOMPUTE)
+TORCH_OPS = torch_ops(*SPECS)
 
 __all__ = ["MULTS", "mhc_multilayer_recompute"]

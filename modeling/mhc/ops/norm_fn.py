@@ -34,7 +34,7 @@ from torch.compiler import is_compiling
 from tilebin.ops._common import aligned_input, check_tensor, fail, launcher
 from tilebin.ops._spec import FlagParam, IntParam, OpSpec, TensorParam
 
-from ._rows import FP32, STASH, Rows, Streams, check_shape, float_param, ordered, schema_args, torch_ops
+from ._rows import FP32, STASH, Rows, Streams, float_param, ordered, schema_args, shapes, torch_ops
 
 _OP = "mhc_pre_norm_fn"
 MULTS = (4, 2, 8)  # mhc_mult values with prebuilt kernels
@@ -181,47 +181,32 @@ def _plan_bwd(values: dict):
     return run
 
 
-def _check_bwd(op: str, out_grad, residual, fn, fn_eff, norm_weight, out_mul, sqrsum, eps, x_grad, accumulate,
-               fn_grad, w_grad, grad_acc) -> None:
-    """The backward's buffers match the forward's arguments (autograd's call always passes)."""
-    _check(op, residual, fn, norm_weight)
+def _bwd_shapes(out_grad, residual, fn, fn_eff, norm_weight, out_mul, sqrsum, eps, x_grad, accumulate, fn_grad,
+                w_grad, grad_acc) -> tuple:
     t, n = residual.numel() // (residual.shape[-1] * residual.shape[-2]), fn.shape[0]
-    for name, tensor, shape in (("out_grad", out_grad, (*residual.shape[:-2], n)), ("fn_eff", fn_eff, fn.shape),
-                                ("out_mul", out_mul, (t, n)), ("sqrsum", sqrsum, (t,)),
-                                ("x_grad", x_grad, residual.shape), ("fn_grad", fn_grad, fn.shape),
-                                ("w_grad", w_grad, (fn.shape[1],))):
-        if tensor is not None:
-            check_shape(op, name, tensor, tuple(shape), "the forward's shapes")
-            if name != "out_grad" and not tensor.is_contiguous():
-                raise fail(op, f"{name} must be contiguous; call .contiguous()")
-    if (norm_weight is None) != (w_grad is None):
-        raise fail(op, "w_grad must be given exactly when mhc_norm_weight is")
+    return (("out_grad", out_grad, (*residual.shape[:-2], n)), ("out_mul", out_mul, (t, n)), ("sqrsum", sqrsum, (t,)),
+            ("x_grad", x_grad, residual.shape), ("fn_eff", fn_eff, fn.shape), ("fn_grad", fn_grad, fn.shape),
+            ("w_grad", w_grad, (fn.shape[1],)))
 
 
-def _plain_bwd(out_grad, residual, fn, fn_eff, norm_weight, out_mul, sqrsum, eps, x_grad, accumulate, fn_grad,
-               w_grad, grad_acc) -> bool:
-    t = out_mul.shape[0]
-    return (_plain(residual, fn, norm_weight) and out_grad.shape[:-1] == residual.shape[:-2] and sqrsum.shape[0] == t
-            and x_grad.shape == residual.shape and residual.numel() == t * residual.shape[-1] * residual.shape[-2]
-            and all(b is None or b.is_contiguous() for b in (fn_eff, out_mul, sqrsum, x_grad, fn_grad, w_grad)))
+def _param(name: str, ndim: int, rows: bool = False, optional: bool = False, mutated: bool = False) -> TensorParam:
+    """An fp32 parameter (contiguous, as the kernels read it; of a fixed shape unless ``rows``)."""
+    return TensorParam(name, FP32, ndim, True, optional=optional, mutated=mutated, rows_vary=rows)
 
 
-def _weights(w: str = "mhc_norm_weight", mutated: bool = False) -> tuple:
-    return (TensorParam(w, FP32, 1, optional=True, mutated=mutated, rows_vary=False),)
-
-
-_FN = TensorParam("fn", FP32, 2, rows_vary=False)
-NORM_FN = OpSpec(_OP, (Streams("residual", (torch.bfloat16,)), _FN, *_weights(), float_param("mhc_norm_eps"),
-                       FlagParam("fuse_grad_acc", "True"), IntParam("n_splits", 1, default="16")),
+NORM_FN = OpSpec(_OP, (Streams("residual", (torch.bfloat16,)), TensorParam("fn", FP32, 2, rows_vary=False),
+                       TensorParam("mhc_norm_weight", FP32, 1, optional=True, rows_vary=False),
+                       float_param("mhc_norm_eps"), FlagParam("fuse_grad_acc", "True"),
+                       IntParam("n_splits", 1, default="16")),
                  "(Tensor, Tensor, Tensor, Tensor)", _plan_fwd, **ordered(_check, _plain))
-_BWD_PARAMS = (Rows("out_grad", FP32), Streams("residual", (torch.bfloat16,)), _FN,
-               TensorParam("fn_eff", FP32, 2, rows_vary=False), *_weights(), Rows("out_mul", FP32),
-               TensorParam("sqrsum", FP32, 1), float_param("eps"),
-               Streams("x_grad", (torch.bfloat16,), mutated=True), FlagParam("accumulate"),
-               TensorParam("fn_grad", FP32, 2, mutated=True, rows_vary=False), *_weights("w_grad", True),
+_BWD_PARAMS = (Rows("out_grad", FP32), Streams("residual", (torch.bfloat16,), contiguous=True), _param("fn", 2),
+               _param("fn_eff", 2), _param("mhc_norm_weight", 1, optional=True), _param("out_mul", 2, True),
+               _param("sqrsum", 1, True), float_param("eps"),
+               Streams("x_grad", (torch.bfloat16,), contiguous=True, mutated=True), FlagParam("accumulate"),
+               _param("fn_grad", 2, mutated=True), _param("w_grad", 1, optional=True, mutated=True),
                FlagParam("grad_acc"))
 NORM_FN_BWD = OpSpec(_OP + "_bwd", _BWD_PARAMS, "()", _plan_bwd, schema_args=schema_args(_BWD_PARAMS),
-                     **ordered(_check_bwd, _plain_bwd))
+                     **shapes(_bwd_shapes, lambda op, g, residual, fn, fn_eff, w, *_: _check(op, residual, fn, w)))
 
 
 def _stash(residual: torch.Tensor) -> torch.Tensor | None:
@@ -286,6 +271,6 @@ def mhc_pre_norm_fn(
 
 
 SPECS = (NORM_FN, NORM_FN_BWD)
-TORCH_OPS = (*torch_ops(NORM_FN), *torch_ops(NORM_FN_BWD))
+TORCH_OPS = torch_ops(*SPECS)
 
 __all__ = ["MHCPreNormFn", "mhc_pre_norm_fn"]

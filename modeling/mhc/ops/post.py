@@ -156,6 +156,6 @@ def mhc_post(x: torch.Tensor, residual: torch.Tensor, post_layer_mix: torch.Tens
 
 
 SPECS = (POST_FWD, POST_BWD)
-TORCH_OPS = (*torch_ops(POST_FWD, out=True), *torch_ops(POST_BWD))
+TORCH_OPS = torch_ops(*SPECS)
 
 __all__ = ["MHCPost", "mhc_post", "mhc_post_bwd", "mhc_post_fwd"]

@@ -28,8 +28,9 @@ import torch
 from tilebin.ops._common import aligned_input, fail, launcher
 from tilebin.ops._spec import FlagParam, OpSpec
 
-from ._rows import (BF16, FP32, MAX_ELEMENTS, OUT, Rows, Streams, apply, call_out, check_contiguous, check_hidden,
-                    check_mhc, check_out, check_shape, check_size, ordered, out_spec, small_input, stash_of, torch_ops)
+from ._rows import (BF16, FP32, MAX_ELEMENTS, OUT, Rows, Streams, apply, check_contiguous, check_hidden,
+                    check_mhc, check_out, check_shape, check_size, ordered, out_spec, shapes, small_input, stash_of,
+                    torch_ops)
 
 
 def _check(op: str, x: torch.Tensor, mix: torch.Tensor, out: Any) -> None:
@@ -64,18 +65,6 @@ def _plan_fwd(values: dict):
     return run
 
 
-def _check_bwd(op: str, out_grad, x, mix, grad_x, accumulate) -> None:
-    _check(op, x, mix, None)
-    check_shape(op, "out_grad", out_grad, (*x.shape[:-2], x.shape[-1]), "the forward's output shape")
-    check_shape(op, "grad_x", grad_x, tuple(x.shape), "x's shape")
-    check_contiguous(op, "grad_x", grad_x)
-
-
-def _plain_bwd(out_grad, x, mix, grad_x, accumulate) -> bool:
-    return (_plain(x, mix) and out_grad.shape[:-1] == x.shape[:-2] and grad_x.shape == x.shape
-            and grad_x.is_contiguous())
-
-
 def _plan_bwd(values: dict):
     mhc, hidden = values["x"].shape[-2:]
     fn = launcher("mhc.pre_apply_mix_bwd", mhc=mhc)
@@ -95,8 +84,10 @@ APPLY_MIX = out_spec("mhc_pre_apply_mix", (Streams("x", BF16), Streams("mix", FP
                      **ordered(_check, _plain))
 APPLY_MIX_BWD = OpSpec("mhc_pre_apply_mix_bwd",
                        (Rows("out_grad", BF16), Streams("x", BF16), Streams("mix", FP32),
-                        Streams("grad_x", BF16, mutated=True), FlagParam("accumulate")),
-                       "Tensor", _plan_bwd, **ordered(_check_bwd, _plain_bwd))
+                        Streams("grad_x", BF16, contiguous=True, mutated=True), FlagParam("accumulate")),
+                       "Tensor", _plan_bwd, **shapes(lambda g, x, mix, grad_x, _: (
+                           ("out_grad", g, (*x.shape[:-2], x.shape[-1])), ("mix", mix, (*x.shape[:-1], 1)),
+                           ("grad_x", grad_x, x.shape)), lambda op, g, x, mix, *_: _check(op, x, mix, None)))
 
 
 class MHCPreApplyMix(torch.autograd.Function):
@@ -106,7 +97,7 @@ class MHCPreApplyMix(torch.autograd.Function):
     def forward(ctx: Any, x: torch.Tensor, mix: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
         if out is not None:
             ctx.mark_dirty(out)
-        result = call_out(APPLY_MIX, x, mix, out)
+        result = APPLY_MIX(x, mix, out)
         ctx.save_for_backward(x, mix)
         return result
 
@@ -125,6 +116,6 @@ def mhc_pre_apply_mix(x: torch.Tensor, mix: torch.Tensor, out: torch.Tensor | No
 
 
 SPECS = (APPLY_MIX, APPLY_MIX_BWD)
-TORCH_OPS = (*torch_ops(APPLY_MIX, out=True), *torch_ops(APPLY_MIX_BWD))
+TORCH_OPS = torch_ops(*SPECS)
 
 __all__ = ["MHCPreApplyMix", "mhc_pre_apply_mix"]

@@ -86,6 +86,6 @@ def mhc_pre_big_fuse(
 
 
 SPECS = (BIG_FUSE,)
-TORCH_OPS = torch_ops(BIG_FUSE)
+TORCH_OPS = torch_ops(*SPECS)
 
 __all__ = ["mhc_pre_big_fuse"]

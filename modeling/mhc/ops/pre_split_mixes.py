@@ -29,7 +29,7 @@ from tilebin.ops._common import aligned_input, fail, launcher
 from tilebin.ops._spec import IntParam, OpSpec, TensorParam
 from tilebin.ops.config import get_num_sms
 
-from ._rows import FP32, Rows, Streams, float_param, ordered, torch_ops
+from ._rows import FP32, Rows, Streams, float_param, ordered, shapes, torch_ops
 
 _FWD_KERNEL = "mhc.pre_split_mixes_fwd"
 MULTS = (2, 4, 8)
@@ -97,17 +97,10 @@ def _plan_bwd(values: dict):
     return run
 
 
-def _check_bwd(op: str, grad_pre, grad_post, grad_comb, input_mixes, *rest: Any) -> None:
-    _check(op, input_mixes, *rest)
-    if not _plain_bwd(grad_pre, grad_post, grad_comb, input_mixes, *rest):
-        raise fail(op, f"grad_pre, grad_post and grad_comb have shapes {tuple(grad_pre.shape)}, "
-                       f"{tuple(grad_post.shape)} and {tuple(grad_comb.shape)}; want the forward's outputs' shapes")
-
-
-def _plain_bwd(grad_pre, grad_post, grad_comb, input_mixes, scale, base, m, *_: Any) -> bool:
+def _bwd_shapes(grad_pre, grad_post, grad_comb, input_mixes, scale, base, m, *_: Any) -> tuple:
     lead = input_mixes.shape[:-1]
-    return (grad_pre.shape == grad_post.shape == (*lead, m, 1) and grad_comb.shape == (*lead, m, m)
-            and _plain(input_mixes))
+    return (("grad_pre", grad_pre, (*lead, m, 1)), ("grad_post", grad_post, (*lead, m, 1)),
+            ("grad_comb", grad_comb, (*lead, m, m)))
 
 
 _INPUTS = (Rows("input_mixes", FP32), TensorParam("mhc_scale", FP32, rows_vary=False),
@@ -117,7 +110,8 @@ SPLIT = OpSpec("mhc_pre_split_mixes", (*_INPUTS, float_param("mhc_pre_eps")), "(
                **ordered(_check, _plain))
 SPLIT_BWD = OpSpec("mhc_pre_split_mixes_bwd",
                    (Streams("grad_pre", FP32), Streams("grad_post", FP32), Streams("grad_comb", FP32), *_INPUTS),
-                   "(Tensor, Tensor, Tensor)", _plan_bwd, **ordered(_check_bwd, _plain_bwd))
+                   "(Tensor, Tensor, Tensor)", _plan_bwd, **shapes(_bwd_shapes, lambda op, gp, gq, gc, *a: _check(op, *a)))
+
 
 
 class MHCPreSplitMixes(torch.autograd.Function):
@@ -145,6 +139,6 @@ def mhc_pre_split_mixes(input_mixes: torch.Tensor, mhc_scale: torch.Tensor, mhc_
 
 
 SPECS = (SPLIT, SPLIT_BWD)
-TORCH_OPS = (*torch_ops(SPLIT), *torch_ops(SPLIT_BWD))
+TORCH_OPS = torch_ops(*SPECS)
 
 __all__ = ["MHCPreSplitMixes", "MULTS", "mhc_pre_split_mixes"]

@@ -22,7 +22,7 @@ import torch
 from tilebin.ops._common import aligned_input, fail, launcher
 from tilebin.ops._spec import FlagParam, IntParam, OpSpec
 
-from ._rows import FP32, Streams, float_param, ordered, torch_ops
+from ._rows import FP32, Streams, float_param, ordered, shapes, torch_ops
 
 MULTS = (2, 4, 8)  # the prebuilt mhc_mult variants
 MAX_REPEAT = 1 << 20
@@ -77,18 +77,12 @@ def _plan_bwd(values: dict):
     return run
 
 
-def _check_bwd(op: str, grad_out: torch.Tensor, x: torch.Tensor, repeat: int, eps: float) -> None:
-    _check(op, x, repeat, eps, True)
-    if grad_out.shape != x.shape:
-        raise fail(op, f"grad_out has shape {tuple(grad_out.shape)}, want x's {tuple(x.shape)}")
-
-
 _SCALARS = (IntParam("repeat", 1, MAX_REPEAT), float_param("eps"))
 SINKHORN = OpSpec("sinkhorn_normalize", (Streams("x", FP32), *_SCALARS, FlagParam("for_backward", "False")),
                   "Tensor", _plan_fwd, **ordered(_check, _plain))
 SINKHORN_BWD = OpSpec("sinkhorn_normalize_bwd", (Streams("grad_out", FP32), Streams("x", FP32), *_SCALARS),
                       "Tensor", _plan_bwd,
-                      **ordered(_check_bwd, lambda g, x, r, e: g.shape == x.shape and _plain(x, r, e, True)))
+                      **shapes(lambda g, x, *_: (("grad_out", g, x.shape),), lambda op, g, x, r, e: _check(op, x, r, e, True)))
 
 
 class SinkhornNormalize(torch.autograd.Function):
@@ -112,6 +106,6 @@ def sinkhorn_normalize(x: torch.Tensor, repeat: int = 10, eps: float = 1e-6) -> 
 
 
 SPECS = (SINKHORN, SINKHORN_BWD)
-TORCH_OPS = (*torch_ops(SINKHORN), *torch_ops(SINKHORN_BWD))
+TORCH_OPS = torch_ops(*SPECS)
 
 __all__ = ["MULTS", "SinkhornNormalize", "sinkhorn_normalize"]
