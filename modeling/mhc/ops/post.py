@@ -91,7 +91,7 @@ def _plan_fwd(values: dict):
 
 def _plan_bwd(values: dict):
     mhc, hidden = values["residual"].shape[-2:]
-    fn, fuse = launcher("mhc.post_bwd", mhc=mhc), values["fuse_grad_acc"]
+    fn = launcher("mhc.post_bwd", mhc=mhc)
 
     def run(x, residual, post_layer_mix, comb_res_mix, d_o, _):
         d_x, d_residual, d_post, d_comb = (torch.empty(t.shape, dtype=t.dtype, device=t.device)
