@@ -44,28 +44,31 @@ def _entries(name: str, dtypes: tuple = _INT64) -> TensorParam:
 def _plan_aux_fi(values: dict) -> Callable[..., torch.Tensor]:
     num_experts, num_aux_topk = values["num_experts"], values["num_aux_topk"]
     wide = num_experts > kernel_meta(_AUX_FI, "max_experts")
+    # the launchers by (single block, unroll), looked up once per configuration
+    if wide:
+        fns = {(single, 8): launcher("moe.aux_fi_many_experts", single_block=single) for single in (True, False)}
+    else:
+        fns = {(single, unroll): launcher(_AUX_FI, single_block=single, unroll=unroll)
+               for single, unroll in ((True, 8), (False, 8), (False, 4))}
+    max_blocks = kernel_meta(_AUX_FI, "max_blocks")
 
     def run(topk_idx: torch.Tensor, *_: Any) -> torch.Tensor:
-        out = torch.empty(num_experts, dtype=torch.float32, device=topk_idx.device)
-        single = topk_idx.numel() <= SINGLE_BLOCK_ENTRIES
+        device = topk_idx.device
+        out = torch.empty(num_experts, dtype=torch.float32, device=device)
+        entries = topk_idx.numel()
+        single = entries <= SINGLE_BLOCK_ENTRIES
         if wide:
-            launcher("moe.aux_fi_many_experts", single_block=single)(
-                topk_idx, out, num_aux_topk, 0 if single else get_num_sms(topk_idx.device))
-        else:
-            _aux_fi(topk_idx, out, num_aux_topk, single)
+            fns[single, 8](topk_idx, out, num_aux_topk, 0 if single else get_num_sms(device))
+            return out
+        # one block, or a co-resident grid (2 per SM at most) of one block per 256 x unroll entries, each
+        # with its workspace row (torch.empty: no fill kernel)
+        unroll = 8 if single or entries > _AUX_FI_WIDE else 4
+        blocks = 1 if single else max(1, min(2 * get_num_sms(device), max_blocks, -(-entries // (256 * unroll))))
+        workspace = torch.empty((blocks, num_experts), dtype=torch.int32, device=device)
+        fns[single, unroll](topk_idx, out, workspace, num_aux_topk)
         return out
 
     return run
-
-
-def _aux_fi(topk_idx: torch.Tensor, out: torch.Tensor, num_aux_topk: int, single: bool) -> None:
-    """Launch ``moe.aux_fi``: one block, or a co-resident grid (2 per SM at most) of one
-    block per 256 x unroll entries, each with its workspace row (torch.empty: no fill kernel)."""
-    unroll = 8 if single or topk_idx.numel() > _AUX_FI_WIDE else 4
-    blocks = 1 if single else max(1, min(2 * get_num_sms(out.device), kernel_meta(_AUX_FI, "max_blocks"),
-                                         -(-topk_idx.numel() // (256 * unroll))))
-    workspace = torch.empty((blocks, out.size(0)), dtype=torch.int32, device=out.device)
-    launcher(_AUX_FI, single_block=single, unroll=unroll)(topk_idx, out, workspace, num_aux_topk)
 
 
 AUX_FI = OpSpec("aux_fi", (_entries("topk_idx"), IntParam("num_experts", 1), IntParam("num_aux_topk", 1)),
@@ -85,12 +88,15 @@ def aux_fi(topk_idx: torch.Tensor, num_experts: int, num_aux_topk: int) -> torch
 
 def _plan_group_count(values: dict) -> Callable[..., torch.Tensor]:
     num_groups = values["num_groups"]
+    one_block, grid = launcher("moe.group_count", single_block=True), launcher("moe.group_count", single_block=False)
 
     def run(group_idx: torch.Tensor, *_: Any) -> torch.Tensor:
-        out = torch.empty(num_groups, dtype=torch.int32, device=group_idx.device)
-        single = group_idx.numel() <= SINGLE_BLOCK_ENTRIES
-        launcher("moe.group_count", single_block=single)(group_idx, out,
-                                                         0 if single else get_num_sms(group_idx.device))
+        device = group_idx.device
+        out = torch.empty(num_groups, dtype=torch.int32, device=device)
+        if group_idx.numel() <= SINGLE_BLOCK_ENTRIES:
+            one_block(group_idx, out, 0)
+        else:
+            grid(group_idx, out, get_num_sms(device))
         return out
 
     return run
@@ -149,13 +155,12 @@ def _mask_relations(op: str, values: dict) -> None:
 def _plan_mask(values: dict) -> Callable[..., torch.Tensor]:
     per_gpu = values["n"] // values["num_ep_ranks"]
     num_tp_ranks, tp_rank = values["num_tp_ranks"], values["tp_rank"]
-    dtype_key = _MASK_DTYPES[values["indices"].dtype]
+    fn = launcher("moe.mask_indices_by_tp", dtype=_MASK_DTYPES[values["indices"].dtype])
 
     def run(indices: torch.Tensor, *_: Any) -> torch.Tensor:
         masked = torch.empty_like(indices, memory_format=torch.contiguous_format)
         if indices.numel():
-            launcher("moe.mask_indices_by_tp", dtype=dtype_key)(
-                indices, masked, per_gpu, num_tp_ranks * per_gpu, num_tp_ranks, tp_rank)
+            fn(indices, masked, per_gpu, num_tp_ranks * per_gpu, num_tp_ranks, tp_rank)
         return masked
 
     return run
@@ -182,9 +187,11 @@ def mask_indices_by_tp(indices: torch.Tensor, n: int, num_ep_ranks: int, tp_rank
 
 
 def _plan_unique(values: dict) -> Callable[..., None]:
+    fn = launcher("moe.inplace_unique_group_indices")
+
     def run(group_indices: torch.Tensor, *_: Any) -> None:
         if group_indices.numel():
-            launcher("moe.inplace_unique_group_indices")(group_indices)
+            fn(group_indices)
 
     return run
 
