@@ -83,7 +83,7 @@ def _plan_bwd(values: dict):
 APPLY_MIX = out_spec("mhc_pre_apply_mix", (Streams("x", BF16), Streams("mix", FP32), OUT), "Tensor", _plan_fwd,
                      **ordered(_check, _plain))
 APPLY_MIX_BWD = OpSpec("mhc_pre_apply_mix_bwd",
-                       (Rows("out_grad", BF16), Streams("x", BF16), Streams("mix", FP32),
+                       (Rows("out_grad", BF16), Streams("x", BF16, contiguous=True), Streams("mix", FP32),
                         Streams("grad_x", BF16, contiguous=True, mutated=True), FlagParam("accumulate")),
                        "Tensor", _plan_bwd, **shapes(lambda g, x, mix, grad_x, _: (
                            ("out_grad", g, (*x.shape[:-2], x.shape[-1])), ("mix", mix, (*x.shape[:-1], 1)),
