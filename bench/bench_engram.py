@@ -36,10 +36,7 @@ from _common import REPO, env_facts, env_markdown, host_us, markdown_table, time
 HC, EPS, CLAMP = 4, 1e-20, 1e-6
 SHAPES = [(t, h) for t in (4001, 8001) for h in (4096, 7168)]
 # op (row label up to " (") -> its speed candidates: (row label suffix, internal kernel name)
-CANDIDATES: dict = {
-    "engram_gate_bwd": (("candidate", "engram._engram_gate_bwd_candidate"),
-                        ("candidate s2", "engram._engram_gate_bwd_candidate_s2")),
-}
+CANDIDATES: dict = {}
 
 
 def _nbytes(*ts) -> int:

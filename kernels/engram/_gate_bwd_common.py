@@ -1,9 +1,19 @@
-"""TileLang helpers of ``engram.engram_gate_bwd`` (``engram_gate_bwd.py``): the fp32 cast, the
-exact bf16 -> fp32 widening of either half of a 32-bit word, and the (zero-fill) cp.async into
-shared memory.  Declares no kernels."""
+"""Constants and TileLang helpers of ``engram.engram_gate_bwd`` (``engram_gate_bwd.py``): the
+thread layout and staging constants, the fp32 cast, the exact bf16 -> fp32 widening of either half
+of a 32-bit word, and the (zero-fill) cp.async into shared memory.  Declares no kernels."""
 
 # No ``from __future__ import annotations``: TileLang evaluates the kernels' annotations.
 import tilelang.language as T
+
+from .engram_gate_fwd import PASS_CONFIGS, THREADS, U, V
+
+HALF = THREADS // 2  # threads per segment (as in the forward)
+SEG = HALF * U  # vectors per segment
+HEADS_IN_FLIGHT = 4  # grad_v: grad_out vectors of this many heads loaded before the token's wait
+PASS_CONFIGS_BWD = dict(PASS_CONFIGS, **{"tl.disable_thread_storage_sync": True})  # private shared slots
+W = V // 2  # 32-bit words (bf16 pairs) per 16-byte vector
+GO, VV, XX, KK = 0, 1, 2, 3  # the staged streams
+NS = 4 + HEADS_IN_FLIGHT  # per-half staged fp32 scalars: dot, gate, rstd_x, rstd_k of the row, then gate[t, q]
 
 
 def f32(x):
@@ -28,4 +38,5 @@ def cp_async(dst, src, n, pred=None):
     return T.ptx_cp_async(T.access_ptr(dst, "w", n), T.access_ptr(src, "r", n), n, pred)
 
 
-__all__ = ["bf16_hi", "bf16_lo", "cp_async", "f32"]
+__all__ = ["GO", "HALF", "HEADS_IN_FLIGHT", "KK", "NS", "PASS_CONFIGS_BWD", "SEG", "VV", "W", "XX", "bf16_hi",
+           "bf16_lo", "cp_async", "f32"]

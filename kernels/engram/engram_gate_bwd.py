@@ -1,69 +1,49 @@
 """``engram.engram_gate_bwd``: gradients of ``engram_gate_fwd`` for x, k, v and the fused weight.
 
-Parameters, in order: ``grad_out`` and ``hidden_states`` bf16 ``[num_tokens, hc, hidden]``
-(contiguous), ``k`` bf16 ``[num_tokens, hc, hidden]`` (strides ``(k_stride_s, k_stride_h, 1)``),
-``v`` bf16 ``[num_tokens, hidden]`` (strides ``(v_stride_s, 1)``), ``weight_fused`` fp32 ``[hc,
-hidden]``, the forward's saved ``dot``, ``gate_score``, ``rstd_x``, ``rstd_k`` fp32
-``[num_tokens, hc]``; outputs ``grad_x``, ``grad_k`` bf16 ``[num_tokens, hc, hidden]``,
-``grad_v`` bf16 ``[num_tokens, hidden]``, ``grad_w_partial`` fp32 ``[num_blocks, hc, hidden]``
-(all contiguous); scalars ``clamp_value`` and ``scalar`` (= hidden**-0.5), fp32.  Extents and
-strides are runtime symbols; ``hidden % 8 == 0``, ``hidden <= MAX_HIDDEN``, strides multiples
-of 8 elements, pointers 16-byte aligned.
-
-Per token ``t`` and head ``h``, in fp32, with ``go = grad_out[t, h]``, ``d = dot[t, h]``,
-``g = gate_score[t, h]``, ``rx``, ``rk``, ``w = weight_fused[h]``::
+Parameters, in order: ``grad_out``, ``hidden_states`` bf16 ``[num_tokens, hc, hidden]``, ``k`` bf16
+``[num_tokens, hc, hidden]`` (strides ``(k_stride_s, k_stride_h, 1)``), ``v`` bf16 ``[num_tokens,
+hidden]`` (strides ``(v_stride_s, 1)``), ``weight_fused`` fp32 ``[hc, hidden]``, the forward's
+saved ``dot``, ``gate_score``, ``rstd_x``, ``rstd_k`` fp32 ``[num_tokens, hc]``; outputs
+``grad_x``, ``grad_k`` bf16 ``[num_tokens, hc, hidden]``, ``grad_v`` bf16 ``[num_tokens, hidden]``,
+``grad_w_partial`` fp32 ``[num_blocks, hc, hidden]``; scalars ``clamp_value``, ``scalar`` (=
+hidden**-0.5).  All but k and v contiguous; extents and strides are runtime symbols (the grid
+comes from num_blocks and hc); ``hidden % 8 == 0``, ``hidden <= MAX_HIDDEN``, strides multiples of
+8 elements, 16-byte aligned pointers.  Per (t, h), in fp32, with ``go = grad_out[t, h]``, ``d =
+dot[t, h]``, ``g = gate_score[t, h]``, ``w = weight_fused[h]``::
 
     s = ((d * rx) * rk) * scalar                     (the forward's pre-activation)
     G = 0 if |s| < clamp_value else (sum go*v) * g * (1 - g) * 0.5 / sqrt(|s|) * ((rx * rk) * scalar)
     grad_x = bf16(go + G * (k*w - x * (d * rx * rx / hidden)))
     grad_k = bf16(G * (x*w - k * (d * rk * rk / hidden)))
     grad_v[t] = bf16(sum_h go_h * g_h)               (heads in order)
-    grad_w_partial[p, h] = sum over block p's tokens of G * x * k
+    grad_w_partial[p, h] = sum over range p's tokens of G * x * k   (token order, from zero)
 
-Partial row ``p < num_blocks`` covers the consecutive tokens ``[p * per, (p + 1) * per)``,
-``per = ceil(num_tokens / num_blocks)``; a row with none is zeros, so ``grad_w_partial.sum(0)`` is
-the fused-weight gradient (``grad_w_reduce``).  Deterministic: fixed summation orders for any
-launch, and grad_x/grad_k/grad_v do not depend on ``num_blocks``.
+Range ``p`` is the tokens ``[p * per, (p + 1) * per)``, ``per = ceil(num_tokens / num_blocks)``;
+an empty one's row is zeros.  Deterministic; grad_x/grad_k/grad_v do not depend on num_blocks.
 
-Design: rows (token, head) are laid out as in ``engram_gate_fwd``: two halves of 128 threads,
-``rpb = 2`` heads per block (one per half) at ``hidden <= 4096``, else ``rpb = 1`` (a 512-vector
-segment of the row per half), chosen at run time from hidden; block ``bx = p * G + g`` (``G =
-ceil(hc / rpb)``) runs heads ``g * rpb + j`` over the tokens of range ``p``, so the blocks of one
-range run together and share v and grad_out rows through L2.  Thread ``tr`` of a half owns the
-vectors ``base + u * 128`` (``base = seg * 512 + tr``, ``u < U``; a constant step, so its global
-accesses are one address plus immediate offsets per stream): it keeps its slice of
-the fused weight (loaded once) and of the weight gradient in registers, and streams its tokens
-through a two-stage shared-memory ring of *private* slots: while it computes token ``t`` from
-one stage, the cp.async copies of token ``t + 1`` (grad_out, v, x, k, the four saved
-statistics, and the grad_v operands below) are in flight into the other stage (a thread only
-reads what it copied itself, so ``cp.async.wait_group`` suffices; the one barrier per token is
-the ``sum go*v`` exchange, double-buffered).  About ``THREADS * U`` 16-byte vectors per stream
-are in flight per block (56-64 KB at hidden 4096-8192) during the whole token loop; one block per
-SM (shared memory).  grad_v: vector ``i`` of the row is summed (heads in order) by the thread
-that owns it (in slot ``u``) in the row of head ``u % hc``; for the slot ``u == h`` the first
-``HEADS_IN_FLIGHT`` heads' grad_out vectors and gates come through the ring, any others (hc > 4,
-or the extra slots when hc < U) are loaded directly.
+Design.  Rows (token, head) are laid out as in ``engram_gate_fwd``: two halves of 128 threads,
+``rpb = 2`` heads per block at ``hidden <= 4096``, else ``rpb = 1`` (a 512-vector segment per
+half).  Thread ``tr`` of a half owns the vectors ``base + u * 128`` (``u < U``; one int32 index per
+stream and token, the slots immediate steps of it) and keeps its slices of the fused weight and
+of the weight gradient in registers.
 
-How the work is issued (kernels/README.md, "Speed finding: engram.engram_gate_bwd": an earlier
-version of this kernel executed 1.77x tile_kernels' instructions for the same bytes):
-
-- addresses: each stream's row offset is one int32 vector index per token (``(tn * hc + h) *
-  nvec + base``; k and v from their strides), the ``u`` slots are compile-time steps of it, so
-  every cp.async / 16-byte store is one 64-bit address plus an immediate (the earlier version
-  recomputed a 64-bit ``tn * hidden * hc + h * hidden + ...`` product chain per slot and stream);
-  the ring copies of all slots are zero-fill cp.async (a slot past the row reads nothing and
-  gets zeros nobody reads), so they are straight-line code instead of one branch per slot;
-- bf16 -> fp32: the staged data are read as 32-bit words and widened with one shift or one AND
-  per element (exact, like the cast; nvcc's cast of the upper half cost PRMT + SHL + MOV);
-- the four statistics and the four heads' gates of a token are copied once per half (thread 0
-  of the half, into a three-stage ring), not once per thread; that thread computes the row's
-  factors that do not need ``sum go*v`` (s, cx, ck, sqrt|s|, rx*rk*scalar: the same expressions)
-  while the others sum, and publishes them with the token's barrier, so each thread is left with
-  one division (the clamp select and ``/ sqrt|s|``) instead of three divisions and a sqrt;
-- grad_out, widened for ``sum go*v``, stays in registers for grad_x (one shared load and 8
-  widenings less per vector); grad_v's slot ``u == h`` (the only one at hc >= 4) is its own
-  branch, apart from the hc < 4 slots, whose direct-load setup nvcc otherwise hoisted into every
-  step; the slot masks and ``float(hidden)`` are computed once, outside the token loop.
+- Persistent blocks: ``ng = ceil(hc / rpb)`` head groups, ``P = max(1, num_blocks // ng)`` blocks
+  per group, grid ``P * ng`` (132 at num_blocks 132, hc 4).  Block ``bx`` runs head group ``bx %
+  ng`` over the ranges ``bx // ng + k * P`` in order with an issue and a compute token cursor, so
+  the ring runs on across range boundaries; a range's row is written when its last token is done,
+  empty ranges (the last ones) get zero rows at the end.  The blocks of one ``bx // ng`` work on
+  the same range and share its v and grad_out rows through L2.
+- A ``STAGES = 2`` ring of *private* shared slots (one block per SM, 131,456 B): token ``t + 1``'s
+  grad_out, v, x and k are in flight (zero-fill cp.async, straight-line) while ``t`` is computed.
+  A thread reads only what it copied (``cp.async.wait_group`` suffices); the one barrier per token
+  is the ``sum go*v`` exchange.  bf16 is widened by one shift or AND (exact); grad_out stays fp32
+  in registers from ``sum go*v`` to grad_x.
+- Thread 0 of each half copies the row's statistics and first gates into an ``SR``-slot ring and
+  computes the factors that need no ``sum go*v`` (s, cx, ck, sqrt|s|, rx*rk*scalar) while the
+  others sum; the barrier publishes them.
+- grad_v: vector ``i`` is summed (heads in order) by its owner in the row of head ``u % hc``; for
+  the slot ``u == h`` the first ``HEADS_IN_FLIGHT`` heads' grad_out vectors come by 16-byte loads
+  issued before the token's wait (mostly L2 hits), the rest are loaded directly.
 """
 
 # No ``from __future__ import annotations``: TileLang evaluates the PrimFunc's tensor
@@ -71,19 +51,12 @@ version of this kernel executed 1.77x tile_kernels' instructions for the same by
 import tilelang.language as T
 
 from .._declare import KernelDecl
-from ._gate_bwd_common import bf16_hi, bf16_lo, cp_async, f32
-from .engram_gate_fwd import MAX_HIDDEN, PASS_CONFIGS, THREADS, U, V, WARPS
+from ._gate_bwd_common import (GO, HALF, HEADS_IN_FLIGHT, KK, NS, PASS_CONFIGS_BWD, SEG, VV, XX, W, bf16_hi, bf16_lo,
+                               cp_async, f32)
+from .engram_gate_fwd import MAX_HIDDEN, THREADS, U, V, WARPS
 
-HALF = THREADS // 2  # threads per segment (as in the forward)
-SEG = HALF * U  # vectors per segment
-HEADS_IN_FLIGHT = 4  # grad_v: grad_out vectors of this many heads staged per token
-PASS_CONFIGS_BWD = dict(PASS_CONFIGS, **{"tl.disable_thread_storage_sync": True})  # private slots: see above
-
-
-W = V // 2  # 32-bit words (bf16 pairs) per 16-byte vector
-GO, VV, XX, KK = 0, 1, 2, 3  # the staged streams
-NS = 4 + HEADS_IN_FLIGHT  # per-half staged fp32 scalars: dot, gate, rstd_x, rstd_k of the row, then gate[t, q]
-SR = 3  # scalar ring depth: read by every thread after the barrier, so a slot is refilled two tokens later
+STAGES = 2  # cp.async ring depth (tokens)
+SR = STAGES + 1  # statistics ring depth, see the module docstring
 
 
 def engram_gate_bwd():
@@ -94,6 +67,8 @@ def engram_gate_bwd():
     nvec = hidden // V
     nseg = T.max(1, (nvec + SEG - 1) // SEG)
     rows_per_block = 2 // nseg
+    groups = T.ceildiv(hc, rows_per_block)
+    per_group = T.max(1, num_blocks // groups)
     x_vec = (num_tokens, hc, nvec * V)
     w_vec = (hc, nvec * V)
     p_vec = (num_blocks, hc, nvec * V)
@@ -103,6 +78,7 @@ def engram_gate_bwd():
     k_w = ((num_tokens - 1) * (ks0 // V) * W + (hc - 1) * (ks1 // V) * W + nvec * W,)
     v_w = ((num_tokens - 1) * (vs0 // V) * W + nvec * W,)
     gv_flat = (num_tokens * nvec * V,)
+    st_flat = (num_tokens * hc,)  # the saved statistics
 
     @T.prim_func
     def main(
@@ -122,10 +98,9 @@ def engram_gate_bwd():
         clamp_value: T.float32,
         scalar: T.float32,
     ):
-        with T.Kernel(num_blocks * T.ceildiv(hc, rows_per_block), threads=THREADS) as bx:
+        with T.Kernel(per_group * groups, threads=THREADS) as bx:
             tid = T.get_thread_binding()
-            stg = T.alloc_shared((2, 4, U, THREADS * W), "uint32")
-            gvs = T.alloc_shared((2, HEADS_IN_FLIGHT, THREADS * W), "uint32")
+            stg = T.alloc_shared((STAGES, 4, U, THREADS * W), "uint32")
             scl = T.alloc_shared((SR, 2, NS), "float32")
             red = T.alloc_shared((2, WARPS), "float32")
             der = T.alloc_shared((2, 2, 8), "float32")  # per half: gate, s, cx, ck, sqrt|s|, rx*rk*scalar
@@ -133,6 +108,7 @@ def engram_gate_bwd():
             gw = T.alloc_local((U * V,), "float32")
             gq = T.alloc_local((W,), "uint32")
             gof = T.alloc_local((U * V,), "float32")  # the token's grad_out as fp32, sum go*v -> grad_x
+            gvr = T.alloc_local((HEADS_IN_FLIGHT * W,), "uint32")  # grad_v's grad_out vectors, loaded early
             vq = T.alloc_local((W,), "uint32")
             xq = T.alloc_local((W,), "uint32")
             kq = T.alloc_local((W,), "uint32")
@@ -165,20 +141,25 @@ def engram_gate_bwd():
             base = T.alloc_var("int32")
             h = T.alloc_var("int32")
             ok = T.alloc_var("int32")
-            p = T.alloc_var("int32")
+            pc = T.alloc_var("int32")
+            npc = T.alloc_var("int32")
+            nk = T.alloc_var("int32")
             per = T.alloc_var("int32")
-            t0 = T.alloc_var("int32")
-            n = T.alloc_var("int32")
-            tn = T.alloc_var("int32")
-            t = T.alloc_var("int32")
+            steps = T.alloc_var("int32")
+            ti = T.alloc_var("int32")
+            ie = T.alloc_var("int32")
+            ki = T.alloc_var("int32")
+            tc = T.alloc_var("int32")
+            ce = T.alloc_var("int32")
+            kc = T.alloc_var("int32")
             sn = T.alloc_var("int32")
             sc = T.alloc_var("int32")
             ss = T.alloc_var("int32")
             sr = T.alloc_var("int32")
+            dp = T.alloc_var("int32")
             nu = T.alloc_var("int32")
             gvm = T.alloc_var("int32")
             gvh = T.alloc_var("int32")
-            stage = T.alloc_var("int32")
             rs = T.alloc_var("int32")
             rc = T.alloc_var("int32")
             rks = T.alloc_var("int32")
@@ -190,13 +171,22 @@ def engram_gate_bwd():
             j = (tid // HALF) * (1 - wide)  # this half's row in the block
             tr = tid % HALF
             base = (tid // HALF) * wide * SEG + tr  # the thread's first vector
-            p = T.truncdiv(bx, T.ceildiv(hc, rpb))
+            npc = per_group
+            pc = T.truncdiv(bx, T.ceildiv(hc, rpb))  # ranges pc, pc + npc, pc + 2 * npc, ...
             h = T.truncmod(bx, T.ceildiv(hc, rpb)) * rpb + j
             ok = T.if_then_else(h < hc, 1, 0)
             h = h * ok
             per = T.truncdiv(num_tokens + num_blocks - 1, num_blocks)
-            t0 = T.min(p * per, num_tokens)
-            n = T.min(per, num_tokens - t0)
+            nk = T.truncdiv(num_blocks - pc + npc - 1, npc)  # this block's ranges
+            steps = 0  # its tokens: the ranges' sizes (the empty ranges come last)
+            for q in T.serial(nk):
+                steps += T.min(per, num_tokens - T.min((pc + q * npc) * per, num_tokens))
+            ki = 0  # issue cursor: token ti of range ki, which ends at ie
+            ti = T.min(pc * per, num_tokens)
+            ie = T.min(ti + per, num_tokens)
+            kc = 0  # compute cursor, likewise
+            tc = ti
+            ce = ie
             fh = f32(hidden)
             # the thread's valid slots: base + u * HALF < nvec for u < nu
             nu = T.max(T.min(T.truncdiv(nvec - base + HALF - 1, HALF), U), 0) * ok
@@ -205,7 +195,7 @@ def engram_gate_bwd():
             for u in T.unroll(U):
                 if u < nu and T.truncmod(u, hc) == h:
                     gvm = gvm | (1 << u)
-            gvh = 0  # 1: the slot u == h is one of them (its first heads come through the ring)
+            gvh = 0  # 1: the slot u == h is one of them (its first heads are loaded early)
             for u in T.unroll(U):
                 if u == h and (gvm >> u) & 1 != 0:
                     gvh = 1
@@ -216,16 +206,15 @@ def engram_gate_bwd():
                         ws[u * V + i] = T.Tensor(w_vec, "float32", weight_fused.data)[h, (base + u * HALF) * V + i]
             for i in T.unroll(U * V):
                 gw[i] = T.float32(0)
-            # iteration ``it`` stages token t0 + it and computes token t0 + it - 1
-            for it in T.serial(n + 1):
-                tn = t0 + it
-                sn = it % 2
+            # iteration ``it`` stages the block's token number it and computes number it - (STAGES - 1)
+            for it in T.serial(steps + STAGES - 1):
+                sn = it % STAGES
                 ss = it % SR
-                rs = (tn * hc + h) * nvec + base  # vector index of the thread's first vector in [tn, h, :]
-                T.sync_warp()  # a compiler fence: last iteration's reads of stage sn stay before its refill
-                if ok != 0 and it < n:
-                    rks = tn * (ks0 // V) + h * (ks1 // V) + base
-                    rvs = tn * (vs0 // V) + base
+                T.sync_warp()  # a compiler fence: the reads of stage sn (STAGES - 1 tokens ago) stay before its refill
+                if ok != 0 and it < steps:
+                    rs = (ti * hc + h) * nvec + base  # vector index of the thread's first vector in [ti, h, :]
+                    rks = ti * (ks0 // V) + h * (ks1 // V) + base
+                    rvs = ti * (vs0 // V) + base
                     for u in T.unroll(U):
                         cp_async(stg[sn, GO, u, tid * W], T.Tensor(x_w, "uint32", grad_out.data)[
                             (rs + u * HALF) * W], W, u < nu)
@@ -235,40 +224,47 @@ def engram_gate_bwd():
                             (rs + u * HALF) * W], W, u < nu)
                         cp_async(stg[sn, KK, u, tid * W], T.Tensor(k_w, "uint32", k.data)[
                             (rks + u * HALF) * W], W, u < nu)
-                    # this thread's first grad_v slot (u == h): the first heads' grad_out vectors
-                    rq = rs + h * (HALF - nvec)  # [tn, 0, base + h * HALF] in vectors
-                    for q in T.unroll(HEADS_IN_FLIGHT):
-                        cp_async(gvs[sn, q, tid * W], T.Tensor(x_w, "uint32", grad_out.data)[(rq + q * nvec) * W], W,
-                            h < U and h < nu and q < hc)
                     # the row's statistics and the first heads' gates: one thread per half copies them
                     if tr == 0:
-                        si = tn * hc + h
-                        cp_async(scl[ss, tid // HALF, 0], T.Tensor((num_tokens * hc,), "float32", dot.data)[si], 1)
-                        cp_async(scl[ss, tid // HALF, 1], T.Tensor((num_tokens * hc,), "float32", gate_score.data)[si], 1)
-                        cp_async(scl[ss, tid // HALF, 2], T.Tensor((num_tokens * hc,), "float32", rstd_x.data)[si], 1)
-                        cp_async(scl[ss, tid // HALF, 3], T.Tensor((num_tokens * hc,), "float32", rstd_k.data)[si], 1)
+                        si = ti * hc + h
+                        cp_async(scl[ss, tid // HALF, 0], T.Tensor(st_flat, "float32", dot.data)[si], 1)
+                        cp_async(scl[ss, tid // HALF, 1], T.Tensor(st_flat, "float32", gate_score.data)[si], 1)
+                        cp_async(scl[ss, tid // HALF, 2], T.Tensor(st_flat, "float32", rstd_x.data)[si], 1)
+                        cp_async(scl[ss, tid // HALF, 3], T.Tensor(st_flat, "float32", rstd_k.data)[si], 1)
                         for q in T.unroll(HEADS_IN_FLIGHT):
-                            cp_async(scl[ss, tid // HALF, 4 + q], T.Tensor((num_tokens * hc,), "float32", gate_score.data)[
+                            cp_async(scl[ss, tid // HALF, 4 + q], T.Tensor(st_flat, "float32", gate_score.data)[
                                 si - h + q], 1, q < hc)
                 T.ptx_commit_group()  # one group per iteration, possibly empty
-                if it > 0:
-                    t = tn - 1
-                    sc = 1 - sn
-                    sr = (it + SR - 1) % SR
-                    rc = rs - hc * nvec  # [t, h, :]
-                    T.ptx_wait_group(1)  # token t's copies (this thread's) have landed
+                if it < steps:  # the issue cursor moves on (uniform)
+                    ti = ti + 1
+                    if ti == ie:
+                        ki = ki + 1
+                        ti = T.min((pc + ki * npc) * per, num_tokens)
+                        ie = T.min(ti + per, num_tokens)
+                if it >= STAGES - 1:
+                    sc = (it + 1) % STAGES  # = (it - (STAGES - 1)) % STAGES
+                    sr = (it + 2) % SR  # = (it - (STAGES - 1)) % (STAGES + 1)
+                    dp = it % 2
+                    rc = (tc * hc + h) * nvec + base  # [tc, h, :]
+                    if gvh != 0:  # grad_v's grad_out vectors of the first heads, in flight during the wait
+                        rq = tc * hc * nvec + base + h * HALF  # [tc, 0, base + h * HALF] in vectors
+                        for q in T.unroll(HEADS_IN_FLIGHT):
+                            if q < hc:
+                                for i in T.vectorized(W):
+                                    gvr[q * W + i] = T.Tensor(x_w, "uint32", grad_out.data)[(rq + q * nvec) * W + i]
+                    T.ptx_wait_group(STAGES - 1)  # token tc's copies (this thread's) have landed
                     T.sync_warp()  # the wait asm has no memory clobber: keep the reads below it
                     if tr == 0 and ok != 0:  # the row's factors that do not need sum go*v, once per half
                         d = scl[sr, tid // HALF, 0]
                         gg = scl[sr, tid // HALF, 1]
                         rx = scl[sr, tid // HALF, 2]
                         rk = scl[sr, tid // HALF, 3]
-                        der[sc, tid // HALF, 0] = gg
-                        der[sc, tid // HALF, 1] = T.ieee_mul(T.ieee_mul(T.ieee_mul(d, rx), rk), scalar)  # s
-                        der[sc, tid // HALF, 2] = d * rx * rx / fh  # cx
-                        der[sc, tid // HALF, 3] = d * rk * rk / fh  # ck
-                        der[sc, tid // HALF, 4] = T.sqrt(T.abs(T.ieee_mul(T.ieee_mul(T.ieee_mul(d, rx), rk), scalar)))
-                        der[sc, tid // HALF, 5] = rx * rk * scalar
+                        der[dp, tid // HALF, 0] = gg
+                        der[dp, tid // HALF, 1] = T.ieee_mul(T.ieee_mul(T.ieee_mul(d, rx), rk), scalar)  # s
+                        der[dp, tid // HALF, 2] = d * rx * rx / fh  # cx
+                        der[dp, tid // HALF, 3] = d * rk * rk / fh  # ck
+                        der[dp, tid // HALF, 4] = T.sqrt(T.abs(T.ieee_mul(T.ieee_mul(T.ieee_mul(d, rx), rk), scalar)))
+                        der[dp, tid // HALF, 5] = rx * rk * scalar
                     acc = T.float32(0)
                     for u in T.unroll(U):
                         if u < nu:
@@ -284,22 +280,22 @@ def engram_gate_bwd():
                     for r in T.unroll(5):
                         acc += T.shfl_xor(acc, 16 >> r)
                     if tid % 32 == 0:
-                        red[sc, tid // 32] = acc
+                        red[dp, tid // 32] = acc
                     T.sync_threads()  # also publishes der and the gates staged by thread 0 of each half
                     if ok != 0:
-                        tot = red[sc, j * 4]
+                        tot = red[dp, j * 4]
                         for q in T.unroll(3):  # the row's warps, in order
-                            tot += red[sc, j * 4 + q + 1]
+                            tot += red[dp, j * 4 + q + 1]
                         if wide != 0:
                             for q in T.unroll(4):
-                                tot += red[sc, 4 + q]
-                        gg = der[sc, tid // HALF, 0]
-                        sg = der[sc, tid // HALF, 1]
-                        cx = der[sc, tid // HALF, 2]
-                        ck = der[sc, tid // HALF, 3]
+                                tot += red[dp, 4 + q]
+                        gg = der[dp, tid // HALF, 0]
+                        sg = der[dp, tid // HALF, 1]
+                        cx = der[dp, tid // HALF, 2]
+                        ck = der[dp, tid // HALF, 3]
                         big = T.if_then_else(T.abs(sg) < clamp_value, T.float32(0),
-                                             tot * gg * (T.float32(1) - gg) * T.float32(0.5) / der[sc, tid // HALF, 4]
-                                             * der[sc, tid // HALF, 5])
+                                             tot * gg * (T.float32(1) - gg) * T.float32(0.5) / der[dp, tid // HALF, 4]
+                                             * der[dp, tid // HALF, 5])
                         for u in T.unroll(U):
                             if u < nu:
                                 for i in T.vectorized(W):
@@ -314,7 +310,8 @@ def engram_gate_bwd():
                                     fx[2 * i] = gof[u * V + 2 * i] + big * (klo * ws[u * V + 2 * i] - xlo * cx)
                                     fk[2 * i] = big * (xlo * ws[u * V + 2 * i] - klo * ck)
                                     gw[u * V + 2 * i] += big * xlo * klo
-                                    fx[2 * i + 1] = gof[u * V + 2 * i + 1] + big * (khi * ws[u * V + 2 * i + 1] - xhi * cx)
+                                    fx[2 * i + 1] = gof[u * V + 2 * i + 1] + big * (
+                                        khi * ws[u * V + 2 * i + 1] - xhi * cx)
                                     fk[2 * i + 1] = big * (xhi * ws[u * V + 2 * i + 1] - khi * ck)
                                     gw[u * V + 2 * i + 1] += big * xhi * khi
                                 for i in T.vectorized(V):
@@ -326,30 +323,28 @@ def engram_gate_bwd():
                                 T.stg128(T.Tensor(x_flat, "bfloat16", grad_k.data)[(rc + u * HALF) * V],
                                          T.Tensor((1,), "uint32x4", ogk.data)[0])
                         # grad_v on the vectors base + u * HALF with u % hc == h (heads in order).
-                        # The slot u == h (the only one when hc >= U): the staged heads, then any
+                        # The slot u == h (the only one when hc >= U): the early-loaded heads, then any
                         # further heads (hc > HEADS_IN_FLIGHT) loaded directly
                         if gvh != 0:
                             for i in T.unroll(V):
                                 gva[i] = T.float32(0)
                             for q in T.unroll(HEADS_IN_FLIGHT):
                                 if q < hc:
-                                    for i in T.vectorized(W):
-                                        vq[i] = gvs[sc, q, tid * W + i]
                                     for i in T.unroll(W):
                                         gva[2 * i] = T.ieee_add(gva[2 * i], T.ieee_mul(
-                                            bf16_lo(vq[i]), scl[sr, tid // HALF, 4 + q]))
+                                            bf16_lo(gvr[q * W + i]), scl[sr, tid // HALF, 4 + q]))
                                         gva[2 * i + 1] = T.ieee_add(gva[2 * i + 1], T.ieee_mul(
-                                            bf16_hi(vq[i]), scl[sr, tid // HALF, 4 + q]))
+                                            bf16_hi(gvr[q * W + i]), scl[sr, tid // HALF, 4 + q]))
                             for q in T.serial(hc - HEADS_IN_FLIGHT):
                                 for i in T.vectorized(V):
                                     gol[i] = T.Tensor(x_flat, "bfloat16", grad_out.data)[
-                                        ((t * hc + q + HEADS_IN_FLIGHT) * nvec + base + h * HALF) * V + i]
+                                        ((tc * hc + q + HEADS_IN_FLIGHT) * nvec + base + h * HALF) * V + i]
                                 for i in T.unroll(V):
                                     gva[i] = T.ieee_add(gva[i], T.ieee_mul(
-                                        f32(gol[i]), gate_score[t, q + HEADS_IN_FLIGHT]))
+                                        f32(gol[i]), gate_score[tc, q + HEADS_IN_FLIGHT]))
                             for i in T.vectorized(V):
                                 gvo[i] = T.Cast("bfloat16", gva[i])
-                            T.stg128(T.Tensor(gv_flat, "bfloat16", grad_v.data)[(t * nvec + base + h * HALF) * V],
+                            T.stg128(T.Tensor(gv_flat, "bfloat16", grad_v.data)[(tc * nvec + base + h * HALF) * V],
                                      T.Tensor((1,), "uint32x4", gvo.data)[0])
                         # the other slots (hc < U only): every head loaded directly
                         if gvm != 0:
@@ -360,17 +355,33 @@ def engram_gate_bwd():
                                     for q in T.serial(hc):
                                         for i in T.vectorized(V):
                                             gol[i] = T.Tensor(x_vec, "bfloat16", grad_out.data)[
-                                                t, q, (base + u * HALF) * V + i]
+                                                tc, q, (base + u * HALF) * V + i]
                                         for i in T.unroll(V):
-                                            gva[i] = T.ieee_add(gva[i], T.ieee_mul(f32(gol[i]), gate_score[t, q]))
+                                            gva[i] = T.ieee_add(gva[i], T.ieee_mul(f32(gol[i]), gate_score[tc, q]))
                                     for i in T.vectorized(V):
                                         gvo[i] = T.Cast("bfloat16", gva[i])
                                     T.stg128(T.Tensor(gv_flat, "bfloat16", grad_v.data)[
-                                        (t * nvec + base + u * HALF) * V], T.Tensor((1,), "uint32x4", gvo.data)[0])
-            for u in T.unroll(U):
-                if u < nu:
-                    for i in T.vectorized(V):
-                        T.Tensor(p_vec, "float32", grad_w_partial.data)[p, h, (base + u * HALF) * V + i] = gw[u * V + i]
+                                        (tc * nvec + base + u * HALF) * V], T.Tensor((1,), "uint32x4", gvo.data)[0])
+                    # the compute cursor moves on; a finished range writes its partial row and restarts the sums
+                    tc = tc + 1
+                    if tc == ce:
+                        for u in T.unroll(U):
+                            if u < nu:
+                                for i in T.vectorized(V):
+                                    T.Tensor(p_vec, "float32", grad_w_partial.data)[
+                                        pc + kc * npc, h, (base + u * HALF) * V + i] = gw[u * V + i]
+                        for i in T.unroll(U * V):
+                            gw[i] = T.float32(0)
+                        kc = kc + 1
+                        tc = T.min((pc + kc * npc) * per, num_tokens)
+                        ce = T.min(tc + per, num_tokens)
+            # the ranges with no tokens (the last ones): zero rows
+            for q in T.serial(nk - kc):
+                for u in T.unroll(U):
+                    if u < nu:
+                        for i in T.vectorized(V):
+                            T.Tensor(p_vec, "float32", grad_w_partial.data)[
+                                pc + (kc + q) * npc, h, (base + u * HALF) * V + i] = T.float32(0)
 
     return main
 
@@ -382,7 +393,7 @@ KERNELS = (
         grid=({},),
         outputs=("grad_x", "grad_k", "grad_v", "grad_w_partial"),
         pass_configs=PASS_CONFIGS_BWD,
-        doc="Gradients of engram_gate_fwd: grad_x, grad_k, grad_v (bf16) and per-block fused-weight partials (fp32).",
+        doc="Gradients of engram_gate_fwd (grad_x, grad_k, grad_v; fp32 fused-weight partials), persistent, 2 stages.",
     ),
 )
 
