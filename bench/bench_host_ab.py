@@ -65,6 +65,31 @@ def calls():
         ("moe.group_count(topk_idx, 256)", lambda: moe.group_count(topk_idx, 256)),
         ("moe.expand_to_fused_with_sf(q, 128, ...)",
          lambda: moe.expand_to_fused_with_sf(q, 128, mapping[3], mapping[0])),
+    ] + _mhc_engram_calls()
+
+
+def _mhc_engram_calls():
+    """(label, fn) of decode-size mHC (mhc_mult 4, leading dims (1, 4)) and Engram (hc 4) calls."""
+    import torch
+    from tilebin.modeling.mhc import ops as mhc
+    from tilebin.ops import engram
+
+    dev, bf16 = "cuda", torch.bfloat16
+    h = torch.randn(1, 4, 7168, device=dev, dtype=bf16)
+    r = torch.randn(1, 4, 4, 7168, device=dev, dtype=bf16)
+    pre, post = torch.rand(1, 4, 4, 1, device=dev), torch.rand(1, 4, 4, 1, device=dev)
+    comb = torch.rand(1, 4, 4, 4, device=dev)
+    mixes, scale, base = torch.randn(1, 4, 24, device=dev), torch.rand(3, device=dev), torch.rand(24, device=dev)
+    x, k = (torch.randn(4, 4, 7168, device=dev, dtype=bf16) for _ in range(2))
+    v = torch.randn(4, 7168, device=dev, dtype=bf16)
+    wf = engram.fused_weight(*(torch.randn(4, 7168, device=dev, dtype=bf16) for _ in range(2)))
+    return [
+        ("mhc.expand_to_mhc(h, 4)", lambda: mhc.expand_to_mhc(h, 4)),
+        ("mhc.mhc_pre_apply_mix(r, pre)", lambda: mhc.mhc_pre_apply_mix(r, pre)),
+        ("mhc.mhc_post_fwd(h, r, post, comb)", lambda: mhc.mhc_post_fwd(h, r, post, comb)),
+        ("mhc.mhc_pre_split_mixes(mixes, ...)", lambda: mhc.mhc_pre_split_mixes(mixes, scale, base, 4, 1.0, 1e-6)),
+        ("mhc.sinkhorn_normalize(comb)", lambda: mhc.sinkhorn_normalize(comb, 10, 1e-6)),
+        ("engram.engram_gate_fwd(x, k, v, wf, ...)", lambda: engram.engram_gate_fwd(x, k, v, wf, 1e-20, 1e-6)),
     ]
 
 
