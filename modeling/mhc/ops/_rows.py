@@ -142,9 +142,10 @@ def shapes(expected: Callable[..., tuple], check: Callable[..., Any]) -> dict:
     def per_call(op: str, args: tuple) -> None:
         try:
             pairs = expected(*args)
-        except (IndexError, ZeroDivisionError):  # a first call's malformed input: the forward's checks say which
+        except (IndexError, ZeroDivisionError) as exc:  # a malformed input: the forward's checks say which
             check(op, *args)
-            raise
+            raise fail(op, f"the gradients' shapes do not follow from these inputs ({exc}); pass the forward's "
+                           "inputs and gradients of its outputs' shapes") from exc
         for name, t, shape in pairs:
             if t is not None and t.shape != tuple(shape):
                 raise fail(op, f"{name} has shape {tuple(t.shape)}, want {tuple(shape)} (the forward's)")
