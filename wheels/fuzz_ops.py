@@ -1,6 +1,8 @@
-"""GPU fuzz of every public op of the installed ``tilebin.ops``: mostly bad and edge-case calls.
+"""GPU fuzz of every public op of the installed ``tilebin.ops`` (and, with ``--families``, the mHC
+ops' OpSpec ops behind ``tilebin.modeling.mhc.ops``): mostly bad and edge-case calls.
 
     python3 wheels/fuzz_ops.py --calls 10000 --seed 1 [--json out.json]
+    python3 wheels/fuzz_ops.py --calls 3000 --families mhc       (the mHC ops only)
     compute-sanitizer --tool memcheck python3 wheels/fuzz_ops.py --calls 500 --seed 2
 
 Calls come from ``tests/fuzz_cases.py`` (the CPU property test's catalogue): 20 % valid calls
@@ -96,8 +98,17 @@ def _inputs_after(call: F.Call) -> list:
     return _tensors(call.args) + _tensors(list(call.kwargs.values()))
 
 
-def fuzz_one(rng: random.Random, stats: collections.Counter, refs: dict, examples: dict, big_share: float) -> None:
-    op = rng.choice(sorted(F.BUILDERS))
+def op_pool(families: str) -> list[str]:
+    """The ops fuzzed: ``BUILDERS`` (every tilebin.ops op) and ``MHC_BUILDERS``, of the comma-separated
+    ``families`` (``quant,moe,engram,transpose,mhc``; empty: all but mhc, the default run)."""
+    ops = {**F.BUILDERS, **F.MHC_BUILDERS}
+    wanted = set(families.split(",")) if families else {op.split(".")[0] for op in F.BUILDERS}
+    return sorted(op for op in ops if op.split(".")[0] in wanted)
+
+
+def fuzz_one(rng: random.Random, stats: collections.Counter, refs: dict, examples: dict, big_share: float,
+             pool: list[str]) -> None:
+    op = rng.choice(pool)
     valid = rng.random() < 0.2
     call = F.build(op, rng, "cuda", big=valid and rng.random() < big_share)
     if not valid:
@@ -139,19 +150,24 @@ def main() -> int:
     ap.add_argument("--big-share", type=float, default=0.1, help="share of valid calls at large token counts")
     ap.add_argument("--json", help="write the counts and examples here")
     ap.add_argument("--max-seconds", type=float, default=0, help="stop early (and report) after this long; 0: never")
+    ap.add_argument("--families", default="", help="comma-separated op families (quant, moe, engram, transpose, "
+                                                   "mhc); default: every tilebin.ops family")
     a = ap.parse_args()
+    pool = op_pool(a.families)
+    if not pool:
+        ap.error(f"no ops in families {a.families!r}")
     rng, stats, examples = random.Random(a.seed), collections.Counter(), {}
     refs, t0 = _references(), time.time()
     try:
         for _ in range(a.calls):
-            fuzz_one(rng, stats, refs, examples, a.big_share)
+            fuzz_one(rng, stats, refs, examples, a.big_share, pool)
             if a.max_seconds and time.time() - t0 > a.max_seconds:
                 stats["stopped_early"] = 1
                 break
     except RuntimeError as exc:  # a CUDA error: the context is gone
         stats["fault"] += 1
         examples.setdefault("fault", []).append(repr(exc)[:600])
-    report = {"seed": a.seed, "calls_asked": a.calls, "seconds": round(time.time() - t0, 1), **stats,
+    report = {"seed": a.seed, "families": a.families or "default", "calls_asked": a.calls, "seconds": round(time.time() - t0, 1), **stats,
               "examples": {k: v[:10] for k, v in examples.items()}}
     for key in ("untyped", "mismatch", "valid_refused", "fault"):
         report.setdefault(key, 0)

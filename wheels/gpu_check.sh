@@ -12,6 +12,7 @@
 #   GPU_CHECK_FUZZ_CALLS   calls of the GPU fuzz (wheels/fuzz_ops.py), default 10000; under
 #                          compute-sanitizer memcheck: GPU_CHECK_FUZZ_SANITIZER_CALLS, default 3000
 #   GPU_CHECK_FUZZ_SEED    its seed, default 1 (the sanitizer run uses seed + 1)
+#   GPU_CHECK_FUZZ_MHC_CALLS  calls of the second fuzz run, of the mHC ops only (--families mhc), default 2000
 #   GPU_CHECK_PYTEST_ARGS  extra pytest arguments (split on spaces), e.g. "-x --maxfail=20"
 #   GPU_CHECK_TESTS_S      seconds the test stage may take at most, default 300
 #   GPU_CHECK_PYTEST_K     a pytest -k expression (may contain spaces), e.g. "quant or unchecked"
@@ -40,6 +41,7 @@
 #   bench-quant.json     tilebin.ops.quant device time, GB/s, % of copy_, host us per call
 #   bench-moe.json       tilebin.ops.moe host us at decode sizes, device time and GB/s at prefill
 #   fuzz.log             the GPU fuzz's counts (JSON: calls, refused, untyped, mismatch, fault...)
+#   fuzz-mhc.log         the same for the mHC ops (--families mhc)
 #   sanitizer.log        compute-sanitizer memcheck + racecheck, and memcheck over fuzzed calls
 # Exit status: 0 when every stage that ran passed, 1 otherwise, 2 when the wheel is missing.
 set -uo pipefail
@@ -232,6 +234,13 @@ run_fuzz() {
   in_tmp timeout -k 10 "$cap" "$PY" "$REPO/wheels/fuzz_ops.py" --calls "${GPU_CHECK_FUZZ_CALLS:-10000}" \
     --seed "${GPU_CHECK_FUZZ_SEED:-1}" --max-seconds $((cap - 20)) 2>&1 | tee "$OUT/fuzz.log"
   RC[fuzz]=$?
+  # the mHC ops (tilebin.modeling.mhc.ops' OpSpec ops), their own run
+  cap=$(limit 120 "$reserve")
+  stamp "fuzz: wheels/fuzz_ops.py --families mhc --calls ${GPU_CHECK_FUZZ_MHC_CALLS:-2000} (limit ${cap}s)"
+  in_tmp timeout -k 10 "$cap" "$PY" "$REPO/wheels/fuzz_ops.py" --families mhc --calls "${GPU_CHECK_FUZZ_MHC_CALLS:-2000}" \
+    --seed "${GPU_CHECK_FUZZ_SEED:-1}" --max-seconds $((cap - 20)) 2>&1 | tee "$OUT/fuzz-mhc.log"
+  local rc_mhc=$?
+  [[ ${RC[fuzz]} -eq 0 ]] && RC[fuzz]=$rc_mhc
   stamp "fuzz: rc=${RC[fuzz]} (1 = untyped errors, mismatches, refused valid calls or a fault; 124 = timeout)"
 }
 
