@@ -18,7 +18,7 @@ Two tables:
   first: it JIT-compiles).
 * host us per call at 4 tokens, hidden 7168 (``_common.host_us``), tilebin and tile_kernels.
 
-``--candidate`` adds a row "<op> (candidate)" after each op that has a speed candidate kernel
+``--candidate`` adds a row "<op> (candidate <tag>)" after each op per speed candidate kernel
 (``CANDIDATES``): the candidate launched directly (``tilebin.runtime.unchecked_launcher``) with
 the arguments and variant key the shipped op passes its kernel, its output allocated per call as
 the op does; same inputs, bytes and timing; its tile_kernels column repeats the op's.
@@ -39,12 +39,29 @@ from _common import env_facts, env_markdown, host_us, markdown_table, time_devic
 
 M = 4
 SHAPES = [(n1, h) for n1 in (4096, 8192) for h in (4096, 7168)]
-# op row label -> (speed candidate kernel, its variant key) (issue 9); the call: _candidate_call
+# op row label -> its speed candidates, one row each "<op> (candidate <tag>)": {tag: (kernel, variant key)}
+# (issue 9); the call: _candidate_call
 CANDIDATES: dict = {
-    "expand_to_mhc fwd": ("mhc._expand_fwd_candidate", {}),
-    "mhc_pre_apply_mix fwd": ("mhc._pre_apply_mix_fwd_candidate", {"mhc": M}),
-    "mhc_post_fwd": ("mhc._post_fwd_candidate", {"mhc": M}),
-    "mhc_multilayer_recompute (2 layers)": ("mhc._multilayer_recompute_candidate", {"mhc_mult": M}),
+    "expand_to_mhc fwd": {
+        "persist8": ("mhc._expand_fwd_candidate_persist8", {}),
+        "persist16": ("mhc._expand_fwd_candidate_persist16", {}),
+    },
+    "mhc_pre_apply_mix fwd": {
+        "ring": ("mhc._pre_apply_mix_fwd_candidate", {"mhc": M}),
+        "cp": ("mhc._pre_apply_mix_fwd_candidate_cp", {"mhc": M}),
+        "cpwide": ("mhc._pre_apply_mix_fwd_candidate_cpwide", {"mhc": M}),
+        "persist": ("mhc._pre_apply_mix_fwd_candidate_persist", {"mhc": M}),
+    },
+    "mhc_post_fwd": {
+        "ring": ("mhc._post_fwd_candidate", {"mhc": M}),
+        "cp": ("mhc._post_fwd_candidate_cp", {"mhc": M}),
+        "cpwide": ("mhc._post_fwd_candidate_cpwide", {"mhc": M}),
+        "persist": ("mhc._post_fwd_candidate_persist", {"mhc": M}),
+    },
+    "mhc_multilayer_recompute (2 layers)": {
+        "cp": ("mhc._multilayer_recompute_candidate_cp", {"mhc_mult": M}),
+        "persist": ("mhc._multilayer_recompute_candidate_persist", {"mhc_mult": M}),
+    },
 }
 MODULES = ("expand", "pre_apply_mix", "post", "head_compute_mix", "sinkhorn", "pre_split_mixes",
            "multilayer_recompute", "norm_fn", "pre_big_fuse")
@@ -126,15 +143,15 @@ def _recompute_call(fn, r, lists: tuple):
     return call
 
 
-def _candidate_call(label: str, t: dict, lists: tuple | None = None):
-    """The call of ``label``'s candidate kernel on the inputs ``t`` (and, for multilayer
+def _candidate_call(label: str, tag: str, t: dict, lists: tuple | None = None):
+    """The call of ``label``'s candidate kernel ``tag`` on the inputs ``t`` (and, for multilayer
     recompute, its tensor lists): the launch the shipped op makes (same views, same variant key),
     the output allocated per call as the op does."""
     import torch
 
     from tilebin import runtime
 
-    kernel, key = CANDIDATES[label]
+    kernel, key = CANDIDATES[label][tag]
     fn = runtime.unchecked_launcher(kernel, **key)
     r, x, pre, post, comb = t["r"], t["x"], t["pre"], t["post"], t["comb"]
     mhc, hidden = r.shape[-2:]
@@ -187,9 +204,9 @@ def rows_for(ours: dict, peer, n1: int, hidden: int, candidate: bool = False):
     def add(label, name, build, moved, lists=None):
         mine, theirs = both(name, build)
         rows.append((label, name, mine, theirs, moved))
-        if candidate and label in CANDIDATES:
-            cand = (lambda: _candidate_call(label, t, lists)) if name in ours else None
-            rows.append((f"{label} (candidate)", name, cand, theirs, moved))
+        for tag in CANDIDATES.get(label, {}) if candidate else ():
+            cand = (lambda tag=tag: _candidate_call(label, tag, t, lists)) if name in ours else None
+            rows.append((f"{label} (candidate {tag})", name, cand, theirs, moved))
 
     add("expand_to_mhc fwd", "expand", lambda m: (lambda: m.expand_to_mhc(x, M)), _nbytes(x, r))
     add("expand_to_mhc bwd", "expand",
@@ -271,7 +288,7 @@ def device_table(ours: dict, peer, candidate: bool = False, only_candidates: boo
     out, ok = [], True
     for n1, hidden in SHAPES:
         for label, name, mine, theirs, moved in rows_for(ours, peer, n1, hidden, candidate):
-            if only_candidates and label.removesuffix(" (candidate)") not in CANDIDATES:
+            if only_candidates and label.split(" (candidate ")[0] not in CANDIDATES:
                 continue
             if mine is None:
                 row = [label, n1, hidden, f"skipped: tilebin.modeling.mhc.ops.{name} missing", "", ""]

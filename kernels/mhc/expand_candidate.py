@@ -1,22 +1,23 @@
-"""``mhc._expand_fwd_candidate``: a speed candidate for ``mhc.expand_fwd`` (issue 9): same
-parameters, variant (``{}``) and bits; the bench and ``tests/gpu/test_gpu_cand_mhc.py`` launch it
-directly (``runtime.unchecked_launcher("mhc._expand_fwd_candidate")``).
+"""``mhc._expand_fwd_candidate_persist{8,16}``: speed candidates for ``mhc.expand_fwd`` (issue 9):
+same parameters, variant (``{}``) and bits; the bench and ``tests/gpu/test_gpu_cand_mhc.py``
+launch them directly (``runtime.unchecked_launcher("mhc._expand_fwd_candidate_persist8")``).
 
 ``(x, out)``: ``x`` bf16 ``[num_tokens, hidden]``, ``out`` bf16 ``[num_tokens, mhc_mult,
 hidden]``; ``out[t, m, :] = x[t, :]`` for every stream ``m`` (a bit copy).  ``num_tokens``,
 ``mhc_mult`` (>= 1) and ``hidden`` (``% 8 == 0``) are run-time symbols; contiguous, 16-byte
 aligned tensors.
 
-Why: the shipped kernel runs one block per token with registers for 8 vectors per thread (80
-registers, 6 blocks per SM), of which 4 hold data at hidden 4096; a block moves 40 KB (8 KB in,
-32 KB out at mhc_mult 4), so at 4096 x 4096 the 4096 blocks make ~5.2 waves of ~7 us blocks
-and the last, nearly empty wave leaves DRAM idle for a large part of a block's life (89.5 % of
-copy at 4096 tokens, 91.8 % at 8192 x 7168, where blocks are relatively fewer per wave).  Here a
-block copies one *segment* of ``THREADS`` 16-byte vectors of a token (grid ``(num_tokens,
-ceil(hidden / (8 * THREADS)))``: 4 segments at hidden 4096, 7 at 7168, every slot full), one
-``LDG.E.128`` and ``mhc_mult`` ``STG.E.128`` per thread, int32 vector indices: a few registers,
-16 blocks (64 warps) per SM, and blocks 4-7x shorter, so the last wave is short.  The same
-shape as the measured ``mhc.expand_bwd``.
+Why: the shipped kernel runs one block per token (80 registers, 6 blocks per SM; 40 KB moved
+per block at mhc_mult 4), so 4096 tokens make ~5.2 waves of long blocks and the nearly empty
+last wave leaves DRAM underused (88-89 % of copy at 4096 tokens, 92 % at 8192 x 7168).  The
+round-1 candidate (a block per 128-vector segment, 16 blocks per SM) measured 3-5 % slower
+than shipped everywhere and is replaced by these.  Here the grid is persistent: ``G = min(items,
+132 * B)`` blocks (``B`` = 8 or 16 blocks per SM) walk the flat list of *items* (a token's
+128-vector chunk: 2 KB in, ``mhc_mult`` x 2 KB out) with a grid stride (item ``bx + k * G``), so
+every SM streams until the last ~1/25 of the work and no block turnover gaps the load stream.
+Each thread's 16-byte vector of item ``k`` is copied by ``cp.async`` (zero-filled past the row)
+into its private slot ``k % S`` of a shared ring ``S - 1`` items ahead of its ``mhc_mult``
+``STG.E.128``; a thread reads only what it copied, so ``cp.async.wait_group`` is the only wait.
 """
 
 # No ``from __future__ import annotations``: TileLang evaluates the PrimFunc's tensor
@@ -27,14 +28,25 @@ from .._declare import KernelDecl
 
 THREADS = 128
 V = 8  # bf16 per 16-byte vector
-MIN_BLOCKS = 16  # __launch_bounds__(128, 16): the most blocks an SM holds (2048 threads)
-PASS_CONFIGS = {"tl.disable_safe_memory_legalize": True}  # every access is guarded
+SM_COUNT = 132  # H200: the persistent grid is SM_COUNT * blocks per SM blocks at most
+STAGES = 4  # ring slots: 3 items' loads in flight during one item's stores
+# a thread reads only the ring bytes it copied: no block barriers (cp.async.wait_group suffices)
+PASS_CONFIGS = {"tl.disable_safe_memory_legalize": True, "tl.disable_thread_storage_sync": True}
 
 
-def expand_fwd_candidate():
-    """Build the forward PrimFunc (no compile-time parameters)."""
+def cp_async(dst, src, n, pred):
+    """One 16-byte ``cp.async`` of ``n`` elements into shared memory, zero-filling when ``pred`` is false."""
+    return T.ptx_cp_async(T.access_ptr(dst, "w", n), T.access_ptr(src, "r", n), n, pred)
+
+
+def expand_fwd_candidate_persist(blocks: int):
+    """Build the persistent forward with ``blocks`` blocks per SM (``__launch_bounds__(128, blocks)``)."""
+    S = STAGES
     num_tokens, mhc, hidden = T.dynamic("num_tokens"), T.dynamic("mhc_mult"), T.dynamic("hidden")
     nvec = hidden // V
+    nch = T.ceildiv(nvec, THREADS)  # items per token
+    total = num_tokens * nch
+    G = T.min(total, SM_COUNT * blocks)
     x_flat = (num_tokens * nvec * V,)
     o_flat = (num_tokens * mhc * nvec * V,)
 
@@ -43,31 +55,64 @@ def expand_fwd_candidate():
         x: T.Tensor((num_tokens, hidden), "bfloat16"),
         out: T.Tensor((num_tokens, mhc, hidden), "bfloat16"),
     ):
-        with T.Kernel(num_tokens, T.ceildiv(nvec, THREADS), threads=THREADS) as (bx, sg):
-            T.annotate_min_blocks_per_sm(MIN_BLOCKS)
+        with T.Kernel(G, threads=THREADS) as bx:
+            T.annotate_min_blocks_per_sm(blocks)
             tid = T.get_thread_binding()
+            ring = T.alloc_shared((S, THREADS * V), "bfloat16")
             buf = T.alloc_local((V,), "bfloat16")
-            ov = T.alloc_var("int32")  # vector index of the thread's vector in stream 0
-            if sg * THREADS + tid < nvec:
-                for i in T.vectorized(V):
-                    buf[i] = T.Tensor(x_flat, "bfloat16", x.data)[(bx * nvec + sg * THREADS + tid) * V + i]
-                ov = bx * mhc * nvec + sg * THREADS + tid
-                for m in T.serial(mhc):
-                    T.stg128(T.Tensor(o_flat, "bfloat16", out.data)[(ov + m * nvec) * V],
-                             T.Tensor((1,), "uint32x4", buf.data)[0])
+            items = T.ceildiv(total - bx, G)
+            # iteration j issues item bx + j * G and stores item bx + (j - (S - 1)) * G
+            for j in T.serial(items + S - 1):
+                T.sync_warp()  # a compiler fence: the last reads of slot j % S stay before its refill
+                qi = bx + j * G
+                vi = T.truncmod(qi, nch) * THREADS + tid
+                cp_async(ring[j % S, tid * V], T.Tensor(x_flat, "bfloat16", x.data)[
+                    (T.truncdiv(qi, nch) * nvec + vi) * V], V, j < items and vi < nvec)
+                T.ptx_commit_group()  # one group per iteration, possibly empty
+                if j >= S - 1:
+                    qc = bx + (j - (S - 1)) * G
+                    vc = T.truncmod(qc, nch) * THREADS + tid
+                    T.ptx_wait_group(S - 1)  # item qc's copy (this thread's) has landed
+                    T.sync_warp()  # the wait asm has no memory clobber: keep the reads below it
+                    if vc < nvec:
+                        for i in T.vectorized(V):
+                            buf[i] = ring[(j - (S - 1)) % S, tid * V + i]
+                        for m in T.serial(mhc):
+                            T.stg128(T.Tensor(o_flat, "bfloat16", out.data)[
+                                ((T.truncdiv(qc, nch) * mhc + m) * nvec + vc) * V],
+                                T.Tensor((1,), "uint32x4", buf.data)[0])
 
     return main
 
 
+def expand_fwd_candidate_persist8():
+    """8 blocks (32 warps) per SM."""
+    return expand_fwd_candidate_persist(8)
+
+
+def expand_fwd_candidate_persist16():
+    """16 blocks (64 warps, the SM's most) per SM."""
+    return expand_fwd_candidate_persist(16)
+
+
 KERNELS = (
     KernelDecl(
-        name="mhc._expand_fwd_candidate",
-        factory=expand_fwd_candidate,
+        name="mhc._expand_fwd_candidate_persist8",
+        factory=expand_fwd_candidate_persist8,
         grid=({},),
         outputs=("out",),
         pass_configs=PASS_CONFIGS,
-        doc="Speed candidate for mhc.expand_fwd (same parameters and bits): a block per 128-vector token segment.",
+        doc="Speed candidate for mhc.expand_fwd: persistent grid (132 x 8), flat items, cp.async ring.",
+    ),
+    KernelDecl(
+        name="mhc._expand_fwd_candidate_persist16",
+        factory=expand_fwd_candidate_persist16,
+        grid=({},),
+        outputs=("out",),
+        pass_configs=PASS_CONFIGS,
+        doc="Speed candidate for mhc.expand_fwd: persistent grid (132 x 16), flat items, cp.async ring.",
     ),
 )
 
-__all__ = ["KERNELS", "THREADS", "expand_fwd_candidate"]
+__all__ = ["KERNELS", "THREADS", "expand_fwd_candidate_persist", "expand_fwd_candidate_persist16",
+           "expand_fwd_candidate_persist8"]

@@ -1,7 +1,7 @@
-"""``mhc._multilayer_recompute_candidate``: a speed candidate for ``mhc.multilayer_recompute``
-(issue 9): same parameters, variants (``mhc_mult`` 4, 2, 8) and bits; the bench and
-``tests/gpu/test_gpu_cand_mhc.py`` launch it directly
-(``runtime.unchecked_launcher("mhc._multilayer_recompute_candidate", mhc_mult=M)`` with the
+"""``mhc._multilayer_recompute_candidate_cp`` / ``_persist``: speed candidates for
+``mhc.multilayer_recompute`` (issue 9): same parameters, variants (``mhc_mult`` 4, 2, 8) and
+bits; the bench and ``tests/gpu/test_gpu_cand_mhc.py`` launch them directly
+(``runtime.unchecked_launcher("mhc._multilayer_recompute_candidate_cp", mhc_mult=M)`` with the
 op's ``ptrs`` table).
 
 Parameters (as the shipped kernel): ``initial_residual`` bf16 ``[n, M, hidden]``, ``ptrs`` int64
@@ -15,14 +15,19 @@ data pointers), ``num_post`` (``num_layers - 1`` or ``num_layers``).  Per token 
         r = fp32(residual[i])
     if num_post < num_layers:  layer_input[num_post] = bf16(sum_j pre_mix[num_post][j] * r[j])
 
-Why: the shipped kernel's block (grid tokens x segments of 256 vectors, 2 vectors per thread and
-stream) loads its residual and first layer output, runs the layers and exits; at hidden 7168 every
-fourth block is half idle, and within a block nothing overlaps the first loads' latency.  Here a
-block owns a token and walks its row in chunks of 128 vectors (one per thread and stream; 4 at
-hidden 4096, 7 at 7168) through a two-slot register ring: chunk ``k + 1``'s residual and first
-layer output (``M + 1`` ``LDG.E.128``) are issued before chunk ``k``'s layers, whose next layer
-output is loaded before each layer's math as before.  The mixes are reloaded per chunk and layer
-(16-byte loads that hit L1 after the first chunk).
+Why: the shipped block (tokens x segments of 256 vectors, 2 per thread and stream, 123
+registers, 4 blocks per SM) loads its residual and first layer output, runs the layers and
+exits: nothing within a block overlaps the first loads' latency, every fourth block is half idle
+at hidden 7168, and the SM's load stream gaps at each block turnover.  The round-1 candidate (a
+two-slot register ring per token, 128 registers) measured 2-4 % slower everywhere and is
+replaced by these.  Here a block walks its (token, 128-vector chunk) *items* (a block per token,
+or with ``persistent`` at most ``132 * CP_BLOCKS`` blocks, each taking a contiguous 1/G of the
+flat (token, chunk) list, balanced to one item);
+item ``j``'s residual streams and first layer output (``M + 1`` 16-byte vectors per thread) are
+copied by ``cp.async`` into the thread's private slot ``j % S`` of a shared ring, ``S - 1`` items
+ahead of the layers' math (no registers held per byte in flight; ``cp.async.wait_group`` is the
+only wait).  Later layer outputs are loaded before each layer's math, as shipped; the mixes are
+reloaded per item and layer (16-byte loads, L1 hits after a token's first item).
 """
 
 # No ``from __future__ import annotations``: TileLang evaluates the PrimFunc's tensor
@@ -33,18 +38,28 @@ from .._declare import KernelDecl
 
 THREADS = 128
 V = 8  # bf16 per 16-byte vector
-D = 2  # chunks in the register ring
 MULTS = (4, 2, 8)
-MIN_BLOCKS = {2: 6, 4: 4, 8: 2}  # __launch_bounds__ minimum blocks per SM
+SM_COUNT = 132  # H200: the persistent grid is SM_COUNT * CP_BLOCKS[m] blocks at most
+CP_STAGES = {2: 4, 4: 4, 8: 3}  # ring slots: S - 1 items in flight during one item's layers
+CP_BLOCKS = {2: 6, 4: 4, 8: 2}  # blocks per SM (shared memory S * (M + 1) * 2 KB a block)
+# a thread reads only the ring bytes it copied: no block barriers; every access is guarded
+PASS_CONFIGS = {"tl.disable_safe_memory_legalize": True, "tl.disable_thread_storage_sync": True}
 
 
-def multilayer_recompute_candidate(mhc_mult: int):
-    """Build the PrimFunc for ``mhc_mult`` streams."""
+def cp_async(dst, src, n, pred):
+    """One 16-byte ``cp.async`` of ``n`` elements into shared memory, zero-filling when ``pred`` is false."""
+    return T.ptx_cp_async(T.access_ptr(dst, "w", n), T.access_ptr(src, "r", n), n, pred)
+
+
+def multilayer_recompute_candidate_cp(mhc_mult: int, persistent: bool = False):
+    """Build the PrimFunc for ``mhc_mult`` streams (a block per token, or a persistent grid)."""
     m = mhc_mult
     vm = 4 if m % 4 == 0 else m  # fp32 per vector load of a mix row
-    S = m + 1  # ring vectors per chunk: the residual's streams, then the first layer output
+    S, K = CP_STAGES[m], m + 1  # ring slots; vectors per item and thread (streams, first layer output)
     n, hidden, layers = T.dynamic("num_tokens"), T.dynamic("hidden"), T.dynamic("num_layers")
     hv = hidden // V  # vectors per token row
+    nch = T.ceildiv(hv, THREADS)  # items per token
+    G = T.min(n * nch, SM_COUNT * CP_BLOCKS[m]) if persistent else n
     r_flat = (n * m * hv * V,)
     o_flat = (n * hv * V,)
 
@@ -54,41 +69,46 @@ def multilayer_recompute_candidate(mhc_mult: int):
         ptrs: T.Tensor((6, layers), "int64"),
         num_post: T.int32,
     ):
-        with T.Kernel(n, threads=THREADS) as tok:
-            T.annotate_min_blocks_per_sm(MIN_BLOCKS[m])
+        with T.Kernel(G, threads=THREADS) as bx:
+            T.annotate_min_blocks_per_sm(CP_BLOCKS[m])
             tid = T.get_thread_binding()
-            ring = T.alloc_local((D * S * V,), "bfloat16")
-            nb = T.alloc_local((m * V,), "bfloat16")  # the residual leaving a layer
+            ring = T.alloc_shared((S, K, THREADS * V), "bfloat16")
+            rb = T.alloc_local((m * V,), "bfloat16")  # the residual entering the layer (bf16 exactly)
+            nb = T.alloc_local((m * V,), "bfloat16")  # the residual leaving it
+            ob = T.alloc_local((V,), "bfloat16")  # this layer's output
+            obn = T.alloc_local((V,), "bfloat16")  # the next layer's, loaded early
             lb = T.alloc_local((V,), "bfloat16")
-            obn = T.alloc_local((V,), "bfloat16")  # the next layer's output, loaded early
             acc = T.alloc_local((V,), "float32")
             pre = T.alloc_local((m,), "float32")
             post = T.alloc_local((m,), "float32")
             comb = T.alloc_local((m * m,), "float32")
-            ov = T.alloc_var("int32")  # vector index of the thread's chunk-0 vector in a [n, hidden] row
-            rv = T.alloc_var("int32")  # ... and of its stream-0 vector in a [n, M, hidden] row
-            ov = tok * hv + tid
-            rv = tok * m * hv + tid
-            if tid < hv:  # prologue: chunk 0 into slot 0
-                for j in T.unroll(m):
-                    for e in T.vectorized(V):
-                        ring[j * V + e] = T.Tensor(r_flat, "bfloat16", initial_residual.data)[(rv + j * hv) * V + e]
-                if num_post > 0:
-                    for e in T.vectorized(V):
-                        ring[m * V + e] = T.make_tensor_from_addr(ptrs[2, 0], o_flat, "bfloat16")[ov * V + e]
-            for p in T.serial(T.ceildiv(T.ceildiv(hv, THREADS), D)):
-                for s in T.unroll(D):
-                    # issue chunk p*D + s + 1 into slot 1 - s, then run the layers on chunk p*D + s (slot s)
-                    if (p * D + s + 1) * THREADS + tid < hv:
-                        for j in T.unroll(m):
+            per = T.ceildiv(n * nch, G)  # items per block: the block's are q0 .. q0 + items - 1
+            q0 = bx * per
+            items = T.max(T.min(per, n * nch - q0), 0)
+            # iteration j issues item j and computes item j - (S - 1)
+            for j in T.serial(items + S - 1):
+                T.sync_warp()  # a compiler fence: the last reads of slot j % S stay before its refill
+                ti = T.truncdiv(q0 + j, nch)
+                vi = T.truncmod(q0 + j, nch) * THREADS + tid
+                ok = j < items and vi < hv
+                for q in T.unroll(m):
+                    cp_async(ring[j % S, q, tid * V], T.Tensor(r_flat, "bfloat16", initial_residual.data)[
+                        ((ti * m + q) * hv + vi) * V], V, ok)
+                cp_async(ring[j % S, m, tid * V], T.make_tensor_from_addr(ptrs[2, 0], o_flat, "bfloat16")[
+                    (ti * hv + vi) * V], V, ok and num_post > 0)
+                T.ptx_commit_group()  # one group per iteration, possibly empty
+                if j >= S - 1:
+                    jc = j - (S - 1)
+                    tok = T.truncdiv(q0 + jc, nch)
+                    vc = T.truncmod(q0 + jc, nch) * THREADS + tid
+                    T.ptx_wait_group(S - 1)  # item jc's copies (this thread's) have landed
+                    T.sync_warp()  # the wait asm has no memory clobber: keep the reads below it
+                    if vc < hv:
+                        for q in T.unroll(m):
                             for e in T.vectorized(V):
-                                ring[((1 - s) * S + j) * V + e] = T.Tensor(r_flat, "bfloat16", initial_residual.data)[
-                                    (rv + j * hv + (p * D + s + 1) * THREADS) * V + e]
-                        if num_post > 0:
-                            for e in T.vectorized(V):
-                                ring[((1 - s) * S + m) * V + e] = T.make_tensor_from_addr(
-                                    ptrs[2, 0], o_flat, "bfloat16")[(ov + (p * D + s + 1) * THREADS) * V + e]
-                    if (p * D + s) * THREADS + tid < hv:
+                                rb[q * V + e] = ring[jc % S, q, tid * V + e]
+                        for e in T.vectorized(V):
+                            ob[e] = ring[jc % S, m, tid * V + e]
                         for i in T.serial(num_post):
                             for c in T.unroll(m // vm):
                                 for k in T.vectorized(vm):
@@ -105,68 +125,76 @@ def multilayer_recompute_candidate(mhc_mult: int):
                             if i + 1 < num_post:  # no output overlaps an input (the op checks)
                                 for e in T.vectorized(V):
                                     obn[e] = T.make_tensor_from_addr(ptrs[2, i + 1], o_flat, "bfloat16")[
-                                        (ov + (p * D + s) * THREADS) * V + e]
+                                        (tok * hv + vc) * V + e]
                             # the layer's input from the residual entering it
                             for e in T.unroll(V):
-                                acc[e] = T.ieee_mul(pre[0], T.Cast("float32", ring[(s * S) * V + e]))
-                            for j in T.unroll(m - 1):
+                                acc[e] = T.ieee_mul(pre[0], T.Cast("float32", rb[e]))
+                            for q in T.unroll(m - 1):
                                 for e in T.unroll(V):
-                                    acc[e] = T.ieee_add(
-                                        acc[e], T.ieee_mul(pre[j + 1],
-                                                           T.Cast("float32", ring[(s * S + j + 1) * V + e])))
+                                    acc[e] = T.ieee_add(acc[e], T.ieee_mul(pre[q + 1],
+                                                                           T.Cast("float32", rb[(q + 1) * V + e])))
                             for e in T.unroll(V):
                                 lb[e] = T.Cast("bfloat16", acc[e])
-                            T.stg128(T.make_tensor_from_addr(ptrs[1, i], o_flat, "bfloat16")[
-                                (ov + (p * D + s) * THREADS) * V], T.Tensor((1,), "uint32x4", lb.data)[0])
+                            T.stg128(T.make_tensor_from_addr(ptrs[1, i], o_flat, "bfloat16")[(tok * hv + vc) * V],
+                                     T.Tensor((1,), "uint32x4", lb.data)[0])
                             # the residual leaving it, one output stream at a time
                             for o in T.unroll(m):
                                 for e in T.unroll(V):
-                                    acc[e] = T.ieee_mul(post[o], T.Cast("float32", ring[(s * S + m) * V + e]))
-                                for j in T.unroll(m):
+                                    acc[e] = T.ieee_mul(post[o], T.Cast("float32", ob[e]))
+                                for q in T.unroll(m):
                                     for e in T.unroll(V):
-                                        acc[e] = T.ieee_add(
-                                            acc[e], T.ieee_mul(comb[j * m + o],
-                                                               T.Cast("float32", ring[(s * S + j) * V + e])))
+                                        acc[e] = T.ieee_add(acc[e], T.ieee_mul(comb[q * m + o],
+                                                                               T.Cast("float32", rb[q * V + e])))
                                 for e in T.unroll(V):
                                     nb[o * V + e] = T.Cast("bfloat16", acc[e])
                             for o in T.unroll(m):
                                 T.stg128(T.make_tensor_from_addr(ptrs[5, i], r_flat, "bfloat16")[
-                                    (rv + o * hv + (p * D + s) * THREADS) * V], T.Tensor((m,), "uint32x4", nb.data)[o])
-                            for o in T.unroll(m):
-                                for e in T.unroll(V):
-                                    ring[(s * S + o) * V + e] = nb[o * V + e]
+                                    ((tok * m + o) * hv + vc) * V], T.Tensor((m,), "uint32x4", nb.data)[o])
+                            for e in T.unroll(m * V):
+                                rb[e] = nb[e]
                             for e in T.unroll(V):
-                                ring[(s * S + m) * V + e] = obn[e]
+                                ob[e] = obn[e]
                         if num_post < layers:
                             for c in T.unroll(m // vm):
                                 for k in T.vectorized(vm):
                                     pre[c * vm + k] = T.make_tensor_from_addr(ptrs[0, num_post], (n, m), "float32")[
                                         tok, c * vm + k]
                             for e in T.unroll(V):
-                                acc[e] = T.ieee_mul(pre[0], T.Cast("float32", ring[(s * S) * V + e]))
-                            for j in T.unroll(m - 1):
+                                acc[e] = T.ieee_mul(pre[0], T.Cast("float32", rb[e]))
+                            for q in T.unroll(m - 1):
                                 for e in T.unroll(V):
-                                    acc[e] = T.ieee_add(
-                                        acc[e], T.ieee_mul(pre[j + 1],
-                                                           T.Cast("float32", ring[(s * S + j + 1) * V + e])))
+                                    acc[e] = T.ieee_add(acc[e], T.ieee_mul(pre[q + 1],
+                                                                           T.Cast("float32", rb[(q + 1) * V + e])))
                             for e in T.unroll(V):
                                 lb[e] = T.Cast("bfloat16", acc[e])
                             T.stg128(T.make_tensor_from_addr(ptrs[1, num_post], o_flat, "bfloat16")[
-                                (ov + (p * D + s) * THREADS) * V], T.Tensor((1,), "uint32x4", lb.data)[0])
+                                (tok * hv + vc) * V], T.Tensor((1,), "uint32x4", lb.data)[0])
 
     return main
 
 
+def multilayer_recompute_candidate_persist(mhc_mult: int):
+    """``multilayer_recompute_candidate_cp(mhc_mult, persistent=True)``."""
+    return multilayer_recompute_candidate_cp(mhc_mult, True)
+
+
 KERNELS = (
     KernelDecl(
-        name="mhc._multilayer_recompute_candidate",
-        factory=multilayer_recompute_candidate,
+        name="mhc._multilayer_recompute_candidate_cp",
+        factory=multilayer_recompute_candidate_cp,
         grid=tuple({"mhc_mult": m} for m in MULTS),
         outputs=(),  # it writes only through ptrs (the op checks those tensors)
-        pass_configs={"tl.disable_safe_memory_legalize": True},  # every access is guarded by the element check
-        doc="Speed candidate for mhc.multilayer_recompute (same parameters, variants and bits): a block per token, "
-            "register ring.",
+        pass_configs=PASS_CONFIGS,
+        doc="Speed candidate for mhc.multilayer_recompute: a block per token, cp.async shared-memory ring.",
+    ),
+    KernelDecl(
+        name="mhc._multilayer_recompute_candidate_persist",
+        factory=multilayer_recompute_candidate_persist,
+        grid=tuple({"mhc_mult": m} for m in MULTS),
+        outputs=(),
+        pass_configs=PASS_CONFIGS,
+        doc="Speed candidate for mhc.multilayer_recompute: a persistent grid (132 x blocks per SM), cp.async ring.",
     ),
 )
 
-__all__ = ["KERNELS", "MULTS", "THREADS", "multilayer_recompute_candidate"]
+__all__ = ["KERNELS", "MULTS", "THREADS", "multilayer_recompute_candidate_cp", "multilayer_recompute_candidate_persist"]

@@ -1,4 +1,7 @@
-"""``mhc._pre_apply_mix_fwd_candidate``: a speed candidate for ``mhc.pre_apply_mix_fwd`` (issue 9):
+"""``mhc._pre_apply_mix_fwd_candidate`` (round 1, register ring) and
+``mhc._pre_apply_mix_fwd_candidate_cp`` / ``_cpwide`` / ``_persist`` (round 2, a ``cp.async``
+shared-memory ring: ``pre_apply_mix_fwd_candidate_cp``): speed candidates for
+``mhc.pre_apply_mix_fwd`` (issue 9):
 same parameters, variants (``mhc`` 4, 2, 8) and bits; the bench and
 ``tests/gpu/test_gpu_cand_mhc.py`` launch it directly
 (``runtime.unchecked_launcher("mhc._pre_apply_mix_fwd_candidate", mhc=M)``).
@@ -35,6 +38,14 @@ MHC_VALUES = (4, 2, 8)
 DEPTH = {2: 4, 4: 3, 8: 2}  # chunks in the register ring
 MIN_BLOCKS = {2: 8, 4: 6, 8: 4}  # __launch_bounds__ minimum blocks per SM
 PASS_CONFIGS = {"tl.disable_safe_memory_legalize": True}  # every access is guarded
+# round 2, the shared-memory ring (``pre_apply_mix_fwd_candidate_cp``)
+SM_COUNT = 132  # H200: the persistent grid is SM_COUNT * CP_BLOCKS[mhc] blocks at most
+CP_STAGES = {2: 4, 4: 4, 8: 3}  # items (chunks) per block's ring: S - 1 in flight during one's math
+CP_BLOCKS = {2: 8, 4: 6, 8: 4}  # blocks per SM (shared memory S * mhc * 2 KB a block)
+# a thread reads only the ring bytes it copied: no block barriers (cp.async.wait_group suffices)
+# the "wide" variant: (stages, blocks per SM): fewer slots, more resident warps
+CP_WIDE = {2: (3, 12), 4: (3, 8), 8: (2, 6)}
+CP_PASS_CONFIGS = dict(PASS_CONFIGS, **{"tl.disable_thread_storage_sync": True})
 
 
 def pre_apply_mix_fwd_candidate(mhc: int):
@@ -94,6 +105,93 @@ def pre_apply_mix_fwd_candidate(mhc: int):
     return main
 
 
+def cp_async(dst, src, n, pred):
+    """One 16-byte ``cp.async`` of ``n`` elements into shared memory, zero-filling when ``pred`` is false."""
+    return T.ptx_cp_async(T.access_ptr(dst, "w", n), T.access_ptr(src, "r", n), n, pred)
+
+
+def pre_apply_mix_fwd_candidate_cp(mhc: int, persistent: bool = False, stages: int = 0, blocks: int = 0):
+    """Build the shared-memory-ring forward for ``mhc`` streams: a block per token, or with
+    ``persistent`` a grid of at most ``SM_COUNT * B`` blocks, each taking a contiguous 1/G of the
+    flat (token, chunk) list (balanced to one item).  A block walks its *items* in order; item
+    ``j``'s ``mhc`` vectors per thread are copied by ``cp.async`` (16 bytes, zero-filled past the row) into ring
+    slot ``j % S``, ``S - 1`` items ahead of the math.  A thread reads only the slot bytes it
+    copied itself, so ``cp.async.wait_group`` is the only wait (no block barrier).  ``stages`` /
+    ``blocks`` (0: ``CP_STAGES`` / ``CP_BLOCKS``) set ``S`` and ``__launch_bounds__``' blocks per SM."""
+    S = stages or CP_STAGES[mhc]
+    B = blocks or CP_BLOCKS[mhc]
+    num_tokens, hidden = T.dynamic("num_tokens"), T.dynamic("hidden")
+    nvec = hidden // V
+    nch = T.ceildiv(nvec, THREADS)  # chunks (items) per token
+    G = T.min(num_tokens * nch, SM_COUNT * B) if persistent else num_tokens
+    x_flat = (num_tokens * mhc * nvec * V,)
+    o_flat = (num_tokens * nvec * V,)
+
+    @T.prim_func
+    def main(
+        x: T.Tensor((num_tokens, mhc, hidden), "bfloat16"),
+        mix: T.Tensor((num_tokens, mhc), "float32"),
+        out: T.Tensor((num_tokens, hidden), "bfloat16"),
+    ):
+        with T.Kernel(G, threads=THREADS) as bx:
+            T.annotate_min_blocks_per_sm(B)
+            tid = T.get_thread_binding()
+            ring = T.alloc_shared((S, mhc, THREADS * V), "bfloat16")
+            buf = T.alloc_local((mhc * V,), "bfloat16")
+            w = T.alloc_local((mhc,), "float32")
+            acc = T.alloc_local((V,), "float32")
+            ob = T.alloc_local((V,), "bfloat16")
+            per = T.ceildiv(num_tokens * nch, G)  # items per block: the block's are q0 .. q0 + items - 1
+            q0 = bx * per
+            items = T.max(T.min(per, num_tokens * nch - q0), 0)
+            # iteration j issues item j and computes item j - (S - 1)
+            for j in T.serial(items + S - 1):
+                T.sync_warp()  # a compiler fence: the last reads of slot j % S stay before its refill
+                ti = T.truncdiv(q0 + j, nch)
+                vi = T.truncmod(q0 + j, nch) * THREADS + tid
+                ok = j < items and vi < nvec
+                for m in T.unroll(mhc):
+                    cp_async(ring[j % S, m, tid * V], T.Tensor(x_flat, "bfloat16", x.data)[
+                        ((ti * mhc + m) * nvec + vi) * V], V, ok)
+                T.ptx_commit_group()  # one group per iteration, possibly empty
+                if j >= S - 1:
+                    jc = j - (S - 1)
+                    tc = T.truncdiv(q0 + jc, nch)
+                    vc = T.truncmod(q0 + jc, nch) * THREADS + tid
+                    if jc == 0 or vc < THREADS:  # the block's first item or a chunk 0: a new token's mix
+                        for m in T.unroll(mhc):
+                            w[m] = mix[tc, m]
+                    T.ptx_wait_group(S - 1)  # item jc's copies (this thread's) have landed
+                    T.sync_warp()  # the wait asm has no memory clobber: keep the reads below it
+                    if vc < nvec:
+                        for m in T.unroll(mhc):
+                            for i in T.vectorized(V):
+                                buf[m * V + i] = ring[jc % S, m, tid * V + i]
+                        for i in T.unroll(V):
+                            acc[i] = T.ieee_mul(w[0], T.Cast("float32", buf[i]))
+                        for m in T.unroll(mhc - 1):
+                            for i in T.unroll(V):
+                                acc[i] = T.ieee_fmaf(w[m + 1], T.Cast("float32", buf[(m + 1) * V + i]), acc[i])
+                        for i in T.vectorized(V):
+                            ob[i] = T.Cast("bfloat16", acc[i])
+                        T.stg128(T.Tensor(o_flat, "bfloat16", out.data)[(tc * nvec + vc) * V],
+                                 T.Tensor((1,), "uint32x4", ob.data)[0])
+
+    return main
+
+
+def pre_apply_mix_fwd_candidate_persist(mhc: int):
+    """``pre_apply_mix_fwd_candidate_cp(mhc, persistent=True)``."""
+    return pre_apply_mix_fwd_candidate_cp(mhc, True)
+
+
+
+def pre_apply_mix_fwd_candidate_cpwide(mhc: int):
+    """``pre_apply_mix_fwd_candidate_cp(mhc)`` with ``CP_WIDE[mhc]`` (stages, blocks per SM)."""
+    stages, blocks = CP_WIDE[mhc]
+    return pre_apply_mix_fwd_candidate_cp(mhc, False, stages, blocks)
+
+
 KERNELS = (
     KernelDecl(
         name="mhc._pre_apply_mix_fwd_candidate",
@@ -104,6 +202,33 @@ KERNELS = (
         doc="Speed candidate for mhc.pre_apply_mix_fwd (same parameters, variants and bits): a block per token, "
             "register ring.",
     ),
+    KernelDecl(
+        name="mhc._pre_apply_mix_fwd_candidate_cp",
+        factory=pre_apply_mix_fwd_candidate_cp,
+        grid=tuple({"mhc": m} for m in MHC_VALUES),
+        outputs=("out",),
+        pass_configs=CP_PASS_CONFIGS,
+        doc="Speed candidate for mhc.pre_apply_mix_fwd: a block per token, cp.async shared-memory ring.",
+    ),
+    KernelDecl(
+        name="mhc._pre_apply_mix_fwd_candidate_persist",
+        factory=pre_apply_mix_fwd_candidate_persist,
+        grid=tuple({"mhc": m} for m in MHC_VALUES),
+        outputs=("out",),
+        pass_configs=CP_PASS_CONFIGS,
+        doc="Speed candidate for mhc.pre_apply_mix_fwd: a persistent grid (132 x blocks per SM), cp.async ring.",
+    ),
+    KernelDecl(
+        name="mhc._pre_apply_mix_fwd_candidate_cpwide",
+        factory=pre_apply_mix_fwd_candidate_cpwide,
+        grid=tuple({"mhc": m} for m in MHC_VALUES),
+        outputs=("out",),
+        pass_configs=CP_PASS_CONFIGS,
+        doc="Speed candidate for mhc.pre_apply_mix_fwd: a block per token, cp.async ring of fewer slots, more "
+            "blocks per SM.",
+    ),
 )
 
-__all__ = ["KERNELS", "MHC_VALUES", "THREADS", "pre_apply_mix_fwd_candidate"]
+__all__ = ["KERNELS", "MHC_VALUES", "THREADS", "pre_apply_mix_fwd_candidate", "pre_apply_mix_fwd_candidate_cp",
+           "pre_apply_mix_fwd_candidate_cpwide",
+           "pre_apply_mix_fwd_candidate_persist"]
