@@ -60,27 +60,47 @@ def expand_fwd_candidate_persist(blocks: int):
             tid = T.get_thread_binding()
             ring = T.alloc_shared((S, THREADS * V), "bfloat16")
             buf = T.alloc_local((V,), "bfloat16")
+            items = T.alloc_var("int32")
+            ti = T.alloc_var("int32")  # the issue cursor: token and chunk of item bx + j * G (no division
+            ci = T.alloc_var("int32")  # per item: it steps G = gq * nch + gr items)
+            tc = T.alloc_var("int32")  # the store cursor: item bx + (j - (S - 1)) * G
+            cc = T.alloc_var("int32")
+            gq = T.alloc_var("int32")
+            gr = T.alloc_var("int32")
             items = T.ceildiv(total - bx, G)
+            gq = T.truncdiv(G, nch)
+            gr = T.truncmod(G, nch)
+            ti = T.truncdiv(bx, nch)
+            ci = T.truncmod(bx, nch)
+            tc = ti
+            cc = ci
             # iteration j issues item bx + j * G and stores item bx + (j - (S - 1)) * G
             for j in T.serial(items + S - 1):
                 T.sync_warp()  # a compiler fence: the last reads of slot j % S stay before its refill
-                qi = bx + j * G
-                vi = T.truncmod(qi, nch) * THREADS + tid
-                cp_async(ring[j % S, tid * V], T.Tensor(x_flat, "bfloat16", x.data)[
-                    (T.truncdiv(qi, nch) * nvec + vi) * V], V, j < items and vi < nvec)
+                vi = ci * THREADS + tid
+                cp_async(ring[j % S, tid * V], T.Tensor(x_flat, "bfloat16", x.data)[(ti * nvec + vi) * V], V,
+                         j < items and vi < nvec)
                 T.ptx_commit_group()  # one group per iteration, possibly empty
+                ti = ti + gq
+                ci = ci + gr
+                if ci >= nch:
+                    ci = ci - nch
+                    ti = ti + 1
                 if j >= S - 1:
-                    qc = bx + (j - (S - 1)) * G
-                    vc = T.truncmod(qc, nch) * THREADS + tid
-                    T.ptx_wait_group(S - 1)  # item qc's copy (this thread's) has landed
+                    vc = cc * THREADS + tid
+                    T.ptx_wait_group(S - 1)  # the stored item's copy (this thread's) has landed
                     T.sync_warp()  # the wait asm has no memory clobber: keep the reads below it
                     if vc < nvec:
                         for i in T.vectorized(V):
                             buf[i] = ring[(j - (S - 1)) % S, tid * V + i]
                         for m in T.serial(mhc):
-                            T.stg128(T.Tensor(o_flat, "bfloat16", out.data)[
-                                ((T.truncdiv(qc, nch) * mhc + m) * nvec + vc) * V],
-                                T.Tensor((1,), "uint32x4", buf.data)[0])
+                            T.stg128(T.Tensor(o_flat, "bfloat16", out.data)[((tc * mhc + m) * nvec + vc) * V],
+                                     T.Tensor((1,), "uint32x4", buf.data)[0])
+                    tc = tc + gq
+                    cc = cc + gr
+                    if cc >= nch:
+                        cc = cc - nch
+                        tc = tc + 1
 
     return main
 

@@ -82,14 +82,21 @@ def multilayer_recompute_candidate_cp(mhc_mult: int, persistent: bool = False):
             pre = T.alloc_local((m,), "float32")
             post = T.alloc_local((m,), "float32")
             comb = T.alloc_local((m * m,), "float32")
-            per = T.ceildiv(n * nch, G)  # items per block: the block's are q0 .. q0 + items - 1
-            q0 = bx * per
-            items = T.max(T.min(per, n * nch - q0), 0)
+            items = T.alloc_var("int32")
+            ti = T.alloc_var("int32")  # the issue cursor: token and chunk of item j (no division per item)
+            ci = T.alloc_var("int32")
+            tok = T.alloc_var("int32")  # the compute cursor: token and chunk of item j - (S - 1)
+            cc = T.alloc_var("int32")
+            items = T.ceildiv(n * nch, G)  # per: block bx takes items bx * per .. (bx + 1) * per - 1
+            ti = T.truncdiv(bx * items, nch)
+            ci = T.truncmod(bx * items, nch)
+            items = T.max(T.min(items, n * nch - bx * items), 0)  # (clipped at the end)
+            tok = ti
+            cc = ci
             # iteration j issues item j and computes item j - (S - 1)
             for j in T.serial(items + S - 1):
                 T.sync_warp()  # a compiler fence: the last reads of slot j % S stay before its refill
-                ti = T.truncdiv(q0 + j, nch)
-                vi = T.truncmod(q0 + j, nch) * THREADS + tid
+                vi = ci * THREADS + tid
                 ok = j < items and vi < hv
                 for q in T.unroll(m):
                     cp_async(ring[j % S, q, tid * V], T.Tensor(r_flat, "bfloat16", initial_residual.data)[
@@ -97,10 +104,13 @@ def multilayer_recompute_candidate_cp(mhc_mult: int, persistent: bool = False):
                 cp_async(ring[j % S, m, tid * V], T.make_tensor_from_addr(ptrs[2, 0], o_flat, "bfloat16")[
                     (ti * hv + vi) * V], V, ok and num_post > 0)
                 T.ptx_commit_group()  # one group per iteration, possibly empty
+                ci = ci + 1
+                if ci == nch:
+                    ci = 0
+                    ti = ti + 1
                 if j >= S - 1:
                     jc = j - (S - 1)
-                    tok = T.truncdiv(q0 + jc, nch)
-                    vc = T.truncmod(q0 + jc, nch) * THREADS + tid
+                    vc = cc * THREADS + tid
                     T.ptx_wait_group(S - 1)  # item jc's copies (this thread's) have landed
                     T.sync_warp()  # the wait asm has no memory clobber: keep the reads below it
                     if vc < hv:
@@ -169,6 +179,10 @@ def multilayer_recompute_candidate_cp(mhc_mult: int, persistent: bool = False):
                                 lb[e] = T.Cast("bfloat16", acc[e])
                             T.stg128(T.make_tensor_from_addr(ptrs[1, num_post], o_flat, "bfloat16")[
                                 (tok * hv + vc) * V], T.Tensor((1,), "uint32x4", lb.data)[0])
+                    cc = cc + 1
+                    if cc == nch:
+                        cc = 0
+                        tok = tok + 1
 
     return main
 

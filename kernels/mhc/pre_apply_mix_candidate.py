@@ -141,24 +141,34 @@ def pre_apply_mix_fwd_candidate_cp(mhc: int, persistent: bool = False, stages: i
             w = T.alloc_local((mhc,), "float32")
             acc = T.alloc_local((V,), "float32")
             ob = T.alloc_local((V,), "bfloat16")
-            per = T.ceildiv(num_tokens * nch, G)  # items per block: the block's are q0 .. q0 + items - 1
-            q0 = bx * per
-            items = T.max(T.min(per, num_tokens * nch - q0), 0)
+            items = T.alloc_var("int32")
+            ti = T.alloc_var("int32")  # the issue cursor: token and chunk of item j (no division per item)
+            ci = T.alloc_var("int32")
+            tc = T.alloc_var("int32")  # the compute cursor: token and chunk of item j - (S - 1)
+            cc = T.alloc_var("int32")
+            items = T.ceildiv(num_tokens * nch, G)  # per: block bx takes items bx * per .. (bx + 1) * per - 1
+            ti = T.truncdiv(bx * items, nch)
+            ci = T.truncmod(bx * items, nch)
+            items = T.max(T.min(items, num_tokens * nch - bx * items), 0)  # (clipped at the end)
+            tc = ti
+            cc = ci
             # iteration j issues item j and computes item j - (S - 1)
             for j in T.serial(items + S - 1):
                 T.sync_warp()  # a compiler fence: the last reads of slot j % S stay before its refill
-                ti = T.truncdiv(q0 + j, nch)
-                vi = T.truncmod(q0 + j, nch) * THREADS + tid
+                vi = ci * THREADS + tid
                 ok = j < items and vi < nvec
                 for m in T.unroll(mhc):
                     cp_async(ring[j % S, m, tid * V], T.Tensor(x_flat, "bfloat16", x.data)[
                         ((ti * mhc + m) * nvec + vi) * V], V, ok)
                 T.ptx_commit_group()  # one group per iteration, possibly empty
+                ci = ci + 1
+                if ci == nch:
+                    ci = 0
+                    ti = ti + 1
                 if j >= S - 1:
                     jc = j - (S - 1)
-                    tc = T.truncdiv(q0 + jc, nch)
-                    vc = T.truncmod(q0 + jc, nch) * THREADS + tid
-                    if jc == 0 or vc < THREADS:  # the block's first item or a chunk 0: a new token's mix
+                    vc = cc * THREADS + tid
+                    if jc == 0 or cc == 0:  # the block's first item or a chunk 0: a new token's mix
                         for m in T.unroll(mhc):
                             w[m] = mix[tc, m]
                     T.ptx_wait_group(S - 1)  # item jc's copies (this thread's) have landed
@@ -176,6 +186,10 @@ def pre_apply_mix_fwd_candidate_cp(mhc: int, persistent: bool = False, stages: i
                             ob[i] = T.Cast("bfloat16", acc[i])
                         T.stg128(T.Tensor(o_flat, "bfloat16", out.data)[(tc * nvec + vc) * V],
                                  T.Tensor((1,), "uint32x4", ob.data)[0])
+                    cc = cc + 1
+                    if cc == nch:
+                        cc = 0
+                        tc = tc + 1
 
     return main
 
