@@ -39,8 +39,8 @@ _MEMO_MAX = 256  # configurations kept per op (a process sees a handful; the cap
 @record
 class TensorParam:
     """A tensor parameter: one of ``dtypes``, ``ndim`` dims (None: any), contiguous if asked, at
-    most ``max_numel`` elements (checked per call), written by the op if ``mutated``; None
-    accepted if ``optional``.
+    most ``max_numel`` elements and, if ``ptr_align``, a data pointer that is a multiple of that many
+    bytes (both checked per call), written by the op if ``mutated``; None accepted if ``optional``.
 
     ``rows_vary``: its first size may differ between calls of one configuration (the token
     count): only the other sizes are part of the memo key, and a relation that involves the
@@ -57,6 +57,7 @@ class TensorParam:
     optional: bool = False
     rows_vary: bool = True
     default: Optional[str] = None  # the schema's default, e.g. "None"
+    ptr_align: int = 0  # bytes its data pointer must be a multiple of (checked per call, non-empty tensors); 0: any
 
     @property
     def schema_type(self) -> str:
@@ -81,6 +82,10 @@ class TensorParam:
             sizes = " x ".join(map(str, t.shape))
             most = f"2**{limit.bit_length() - 1}" if limit & (limit - 1) == 0 else str(limit)
             raise fail(op, f"{self.name} has {sizes} entries, more than {most}; split the tokens")
+        align = self.ptr_align
+        if align and not TRACING.on and t.numel() and t.data_ptr() % align:  # (fake tensors have no pointer)
+            raise fail(op, f"{self.name}'s data pointer {t.data_ptr():#x} is not {align}-byte aligned (vector "
+                           f"access); pass a {align}-byte aligned tensor (a fresh torch.empty is)")
 
     def key(self, t: Any) -> Any:
         """This argument's part of the memo key (AttributeError for a non-tensor: the checked path)."""
@@ -205,7 +210,8 @@ def _checks_per_call(p: Any) -> bool:
     """Whether parameter ``p`` has checks a replayed call must repeat: a TensorParam that is
     contiguous or size-limited, one whose class redefines ``check_call``, a Param with ``call_check``."""
     if isinstance(p, TensorParam):
-        return p.contiguous or p.max_numel is not None or type(p).check_call is not TensorParam.check_call
+        return (p.contiguous or p.max_numel is not None or p.ptr_align
+                or type(p).check_call is not TensorParam.check_call)
     return getattr(p, "call_check", None) is not None
 
 

@@ -164,3 +164,22 @@ def test_the_generated_key_separates_what_the_checks_distinguish():
         key((x, w, None, 2))
     with pytest.raises(AttributeError):
         key(([1.0], w, None, 2, 1.0))
+
+
+def test_ptr_align_is_checked_on_every_call(monkeypatch):
+    """A ``ptr_align`` parameter's data pointer is checked on the first call and on every replay (an
+    empty tensor has nothing to align); a refused call launches nothing and stores nothing."""
+    runs = []
+    spec = _spec.OpSpec("aligned_demo", (_spec.TensorParam("out", (torch.float32,), 1, mutated=True, ptr_align=16),),
+                        "()", lambda values: (lambda out: runs.append(out.shape[0])))
+    monkeypatch.setattr(_spec, "check_cuda", lambda *a, **k: None)
+    buf = torch.zeros(64)
+    with pytest.raises(ArgumentError, match=r"out's data pointer 0x[0-9a-f]+ is not 16-byte aligned"):
+        spec(buf[1:9])  # a first call
+    assert not spec.memo and not runs
+    spec(buf[:8])
+    spec(buf[4:13])  # 16 bytes in: aligned, a replay
+    with pytest.raises(ArgumentError, match="not 16-byte aligned"):
+        spec(buf[1:10])  # a replay of the stored configuration
+    spec(buf[1:1])
+    assert runs == [8, 9, 0] and len(spec.memo) == 1

@@ -25,7 +25,8 @@ import torch
 from tilebin.ops._common import fail, kernel_meta, launcher
 from tilebin.ops._spec import OpSpec, TensorParam
 
-from ._rows import FP32, MAX_ELEMENTS, Rows, check_shape, check_size, float_param, ordered, shapes, torch_ops
+from ._rows import (FP32, MAX_ELEMENTS, Rows, check_shape, check_size, float_param, ordered, shapes, small_input,
+                    torch_ops)
 
 _BWD = "mhc.head_compute_mix_bwd"  # its meta: max_mhc (the op's limit), parts (rows of the backward's scratch)
 
@@ -54,7 +55,7 @@ def _plan_fwd(values: dict):
     def run(input_mix, mhc_scale, mhc_base, _):
         out = torch.empty(input_mix.shape, dtype=torch.float32, device=input_mix.device)
         if out.numel():
-            fn(input_mix.contiguous().view(-1, mhc), mhc_scale.contiguous(), mhc_base.contiguous(), out.view(-1, mhc),
+            fn(small_input(input_mix).view(-1, mhc), small_input(mhc_scale), small_input(mhc_base), out.view(-1, mhc),
                eps)
         return out
 
@@ -72,8 +73,8 @@ def _plan_bwd(values: dict):
         grad_scale, grad_base = new((1,), dtype=torch.float32, device=dev), new((mhc,), dtype=torch.float32, device=dev)
         if input_mix.numel():  # 0 tokens: nothing to launch, the sums are zeros
             partial = torch.empty((parts, max_mhc + 1), dtype=torch.float32, device=dev)
-            fn(grad.contiguous().view(-1, mhc), input_mix.contiguous().view(-1, mhc), mhc_scale.contiguous(),
-               mhc_base.contiguous(), grad_input.view(-1, mhc), partial, grad_scale, grad_base)
+            fn(small_input(grad).view(-1, mhc), small_input(input_mix).view(-1, mhc), small_input(mhc_scale),
+               small_input(mhc_base), grad_input.view(-1, mhc), partial, grad_scale, grad_base)
         return grad_input, grad_scale, grad_base
 
     return run

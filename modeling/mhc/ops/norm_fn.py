@@ -166,9 +166,13 @@ def _plan_bwd(values: dict):
         part = torch.empty((num_token_splits(t, k), n, k), dtype=torch.float32, device=dev)
         g_mul = torch.empty((t, n), dtype=torch.float32, device=dev)
         g_sq = torch.empty((t,), dtype=torch.float32, device=dev)
+        # the read-only inputs as the kernels read them: contiguous, 16-byte aligned (copied if not); the
+        # written ones (x_grad, fn_grad, w_grad) are checked aligned by their parameters
+        fn, fn_eff, norm_weight = aligned_input(fn), aligned_input(fn_eff), aligned_input(norm_weight)
         if t:
-            launcher("mhc.norm_fn_bwd_norm", mhc_mult=mult)(out_grad.reshape(t, n).contiguous(), out_mul, sqrsum,
-                                                            g_mul, g_sq, k, eps)
+            launcher("mhc.norm_fn_bwd_norm", mhc_mult=mult)(aligned_input(out_grad.reshape(t, n).contiguous()),
+                                                            aligned_input(out_mul), aligned_input(sqrsum), g_mul, g_sq,
+                                                            k, eps)
         launcher("mhc.norm_fn_bwd_mul", mhc_mult=mult)(g_mul, g_sq, x, fn_eff, x_grad.view(t, k), part,
                                                        1 if accumulate else 0)
         if norm_weight is None:
@@ -183,6 +187,10 @@ def _plan_bwd(values: dict):
 def _bwd_shapes(out_grad, residual, fn, fn_eff, norm_weight, out_mul, sqrsum, eps, x_grad, accumulate, fn_grad,
                 w_grad, grad_acc) -> tuple:
     t, n = residual.numel() // (residual.shape[-1] * residual.shape[-2]), fn.shape[0]
+    if (norm_weight is None) != (w_grad is None):
+        raise fail(_OP + "_bwd", f"w_grad is {'None' if w_grad is None else 'a tensor'} but mhc_norm_weight is "
+                                 f"{'None' if norm_weight is None else 'a tensor'}; pass w_grad exactly when the "
+                                 "forward had a norm weight")
     return (("out_grad", out_grad, (*residual.shape[:-2], n)), ("out_mul", out_mul, (t, n)), ("sqrsum", sqrsum, (t,)),
             ("x_grad", x_grad, residual.shape), ("fn_eff", fn_eff, fn.shape), ("fn_grad", fn_grad, fn.shape),
             ("w_grad", w_grad, (fn.shape[1],)))
@@ -190,7 +198,8 @@ def _bwd_shapes(out_grad, residual, fn, fn_eff, norm_weight, out_mul, sqrsum, ep
 
 def _param(name: str, ndim: int, rows: bool = False, optional: bool = False, mutated: bool = False) -> TensorParam:
     """An fp32 parameter (contiguous, as the kernels read it; of a fixed shape unless ``rows``)."""
-    return TensorParam(name, FP32, ndim, True, optional=optional, mutated=mutated, rows_vary=rows)
+    return TensorParam(name, FP32, ndim, True, optional=optional, mutated=mutated, rows_vary=rows,
+                       ptr_align=16 if mutated else 0)
 
 
 NORM_FN = OpSpec(_OP, (Streams("residual", (torch.bfloat16,)), TensorParam("fn", FP32, 2, rows_vary=False),
@@ -201,7 +210,8 @@ NORM_FN = OpSpec(_OP, (Streams("residual", (torch.bfloat16,)), TensorParam("fn",
 _BWD_PARAMS = (Rows("out_grad", FP32), Streams("residual", (torch.bfloat16,), contiguous=True), _param("fn", 2),
                _param("fn_eff", 2), _param("mhc_norm_weight", 1, optional=True), _param("out_mul", 2, True),
                _param("sqrsum", 1, True), float_param("eps"),
-               Streams("x_grad", (torch.bfloat16,), contiguous=True, mutated=True), FlagParam("accumulate"),
+               Streams("x_grad", (torch.bfloat16,), contiguous=True, mutated=True, ptr_align=16),
+               FlagParam("accumulate"),
                _param("fn_grad", 2, mutated=True), _param("w_grad", 1, optional=True, mutated=True),
                FlagParam("grad_acc"))
 NORM_FN_BWD = OpSpec(_OP + "_bwd", _BWD_PARAMS, "()", _plan_bwd, schema_args=schema_args(_BWD_PARAMS),

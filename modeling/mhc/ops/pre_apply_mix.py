@@ -84,7 +84,7 @@ APPLY_MIX = out_spec("mhc_pre_apply_mix", (Streams("x", BF16), Streams("mix", FP
                      **ordered(_check, _plain))
 APPLY_MIX_BWD = OpSpec("mhc_pre_apply_mix_bwd",
                        (Rows("out_grad", BF16), Streams("x", BF16, contiguous=True), Streams("mix", FP32),
-                        Streams("grad_x", BF16, contiguous=True, mutated=True), FlagParam("accumulate")),
+                        Streams("grad_x", BF16, contiguous=True, mutated=True, ptr_align=16), FlagParam("accumulate")),
                        "Tensor", _plan_bwd, **shapes(lambda g, x, mix, grad_x, _: (
                            ("out_grad", g, (*x.shape[:-2], x.shape[-1])), ("mix", mix, (*x.shape[:-1], 1)),
                            ("grad_x", grad_x, x.shape)), lambda op, g, x, mix, *_: _check(op, x, mix, None)))

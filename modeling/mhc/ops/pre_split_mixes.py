@@ -110,7 +110,8 @@ SPLIT = OpSpec("mhc_pre_split_mixes", (*_INPUTS, float_param("mhc_pre_eps")), "(
                **ordered(_check, _plain))
 SPLIT_BWD = OpSpec("mhc_pre_split_mixes_bwd",
                    (Streams("grad_pre", FP32), Streams("grad_post", FP32), Streams("grad_comb", FP32), *_INPUTS),
-                   "(Tensor, Tensor, Tensor)", _plan_bwd, **shapes(_bwd_shapes, lambda op, gp, gq, gc, *a: _check(op, *a)))
+                   "(Tensor, Tensor, Tensor)", _plan_bwd,
+                   **shapes(_bwd_shapes, lambda op, gp, gq, gc, *a: _check(op, *a)))
 
 
 
@@ -133,8 +134,10 @@ class MHCPreSplitMixes(torch.autograd.Function):
 
 
 def mhc_pre_split_mixes(input_mixes: torch.Tensor, mhc_scale: torch.Tensor, mhc_base: torch.Tensor, mhc_mult: int,
-                        mhc_post_mult_value: float, mhc_pre_eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``(pre_layer_mix [..., M, 1], post_layer_mix [..., M, 1], comb_res_mix [..., M, M])``: see the module docstring."""
+                        mhc_post_mult_value: float,
+                        mhc_pre_eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(pre_layer_mix [..., M, 1], post_layer_mix [..., M, 1], comb_res_mix [..., M, M])``: see the module
+    docstring."""
     return MHCPreSplitMixes.apply(input_mixes, mhc_scale, mhc_base, mhc_mult, mhc_post_mult_value, mhc_pre_eps)
 
 

@@ -82,7 +82,8 @@ SINKHORN = OpSpec("sinkhorn_normalize", (Streams("x", FP32), *_SCALARS, FlagPara
                   "Tensor", _plan_fwd, **ordered(_check, _plain))
 SINKHORN_BWD = OpSpec("sinkhorn_normalize_bwd", (Streams("grad_out", FP32), Streams("x", FP32), *_SCALARS),
                       "Tensor", _plan_bwd,
-                      **shapes(lambda g, x, *_: (("grad_out", g, x.shape),), lambda op, g, x, r, e: _check(op, x, r, e, True)))
+                      **shapes(lambda g, x, *_: (("grad_out", g, x.shape),),
+                               lambda op, g, x, r, e: _check(op, x, r, e, True)))
 
 
 class SinkhornNormalize(torch.autograd.Function):
