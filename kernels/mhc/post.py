@@ -23,20 +23,27 @@ grad_comb_mix)``: ``grad_out`` bf16 like residual; outputs ``grad_x`` bf16 like 
 ``mhc`` is the compile-time key; ``num_tokens`` and ``hidden`` are run-time symbols
 (``hidden % 8 == 0``).  Contiguous, 16-byte aligned tensors.
 
-Design: blocks of ``THREADS`` = 128 threads cover a token's row in *segments* of ``THREADS * U``
-16-byte vectors: the forward launches a block per (token, segment) (grid ``(num_tokens,
-ceil(hidden / (8 * THREADS * U)))``: a short batch still has every segment in flight at once);
-the backward, which sums over the row, runs one block per token that walks the segments (a
-run-time loop).  In a segment thread ``tr`` owns the vectors ``base + tr + u * THREADS`` (a
-compile-time step: immediate address offsets) of x and of every stream.  All of a segment's
-loads are issued before any arithmetic (forward ``U *
-(mhc + 1)`` vectors, ``U = max(1, 8 // mhc)``; backward ``U * (2 * mhc + 1)``, ``U = max(1, 4 //
-mhc)``: 9-18 vectors per thread), leaving registers for several blocks per SM (whose loads
-cover one block's reduction and tail).  The
-token's mix coefficients are loaded once per thread (broadcast reads).  The backward's
-``mhc * (mhc + 1)`` sums: a thread adds its products in (segment, vector, element) order, each
-warp combines its lanes by xor-shuffles (16, 8, 4, 2, 1) and the four warps' sums are added
-in warp order: deterministic for a given hidden.
+Forward design: a block of ``THREADS`` = 128 threads per token (grid ``num_tokens``) walks the
+token's row in *items* of ``THREADS`` 16-byte vectors (one per thread, of x and of every stream: 4
+items at hidden 4096, 7, none partly idle, at 7168).  Item ``j``'s ``mhc + 1`` vectors per thread
+are copied by ``cp.async`` (``LDGSTS``, L1 bypassed, no register held per byte in flight; 16 bytes,
+zero-filled past the row) into slot ``j % S`` of a shared-memory ring, ``S - 1`` items ahead of the
+math (``S`` = ``STAGES[mhc]``, ``__launch_bounds__`` ``BLOCKS[mhc]`` blocks per SM; M = 4: S = 4,
+5 blocks, 40 KB shared per block, up to 150 KB of loads in flight per SM all along the row).  A
+thread reads only the slot bytes it copied itself, so ``cp.async.wait_group S-1`` is the only wait
+(no block barrier: ``tl.disable_thread_storage_sync``).  The (token, chunk) of the issued and of
+the computed item are int32 cursors stepped per item (no division per item).  The token's mix
+coefficients are loaded at the block's first item (broadcast reads).
+
+Backward design: blocks of ``THREADS`` threads, one per token, walk the row in *segments* of
+``THREADS * U`` 16-byte vectors (a run-time loop); in a segment thread ``tr`` owns the vectors
+``base + tr + u * THREADS`` (``U = max(1, 4 // mhc)``, a compile-time step: immediate address
+offsets) of x and of every stream.  All of a segment's loads (``U * (2 * mhc + 1)`` vectors: 9-18
+per thread) are issued before any arithmetic, leaving registers for several blocks per SM (whose
+loads cover one block's reduction and tail).  The token's mix coefficients are loaded once per
+thread (broadcast reads).  The ``mhc * (mhc + 1)`` sums: a thread adds its products in (segment,
+vector, element) order, each warp combines its lanes by xor-shuffles (16, 8, 4, 2, 1) and the
+four warps' sums are added in warp order: deterministic for a given hidden.
 """
 
 # No ``from __future__ import annotations``: TileLang evaluates the PrimFunc's tensor
@@ -50,11 +57,10 @@ WARPS = THREADS // 32
 V = 8  # bf16 per 16-byte vector
 MHC_VALUES = (4, 2, 8)
 PASS_CONFIGS = {"tl.disable_safe_memory_legalize": True}  # every access is guarded
-
-
-def fwd_vectors(mhc: int) -> int:
-    """Vectors per thread and segment of the forward for ``mhc`` streams."""
-    return max(1, 8 // mhc)
+STAGES = {2: 4, 4: 4, 8: 3}  # forward: items (chunks) per block's ring: S - 1 in flight during one's math
+BLOCKS = {2: 8, 4: 5, 8: 3}  # forward: blocks per SM (shared memory S * (mhc + 1) * 2 KB a block)
+# the forward: a thread reads only the ring bytes it copied: no block barriers (cp.async.wait_group suffices)
+FWD_PASS_CONFIGS = dict(PASS_CONFIGS, **{"tl.disable_thread_storage_sync": True})
 
 
 def bwd_vectors(mhc: int) -> int:
@@ -62,14 +68,24 @@ def bwd_vectors(mhc: int) -> int:
     return max(1, 4 // mhc)
 
 
+def cp_async(dst, src, n, pred):
+    """One 16-byte ``cp.async`` of ``n`` elements into shared memory, zero-filling when ``pred`` is false."""
+    return T.ptx_cp_async(T.access_ptr(dst, "w", n), T.access_ptr(src, "r", n), n, pred)
+
+
 def post_fwd(mhc: int):
-    """Build the forward PrimFunc for ``mhc`` streams."""
-    U = fwd_vectors(mhc)
-    PH = THREADS * U
+    """Build the forward PrimFunc for ``mhc`` streams: a block per token walks its items in order;
+    item ``j``'s ``mhc + 1`` vectors per thread are copied by ``cp.async`` (16 bytes, zero-filled
+    past the row) into ring slot ``j % S``, ``S - 1`` items ahead of the math.  A thread reads only
+    the slot bytes it copied itself, so ``cp.async.wait_group`` is the only wait (no block barrier)."""
+    S, K = STAGES[mhc], mhc + 1
+    B = BLOCKS[mhc]
     num_tokens, hidden = T.dynamic("num_tokens"), T.dynamic("hidden")
     nvec = hidden // V
-    r_vec = (num_tokens, mhc, nvec * V)  # rows a multiple of V long: every vector access is aligned
-    x_vec = (num_tokens, nvec * V)
+    nch = T.ceildiv(nvec, THREADS)  # chunks (items) per token
+    G = num_tokens  # blocks (the item split below is general: block bx takes items bx * per ..)
+    x_flat = (num_tokens * nvec * V,)
+    r_flat = (num_tokens * mhc * nvec * V,)
 
     @T.prim_func
     def main(
@@ -79,40 +95,70 @@ def post_fwd(mhc: int):
         comb_mix: T.Tensor((num_tokens, mhc, mhc), "float32"),
         out: T.Tensor((num_tokens, mhc, hidden), "bfloat16"),
     ):
-        with T.Kernel(num_tokens, T.ceildiv(nvec, PH), threads=THREADS) as (bx, ph):
+        with T.Kernel(G, threads=THREADS) as bx:
+            T.annotate_min_blocks_per_sm(B)
             tid = T.get_thread_binding()
-            xs = T.alloc_local((U * V,), "bfloat16")
-            rs = T.alloc_local((U * mhc * V,), "bfloat16")
+            ring = T.alloc_shared((S, K, THREADS * V), "bfloat16")
+            buf = T.alloc_local((K * V,), "bfloat16")
             pw = T.alloc_local((mhc,), "float32")
             cw = T.alloc_local((mhc * mhc,), "float32")
             acc = T.alloc_local((V,), "float32")
-            ob = T.alloc_local((mhc * V,), "bfloat16")
-            for m in T.unroll(mhc):
-                pw[m] = post_mix[bx, m]
-                for n in T.unroll(mhc):
-                    cw[m * mhc + n] = comb_mix[bx, m, n]
-            for u in T.unroll(U):
-                if ph * PH + tid + u * THREADS < nvec:
-                    for i in T.vectorized(V):
-                        xs[u * V + i] = T.Tensor(x_vec, "bfloat16", x.data)[bx, (ph * PH + tid + u * THREADS) * V + i]
-                    for m in T.unroll(mhc):
-                        for i in T.vectorized(V):
-                            rs[(u * mhc + m) * V + i] = T.Tensor(r_vec, "bfloat16", residual.data)[
-                                bx, m, (ph * PH + tid + u * THREADS) * V + i]
-            for u in T.unroll(U):
-                if ph * PH + tid + u * THREADS < nvec:
-                    for n in T.unroll(mhc):
-                        for i in T.unroll(V):
-                            acc[i] = T.ieee_mul(pw[n], T.Cast("float32", xs[u * V + i]))
+            ob = T.alloc_local((V,), "bfloat16")
+            items = T.alloc_var("int32")
+            ti = T.alloc_var("int32")  # the issue cursor: token and chunk of item j (no division per item)
+            ci = T.alloc_var("int32")
+            tc = T.alloc_var("int32")  # the compute cursor: token and chunk of item j - (S - 1)
+            cc = T.alloc_var("int32")
+            items = T.ceildiv(num_tokens * nch, G)  # per: block bx takes items bx * per .. (bx + 1) * per - 1
+            ti = T.truncdiv(bx * items, nch)
+            ci = T.truncmod(bx * items, nch)
+            items = T.max(T.min(items, num_tokens * nch - bx * items), 0)  # (clipped at the end)
+            tc = ti
+            cc = ci
+            # iteration j issues item j and computes item j - (S - 1)
+            for j in T.serial(items + S - 1):
+                T.sync_warp()  # a compiler fence: the last reads of slot j % S stay before its refill
+                vi = ci * THREADS + tid
+                ok = j < items and vi < nvec
+                cp_async(ring[j % S, 0, tid * V], T.Tensor(x_flat, "bfloat16", x.data)[
+                    (ti * nvec + vi) * V], V, ok)
+                for m in T.unroll(mhc):
+                    cp_async(ring[j % S, 1 + m, tid * V], T.Tensor(r_flat, "bfloat16", residual.data)[
+                        ((ti * mhc + m) * nvec + vi) * V], V, ok)
+                T.ptx_commit_group()  # one group per iteration, possibly empty
+                ci = ci + 1
+                if ci == nch:
+                    ci = 0
+                    ti = ti + 1
+                if j >= S - 1:
+                    jc = j - (S - 1)
+                    vc = cc * THREADS + tid
+                    if jc == 0 or cc == 0:  # the block's first item or a chunk 0: a new token's mixes
                         for m in T.unroll(mhc):
+                            pw[m] = post_mix[tc, m]
+                            for n in T.unroll(mhc):
+                                cw[m * mhc + n] = comb_mix[tc, m, n]
+                    T.ptx_wait_group(S - 1)  # item jc's copies (this thread's) have landed
+                    T.sync_warp()  # the wait asm has no memory clobber: keep the reads below it
+                    if vc < nvec:
+                        for k in T.unroll(K):
+                            for i in T.vectorized(V):
+                                buf[k * V + i] = ring[jc % S, k, tid * V + i]
+                        for n in T.unroll(mhc):
                             for i in T.unroll(V):
-                                acc[i] = T.ieee_fmaf(cw[m * mhc + n], T.Cast("float32", rs[(u * mhc + m) * V + i]),
-                                                     acc[i])
-                        for i in T.vectorized(V):
-                            ob[n * V + i] = T.Cast("bfloat16", acc[i])
-                    for n in T.unroll(mhc):
-                        T.stg128(T.Tensor(r_vec, "bfloat16", out.data)[bx, n, (ph * PH + tid + u * THREADS) * V],
-                                 T.Tensor((mhc,), "uint32x4", ob.data)[n])
+                                acc[i] = T.ieee_mul(pw[n], T.Cast("float32", buf[i]))
+                            for m in T.unroll(mhc):
+                                for i in T.unroll(V):
+                                    acc[i] = T.ieee_fmaf(cw[m * mhc + n], T.Cast("float32", buf[(1 + m) * V + i]),
+                                                         acc[i])
+                            for i in T.vectorized(V):
+                                ob[i] = T.Cast("bfloat16", acc[i])
+                            T.stg128(T.Tensor(r_flat, "bfloat16", out.data)[((tc * mhc + n) * nvec + vc) * V],
+                                     T.Tensor((1,), "uint32x4", ob.data)[0])
+                    cc = cc + 1
+                    if cc == nch:
+                        cc = 0
+                        tc = tc + 1
 
     return main
 
@@ -233,8 +279,9 @@ KERNELS = (
         factory=post_fwd,
         grid=tuple({"mhc": m} for m in MHC_VALUES),
         outputs=("out",),
-        pass_configs=PASS_CONFIGS,
-        doc="out[t, n, :] = bf16(post_mix[t, n] * x[t, :] + sum over m of comb_mix[t, m, n] * residual[t, m, :]).",
+        pass_configs=FWD_PASS_CONFIGS,
+        doc="out[t, n, :] = bf16(post_mix[t, n] * x[t, :] + sum over m of comb_mix[t, m, n] * residual[t, m, :]); "
+            "a block per token, cp.async shared-memory ring.",
     ),
     KernelDecl(
         name="mhc.post_bwd",
@@ -246,4 +293,4 @@ KERNELS = (
     ),
 )
 
-__all__ = ["KERNELS", "MHC_VALUES", "THREADS", "bwd_vectors", "fwd_vectors", "post_bwd", "post_fwd"]
+__all__ = ["KERNELS", "MHC_VALUES", "THREADS", "bwd_vectors", "post_bwd", "post_fwd"]

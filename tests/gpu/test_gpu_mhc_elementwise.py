@@ -10,7 +10,8 @@ fp32 sums over hidden (the mix gradients) and the head mix are held to the float
 within fp32 summation bounds.  The fused residual-gradient accumulation (post's gradient left on
 the residual's storage, apply-mix adding into it) is checked through autograd.  Before each op
 call the caching allocator's free memory is filled with 0xFF (NaN for floats), so an element a
-kernel forgot to write shows up.
+kernel forgot to write shows up.  The forwards also run the grid n1 {1, 13, 4096} x hidden {1280,
+4096, 4160, 7168} x mhc {4, 2, 8}, ``out=`` (NaN-filled) given and not (``test_*_fwd_grid``).
 """
 
 from __future__ import annotations
@@ -154,6 +155,53 @@ def test_post_into_out_and_strided_residual(ops):
     out = torch.empty(2, 48, 4, 4096, dtype=BF16, device="cuda").fill_(float("nan"))
     assert ops.mhc_post(x, r, p, c, out=out) is out
     assert_bitwise(out, pref.post_emulated(x, r, p, c))
+
+
+GRID_N1 = (1, 13, 4096)
+GRID_HIDDEN = (1280, 4096, 4160, 7168)  # 4160 = 65 x 64: a last 128-vector item of 8 vectors
+
+
+def _grid(m: int, h: int):
+    """The forward shapes the cp.async-ring kernels were verified on (n1 x hidden x mhc, ``out=``
+    given and not) that ``test_apply_mix`` / ``test_post`` do not already run."""
+    covered = {(mm, lead, hh) for mm, lead, hh in _cases()}
+    for n1 in GRID_N1:
+        for given in (False, True):
+            if given or (m, (1, n1), h) not in covered:
+                yield n1, given
+
+
+def _into(fn, shape, given: bool) -> torch.Tensor:
+    """``fn(out)`` into a NaN-filled ``out`` when ``given`` (the result must be ``out``'s storage),
+    else ``fn(None)``."""
+    if not given:
+        return fn(None)
+    out = torch.full(shape, float("nan"), dtype=BF16, device="cuda")
+    assert fn(out).data_ptr() == out.data_ptr()
+    return out
+
+
+@pytest.mark.parametrize("m", (4, 2, 8))
+@pytest.mark.parametrize("h", GRID_HIDDEN)
+def test_apply_mix_fwd_grid(ops, m, h):
+    for n1, given in _grid(m, h):
+        seed("apply_mix_grid", m, n1, h, given)
+        x, mix = _bf16(1, n1, m, h), torch.randn(1, n1, m, 1, device="cuda")
+        _poison(x)
+        out = _into(lambda o: ops.mhc_pre_apply_mix(x, mix, out=o), (1, n1, h), given)
+        assert_bitwise(out, aref.apply_mix_emulated(x, mix), f"apply_mix n1 {n1} h{h} m{m} out={given}")
+
+
+@pytest.mark.parametrize("m", (4, 2, 8))
+@pytest.mark.parametrize("h", GRID_HIDDEN)
+def test_post_fwd_grid(ops, m, h):
+    for n1, given in _grid(m, h):
+        seed("post_grid", m, n1, h, given)
+        x, r = _bf16(1, n1, h), _bf16(1, n1, m, h)
+        p, c = torch.randn(1, n1, m, 1, device="cuda") * 2, torch.randn(1, n1, m, m, device="cuda")
+        _poison(r, r)
+        out = _into(lambda o: ops.mhc_post_fwd(x, r, p, c, out=o), r.shape, given)
+        assert_bitwise(out, pref.post_emulated(x, r, p, c), f"post n1 {n1} h{h} m{m} out={given}")
 
 
 @pytest.mark.parametrize("lead,h", [((1, 512), 4096), ((2, 4096), 7168), ((1, 13), 1280)])
