@@ -18,8 +18,10 @@ dot[t, h]``, ``g = gate_score[t, h]``, ``w = weight_fused[h]``::
     grad_v[t] = bf16(sum_h go_h * g_h)               (heads in order)
     grad_w_partial[p, h] = sum over range p's tokens of G * x * k   (token order, from zero)
 
-Range ``p`` is the tokens ``[p * per, (p + 1) * per)``, ``per = ceil(num_tokens / num_blocks)``;
-an empty one's row is zeros.  Deterministic; grad_x/grad_k/grad_v do not depend on num_blocks.
+Range ``p`` is the ``q + (p < r)`` consecutive tokens from ``p * q + min(p, r)`` (``q, r =
+divmod(num_tokens, num_blocks)``: sizes differ by one at most, so the persistent blocks' loads do
+too); an empty one's row is zeros (empty ranges come last: only when ``num_tokens < num_blocks``).
+Deterministic; grad_x/grad_k/grad_v do not depend on num_blocks.
 
 Design.  Rows (token, head) are laid out as in ``engram_gate_fwd``: two halves of 128 threads,
 ``rpb = 2`` heads per block at ``hidden <= 4096``, else ``rpb = 1`` (a 512-vector segment per
@@ -144,7 +146,8 @@ def engram_gate_bwd():
             pc = T.alloc_var("int32")
             npc = T.alloc_var("int32")
             nk = T.alloc_var("int32")
-            per = T.alloc_var("int32")
+            rsz = T.alloc_var("int32")
+            rex = T.alloc_var("int32")
             steps = T.alloc_var("int32")
             ti = T.alloc_var("int32")
             ie = T.alloc_var("int32")
@@ -176,14 +179,15 @@ def engram_gate_bwd():
             h = T.truncmod(bx, T.ceildiv(hc, rpb)) * rpb + j
             ok = T.if_then_else(h < hc, 1, 0)
             h = h * ok
-            per = T.truncdiv(num_tokens + num_blocks - 1, num_blocks)
+            rsz = T.truncdiv(num_tokens, num_blocks)  # range p: rsz + (p < rex) tokens from p*rsz + min(p, rex)
+            rex = T.truncmod(num_tokens, num_blocks)
             nk = T.truncdiv(num_blocks - pc + npc - 1, npc)  # this block's ranges
             steps = 0  # its tokens: the ranges' sizes (the empty ranges come last)
             for q in T.serial(nk):
-                steps += T.min(per, num_tokens - T.min((pc + q * npc) * per, num_tokens))
+                steps += rsz + T.if_then_else(pc + q * npc < rex, 1, 0)
             ki = 0  # issue cursor: token ti of range ki, which ends at ie
-            ti = T.min(pc * per, num_tokens)
-            ie = T.min(ti + per, num_tokens)
+            ti = pc * rsz + T.min(pc, rex)
+            ie = ti + rsz + T.if_then_else(pc < rex, 1, 0)
             kc = 0  # compute cursor, likewise
             tc = ti
             ce = ie
@@ -239,8 +243,8 @@ def engram_gate_bwd():
                     ti = ti + 1
                     if ti == ie:
                         ki = ki + 1
-                        ti = T.min((pc + ki * npc) * per, num_tokens)
-                        ie = T.min(ti + per, num_tokens)
+                        ti = (pc + ki * npc) * rsz + T.min(pc + ki * npc, rex)
+                        ie = ti + rsz + T.if_then_else(pc + ki * npc < rex, 1, 0)
                 if it >= STAGES - 1:
                     sc = (it + 1) % STAGES  # = (it - (STAGES - 1)) % STAGES
                     sr = (it + 2) % SR  # = (it - (STAGES - 1)) % (STAGES + 1)
@@ -373,8 +377,8 @@ def engram_gate_bwd():
                         for i in T.unroll(U * V):
                             gw[i] = T.float32(0)
                         kc = kc + 1
-                        tc = T.min((pc + kc * npc) * per, num_tokens)
-                        ce = T.min(tc + per, num_tokens)
+                        tc = (pc + kc * npc) * rsz + T.min(pc + kc * npc, rex)
+                        ce = tc + rsz + T.if_then_else(pc + kc * npc < rex, 1, 0)
             # the ranges with no tokens (the last ones): zero rows
             for q in T.serial(nk - kc):
                 for u in T.unroll(U):

@@ -9,8 +9,8 @@ The kernel runs ``ng = ceil(hc / rpb)`` head groups (``rpb = 2`` heads per block
 device's, 20 fewer, 114, 78, 7, 5, 2, 1}, which leave ``num_blocks % ng != 0`` or fewer blocks
 than head groups.  Tolerances are test_gpu_engram.py's (calc_diff < 1e-8 and one bf16 rounding of
 the float64 closed form on the same saved statistics).  Beyond ``grad_w_partial.sum(0)``, every
-partial row is compared with the float64 sum over its own range (row ``p``: tokens ``[p * per,
-(p + 1) * per)``, ``per = ceil(tokens / rows)``), the empty ranges' rows must be +0.0 exactly,
+partial row is compared with the float64 sum over its own range (row ``p``: ``q + (p < r)`` tokens
+from ``p * q + min(p, r)``, ``q, r = divmod(tokens, rows)``), the empty ranges' rows must be +0.0 exactly,
 and grad_x, grad_k, grad_v must keep their bits across SM counts.  Before each op call the
 caching allocator's free memory is filled with 0xFF (NaN), so an element the kernel forgot to
 write shows up.
@@ -65,15 +65,17 @@ def _inputs(tokens: int, hc: int, hidden: int, clamp: float, zero_rows: bool = F
 
 
 def _partial_rows(args: tuple, clamp: float, rows: int) -> tuple[torch.Tensor, int]:
-    """float64 ``[rows, hc, hidden]``, row ``p`` the reference weight gradient over the tokens
-    ``[p * per, (p + 1) * per)`` (zeros where none), and the number of non-empty ranges."""
+    """float64 ``[rows, hc, hidden]``, row ``p`` the reference weight gradient over range ``p``'s
+    tokens (``q + (p < r)`` from ``p * q + min(p, r)``, ``q, r = divmod(tokens, rows)``; zeros where
+    none), and the number of non-empty ranges."""
     go, x, k, v, wf, stats = args
     tokens, hc, hidden = x.shape
     want = torch.zeros(rows, hc, hidden, dtype=torch.float64, device="cuda")
-    per = -(-tokens // rows)
-    used = -(-tokens // per) if tokens else 0
+    q, r = divmod(tokens, rows)
+    used = rows if q else r
     for p in range(used):
-        a, b = p * per, min((p + 1) * per, tokens)
+        a = p * q + min(p, r)
+        b = a + q + (p < r)
         want[p] = ref.gate_bwd(go[a:b], x[a:b], k[a:b], v[a:b], wf, *(s[a:b] for s in stats), clamp)[3]
     return want, used
 

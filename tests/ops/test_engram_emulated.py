@@ -52,10 +52,10 @@ def _bwd(grad_out, hidden_states, k, v, weight_fused, dot, gate_score, rstd_x, r
     gx, gk, gv, _ = ref.gate_bwd(go, x, k, v, wf, dot, gate_score, rstd_x, rstd_k, clamp_value)
     grad_x.copy_(gx), grad_k.copy_(gk), grad_v.copy_(gv)
     blocks, tokens = grad_w_partial.shape[0], x.shape[0]
-    per = -(-tokens // blocks)
-    for p in range(blocks):  # the kernel's token ranges; an empty range writes zeros
-        lo, hi = min(p * per, tokens), min(p * per + per, tokens)
-        sl = slice(lo, hi)
+    q, r = divmod(tokens, blocks)
+    for p in range(blocks):  # the kernel's token ranges (sizes q or q + 1); an empty range writes zeros
+        lo = p * q + min(p, r)
+        sl = slice(lo, lo + q + (p < r))
         grad_w_partial[p] = ref.gate_bwd(go[sl], x[sl], k[sl], v[sl], wf, dot[sl], gate_score[sl], rstd_x[sl],
                                          rstd_k[sl], clamp_value)[3].float()
 
