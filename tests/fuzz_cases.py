@@ -403,7 +403,8 @@ def _recompute(rng, lead, m, h, bf, f):
             [bf(*lead, h) for _ in range(layers)], [bf(*lead, m, h) for _ in range(post)]]
 
 
-# not in BUILDERS (the fuzz property test and the GPU fuzz): tests/ops/test_torch_library.py checks them
+# apart from BUILDERS (tilebin.ops): the property test and the GPU fuzz (--families mhc) run them on their own,
+# tests/ops/test_torch_library.py registers and traces them
 MHC_BUILDERS: dict[str, Callable[..., Call]] = {f"mhc.{n}": _mhc for n in (
     "expand_to_mhc", "expand_to_mhc_bwd", "mhc_post_fwd", "mhc_post_bwd", "mhc_pre_apply_mix", "mhc_pre_apply_mix_bwd",
     "mhc_head_compute_mix", "mhc_head_compute_mix_bwd", "sinkhorn_normalize", "sinkhorn_normalize_bwd",

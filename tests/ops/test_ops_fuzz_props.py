@@ -1,4 +1,5 @@
-"""Property-based fuzz of every public op (hypothesis; CPU, launch stubbed, fixed seed).
+"""Property-based fuzz of every public op and of the mHC ops' OpSpec ops (hypothesis; CPU, launch
+stubbed, fixed seed).
 
 Per example: a valid call ``V`` of a random op (random sizes, formats, flags; it warms the
 op's memo), then ``C``: ``V`` with one or two arguments corrupted (a wrong type, dtype, rank,
@@ -126,3 +127,21 @@ def test_the_contract_check_can_fail(harness):
         check_launch(spec, key, (scores, idx[:3]))
     with pytest.raises(AssertionError, match="overlaps"):
         check_launch(spec, key, (scores, scores.view(torch.int64).flatten()[:8].view(4, 2)))
+
+
+MHC_OPS = sorted(F.MHC_BUILDERS)
+MHC_OPTIONAL = {op: F.optional_params(op) for op in MHC_OPS}
+
+
+@settings(max_examples=400, derandomize=True, deadline=None, database=None, print_blob=True,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(op=st.sampled_from(MHC_OPS), rng=st.randoms(use_true_random=False))
+def test_mhc_bad_calls_are_typed_and_never_change_good_ones(harness, op, rng):
+    """The same three properties for the mHC ops' OpSpec ops (``tilebin.modeling.mhc.ops``)."""
+    valid = F.build(op, rng, "cpu")
+    first = outcome(harness, valid)
+    assert first[0] == "ok", f"the catalogue's valid call was refused: {valid.describe()}: {first}"
+    bad = F.corrupt(valid, rng, MHC_OPTIONAL[op])
+    warm = outcome(harness, bad)
+    assert warm == fresh_outcome(harness, bad), f"a memo changed how {bad.describe()} ran"
+    assert outcome(harness, valid) == first, f"{valid.describe()} changed after {bad.describe()}"
