@@ -96,10 +96,15 @@ def _memos(mod):
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(op=st.sampled_from(OPS), rng=st.randoms(use_true_random=False))
 def test_bad_calls_are_typed_and_never_change_good_ones(harness, op, rng):
+    check_properties(harness, op, rng, OPTIONAL[op])
+
+
+def check_properties(harness, op: str, rng, optional) -> None:
+    """The three properties of the module docstring for one valid call of ``op`` and its corruption."""
     valid = F.build(op, rng, "cpu")
     first = outcome(harness, valid)
     assert first[0] == "ok", f"the catalogue's valid call was refused: {valid.describe()}: {first}"
-    bad = F.corrupt(valid, rng, OPTIONAL[op])
+    bad = F.corrupt(valid, rng, optional)
     warm = outcome(harness, bad)
     assert warm == fresh_outcome(harness, bad), f"a memo changed how {bad.describe()} ran"
     assert outcome(harness, valid) == first, f"{valid.describe()} changed after {bad.describe()}"
@@ -138,10 +143,4 @@ MHC_OPTIONAL = {op: F.optional_params(op) for op in MHC_OPS}
 @given(op=st.sampled_from(MHC_OPS), rng=st.randoms(use_true_random=False))
 def test_mhc_bad_calls_are_typed_and_never_change_good_ones(harness, op, rng):
     """The same three properties for the mHC ops' OpSpec ops (``tilebin.modeling.mhc.ops``)."""
-    valid = F.build(op, rng, "cpu")
-    first = outcome(harness, valid)
-    assert first[0] == "ok", f"the catalogue's valid call was refused: {valid.describe()}: {first}"
-    bad = F.corrupt(valid, rng, MHC_OPTIONAL[op])
-    warm = outcome(harness, bad)
-    assert warm == fresh_outcome(harness, bad), f"a memo changed how {bad.describe()} ran"
-    assert outcome(harness, valid) == first, f"{valid.describe()} changed after {bad.describe()}"
+    check_properties(harness, op, rng, MHC_OPTIONAL[op])
