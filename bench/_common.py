@@ -131,6 +131,35 @@ def time_device_ms(fns, rounds: int, per_round: int, backlog_cycles: int = 4_000
     return summary(times)
 
 
+_COPY_MS: dict = {}
+
+
+def copy_ms(buffer_bytes: int) -> float:
+    """Device ms of torch ``copy_`` of a ``buffer_bytes`` buffer (at least 1 MiB; cached per size;
+    timed like the ops: ``time_device_ms``, 5 rounds x 20)."""
+    import torch
+
+    n = max(buffer_bytes, 1 << 20)
+    if n not in _COPY_MS:
+        a, b = torch.empty(n, dtype=torch.uint8, device="cuda"), torch.empty(n, dtype=torch.uint8, device="cuda")
+        _COPY_MS[n] = time_device_ms([lambda: b.copy_(a)], rounds=5, per_round=20)["median"]
+        del a, b
+    return _COPY_MS[n]
+
+
+def pct_of_copy(moved: int, ms: float) -> tuple[float, float]:
+    """``(same traffic, double traffic)``: an op that moves ``moved`` bytes (reads + writes) in
+    ``ms``, as % of torch ``copy_``'s GB/s (a) when the copy moves the same bytes (a buffer of
+    ``moved / 2`` read and written: both pay one launch, ramp and tail on equal traffic) and
+    (b) on a buffer of ``moved`` bytes (twice the traffic: the figure of the tables before
+    2026-12-02 12:00 UTC, which favours the copy by half its fixed cost per call)."""
+    def copy_rate(buffer_bytes: int) -> float:  # bytes per ms, reads + writes
+        return 2 * max(buffer_bytes, 1 << 20) / copy_ms(buffer_bytes)
+
+    rate = moved / ms
+    return 100 * rate / copy_rate(moved // 2), 100 * rate / copy_rate(moved)
+
+
 def markdown_table(headers: list[str], rows: list[list]) -> str:
     lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
     lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]

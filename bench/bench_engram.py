@@ -8,7 +8,8 @@ Two tables:
 
 * device time (CUDA events, median of 5 rounds x 20 calls, each round queued behind a GPU
   sleep), GB/s of the bytes the op must move (inputs read + outputs written; in-place tensors
-  twice) and % of torch ``copy_``'s GB/s on a buffer of the same size, at 4001 / 8001 tokens x
+  twice) and % of torch ``copy_``'s GB/s when it moves the same bytes (``_common.pct_of_copy``;
+  next to it the earlier tables' figure, a copy of twice the traffic), at 4001 / 8001 tokens x
   hidden 4096 / 7168, hc_mult 4 (engram_hash: 2 layers, 3-grams, 8 tables; grad_w_reduce: one
   partial row per SM).  Buffers rotate so the working set exceeds the L2 where the op's is small.
   With tile_kernels importable (see ../shared/NOTES.md for carrying it to the device), its
@@ -31,7 +32,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from _common import REPO, env_facts, env_markdown, host_us, markdown_table, time_device_ms, write_reports
+from _common import (REPO, env_facts, env_markdown, host_us, markdown_table, pct_of_copy, time_device_ms,
+                     write_reports)
 
 HC, EPS, CLAMP = 4, 1e-20, 1e-6
 SHAPES = [(t, h) for t in (4001, 8001) for h in (4096, 7168)]
@@ -149,21 +151,6 @@ def _peer_reduce(peer, parts, wh, we, gh, ge):
     return [lambda p=p: peer.grad_w_reduce(p, wh, we, gh, ge) for p in parts]
 
 
-_COPY: dict = {}
-
-
-def copy_gbps(nbytes: int) -> float:
-    """torch ``copy_`` GB/s on a buffer of ``nbytes`` (at least 1 MiB; cached per size)."""
-    import torch
-
-    n = max(nbytes, 1 << 20)
-    if n not in _COPY:
-        a, b = torch.empty(n, dtype=torch.uint8, device="cuda"), torch.empty(n, dtype=torch.uint8, device="cuda")
-        ms = time_device_ms([lambda: b.copy_(a)], rounds=5, per_round=20)["median"]
-        _COPY[n] = 2 * n / (ms * 1e-3) / 1e9
-    return _COPY[n]
-
-
 def device_table(eg, peer, candidate: bool = False, only_candidates: bool = False) -> tuple[list, bool]:
     out, ok = [], True
     for tokens, hidden in SHAPES:
@@ -174,10 +161,11 @@ def device_table(eg, peer, candidate: bool = False, only_candidates: bool = Fals
                 fns[0]()  # a first call loads the kernel outside the timed rounds
                 ms = time_device_ms(fns, rounds=5, per_round=20)["median"]
                 gbps = moved / (ms * 1e-3) / 1e9
-                row = [label, tokens, hidden, f"{ms * 1e3:.1f}", f"{gbps:.0f}", f"{100 * gbps / copy_gbps(moved):.1f}"]
+                row = [label, tokens, hidden, f"{ms * 1e3:.1f}", f"{gbps:.0f}",
+                       *(f"{p:.1f}" for p in pct_of_copy(moved, ms))]
             except Exception as exc:
                 ok = False
-                row = [label, tokens, hidden, f"error: {exc!r}"[:160], "", ""]
+                row = [label, tokens, hidden, f"error: {exc!r}"[:160], "", "", ""]
             row.append(_peer_us(peer_fns))
             out.append(row)
             print(" | ".join(map(str, row)), flush=True)
@@ -254,7 +242,8 @@ def main() -> int:
     host_rows, ok_host = ([], True) if ns.only_candidates else host_table(eg, peer)
     md = "### tilebin.ops.engram\n\n" + env_markdown(facts) + "\n\n"
     md += f"hc_mult {HC}, eps {EPS}, clamp {CLAMP}; peer: {'tile_kernels' if peer else 'not installed'}.\n\n"
-    md += markdown_table(["op", "tokens", "hidden", "device us", "GB/s", "% copy (same bytes)", "tile_kernels us"],
+    md += markdown_table(["op", "tokens", "hidden", "device us", "GB/s", "% copy (same traffic)", "% copy (2x traffic)",
+                          "tile_kernels us"],
                          dev_rows) + "\n\n"
     md += markdown_table(["op (4 tokens, hidden 7168)", "host us/call", "torch eager ref us", "tile_kernels us"],
                          host_rows)

@@ -9,8 +9,9 @@ Two tables:
 
 * device time (CUDA events, median of 5 rounds x 20 calls, each round queued behind a GPU
   sleep: ``_common.time_device_ms``), GB/s of the bytes the op must move (inputs read + outputs
-  written, the op's own gradient buffers included) and % of torch ``copy_``'s GB/s on a buffer
-  of the same size, at leading dims ``(1, n1)`` with n1 {4096, 8192} x hidden {4096, 7168},
+  written, the op's own gradient buffers included) and % of torch ``copy_``'s GB/s when it
+  moves the same bytes (``_common.pct_of_copy``; next to it the earlier tables' figure, a copy of
+  twice the traffic), at leading dims ``(1, n1)`` with n1 {4096, 8192} x hidden {4096, 7168},
   mhc_mult 4.  Backward rows time ``torch.autograd.grad`` through the op's autograd Function
   (its kernels plus the gradient buffers it allocates; the host side hides behind the queued
   sleep), for tilebin and tile_kernels alike.  With tile_kernels importable (as
@@ -35,7 +36,7 @@ import argparse
 import importlib
 import sys
 
-from _common import env_facts, env_markdown, host_us, markdown_table, time_device_ms, write_reports
+from _common import env_facts, env_markdown, host_us, markdown_table, pct_of_copy, time_device_ms, write_reports
 
 M = 4
 SHAPES = [(n1, h) for n1 in (4096, 8192) for h in (4096, 7168)]
@@ -239,21 +240,6 @@ def rows_for(ours: dict, peer, n1: int, hidden: int, candidate: bool = False):
     return rows
 
 
-_COPY: dict = {}
-
-
-def copy_gbps(nbytes: int) -> float:
-    """torch ``copy_`` GB/s on a buffer of ``nbytes`` (at least 1 MiB; cached per size)."""
-    import torch
-
-    n = max(nbytes, 1 << 20)
-    if n not in _COPY:
-        a, b = torch.empty(n, dtype=torch.uint8, device="cuda"), torch.empty(n, dtype=torch.uint8, device="cuda")
-        ms = time_device_ms([lambda: b.copy_(a)], rounds=5, per_round=20)["median"]
-        _COPY[n] = 2 * n / (ms * 1e-3) / 1e9
-    return _COPY[n]
-
-
 def _peer_us(build) -> str:
     if build is None:
         return "n/a"
@@ -279,10 +265,11 @@ def device_table(ours: dict, peer, candidate: bool = False, only_candidates: boo
                     fn()
                     ms = time_device_ms([fn], rounds=5, per_round=20)["median"]
                     gbps = moved / (ms * 1e-3) / 1e9
-                    row = [label, n1, hidden, f"{ms * 1e3:.1f}", f"{gbps:.0f}", f"{100 * gbps / copy_gbps(moved):.1f}"]
+                    row = [label, n1, hidden, f"{ms * 1e3:.1f}", f"{gbps:.0f}",
+                           *(f"{p:.1f}" for p in pct_of_copy(moved, ms))]
                 except Exception as exc:
                     ok = False
-                    row = [label, n1, hidden, f"error: {exc!r}"[:160], "", ""]
+                    row = [label, n1, hidden, f"error: {exc!r}"[:160], "", "", ""]
             row.append(_peer_us(theirs))
             out.append(row)
             print(" | ".join(map(str, row)), flush=True)
@@ -326,7 +313,8 @@ def main() -> int:
     host_rows, ok_host = ([], True) if ns.only_candidates else host_table(ours, peer)
     md = "### tilebin.modeling.mhc.ops\n\n" + env_markdown(facts) + "\n\n"
     md += f"mhc_mult {M}, leading dims (1, n1); peer: {'tile_kernels' if peer else 'not installed'}.\n\n"
-    md += markdown_table(["op", "n1", "hidden", "device us", "GB/s", "% copy (same bytes)", "tile_kernels us"],
+    md += markdown_table(["op", "n1", "hidden", "device us", "GB/s", "% copy (same traffic)", "% copy (2x traffic)",
+                          "tile_kernels us"],
                          dev_rows) + "\n\n"
     md += markdown_table(["op (4 tokens, hidden 7168)", "host us/call", "tile_kernels us"], host_rows)
     write_reports({"facts": facts, "device": dev_rows, "host": host_rows}, md, ns.json, ns.md)
