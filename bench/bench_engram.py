@@ -38,7 +38,8 @@ from _common import (REPO, env_facts, env_markdown, host_us, markdown_table, pct
 HC, EPS, CLAMP = 4, 1e-20, 1e-6
 SHAPES = [(t, h) for t in (4001, 8001) for h in (4096, 7168)]
 # op (row label up to " (") -> its speed candidates: (row label suffix, internal kernel name)
-CANDIDATES: dict = {}
+CANDIDATES: dict = {"engram_gate_bwd": [(f"candidate {t}", f"engram._engram_gate_bwd_candidate_{t}")
+                                          for t in ("halfbar", "halfbar_split", "halfbar_split_early")]}
 
 
 def _nbytes(*ts) -> int:
