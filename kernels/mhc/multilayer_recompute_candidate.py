@@ -31,6 +31,13 @@ math, next to the next layer output's early load; layer 0's with the residual lo
 register holds them in flight (the shipped kernel sits at 123 of 128 registers for M = 4), and
 only ``cp.async.wait_group`` + ``__syncwarp`` order them (no block barrier).  ``tmpf`` combines
 both.
+
+SASS (nvcc 13.0, sm_90a; M = 4 / 2 / 8 registers, spills; shipped 123 / 96 / 251, none): ``tm`` 126 /
+94 / 247, none (same 8 LDG.E.128 + 11 LD.E.128 + 12 STG.E.128, 448 FMUL + 352 FADD as shipped; +~20
+instructions once for the division); ``pf`` 128 / 100 / 219, none (4 LD.E.128: the mix loads
+become one LDGSTS.E.BYPASS.128 per lane < 6 per layer, 6 broadcast LDS.128 per layer read where used;
+768 B shared per block for M = 4); ``tmpf`` 128 / 103 / 219, M = 4 spills one 4-byte word (1 STL, 1
+LDL per layer on lanes < 6, outside the math).  Blocks per SM as shipped (4; 2 for M = 8).
 """
 
 # No ``from __future__ import annotations``: TileLang evaluates the PrimFunc's tensor
@@ -62,20 +69,26 @@ def recompute_candidate(mhc_mult: int, token_major: bool, prefetch: bool):
     nseg = T.ceildiv(hv, PH)
     min_blocks = 4 if m <= 4 else 2  # as shipped
 
+    # ptxas fits either form of the lane's mix unit (ptrs row, fp32 element) in 128 registers for M = 4
+    # only with one grid order: kept in two registers (token-major: 1 spilled word, reloaded per layer
+    # by lanes < nunits), else recomputed from tok per layer (no spill)
+    unit_vars = token_major
 
     @T.macro
-    def issue_mixes(ptrs, mixs, slot, layer, w, lane, tok, num_post):
+    def issue_mixes(ptrs, mixs, slot, layer, w, lane, tok, mrow, moff, num_post):
         """Lane ``l < nunits`` of each warp copies unit ``l`` of ``layer``'s mixes (pre, post,
         comb in that order) into the warp's replica in ``slot``; a unit past the layer's mixes
         (post / comb of layer num_post, pre of layer num_layers) is zero-filled instead, never
         read.  One commit group per call (empty on the other lanes)."""
         if lane < nunits:
-            is_pre = lane < npre
-            is_post = lane < 2 * npre
-            row = T.if_then_else(is_pre, 0, T.if_then_else(is_post, 3, 4))
-            off = T.if_then_else(is_pre, tok * m + lane * vm, T.if_then_else(
-                is_post, tok * m + (lane - npre) * vm, tok * (m * m) + (lane - 2 * npre) * vm))
-            ok = T.if_then_else(is_pre, layer < layers, layer < num_post)
+            if unit_vars:
+                row = mrow
+                off = moff
+            else:
+                row = T.if_then_else(lane < npre, 0, T.if_then_else(lane < 2 * npre, 3, 4))
+                off = T.if_then_else(lane < npre, tok * m + lane * vm, T.if_then_else(
+                    lane < 2 * npre, tok * m + (lane - npre) * vm, tok * (m * m) + (lane - 2 * npre) * vm))
+            ok = T.if_then_else(lane < npre, layer < layers, layer < num_post)
             T.ptx_cp_async(T.access_ptr(mixs[slot, w, lane * vm], "w", vm), T.access_ptr(
                 T.make_tensor_from_addr(ptrs[row, T.min(layer, layers - 1)], (n * m * m,), "float32")[off], "r", vm),
                 vm, ok)
@@ -102,6 +115,8 @@ def recompute_candidate(mhc_mult: int, token_major: bool, prefetch: bool):
             mixs = T.alloc_shared((2, WARPS, NM), "float32")  # prefetch: slot layer % 2, a replica per warp
             tok = T.alloc_var("int32")
             g = T.alloc_var("int32")
+            mrow = T.alloc_var("int32")  # prefetch: this lane's mix unit, ptrs row and fp32 element
+            moff = T.alloc_var("int32")
             if token_major:
                 tok = T.truncdiv(bx, nseg)
                 g = bx - tok * nseg
@@ -116,8 +131,12 @@ def recompute_candidate(mhc_mult: int, token_major: bool, prefetch: bool):
                         for e in T.vectorized(V):
                             rb[u, j, e] = T.Tensor((n, m, hv * V), "bfloat16", initial_residual.data)[
                                 tok, j, (g * PH + u * THREADS + tid) * V + e]
-            if prefetch:  # layer 0's mixes into slot 0 (with the residual loads)
-                issue_mixes(ptrs, mixs, 0, 0, w, lane, tok, num_post)
+            if prefetch:  # this lane's mix unit (ptrs row, element); layer 0's into slot 0 (with the residual loads)
+                if unit_vars:
+                    mrow = T.if_then_else(lane < npre, 0, T.if_then_else(lane < 2 * npre, 3, 4))
+                    moff = T.if_then_else(lane < npre, tok * m + lane * vm, T.if_then_else(
+                        lane < 2 * npre, tok * m + (lane - npre) * vm, tok * (m * m) + (lane - 2 * npre) * vm))
+                issue_mixes(ptrs, mixs, 0, 0, w, lane, tok, mrow, moff, num_post)
             if num_post > 0:
                 for u in T.unroll(U):
                     if g * PH + u * THREADS + tid < hv:
@@ -127,7 +146,7 @@ def recompute_candidate(mhc_mult: int, token_major: bool, prefetch: bool):
             for i in T.serial(num_post):
                 if prefetch:
                     T.sync_warp()  # every lane's reads of slot (i + 1) % 2 (layer i - 1) precede its refill
-                    issue_mixes(ptrs, mixs, (i + 1) % 2, i + 1, w, lane, tok, num_post)
+                    issue_mixes(ptrs, mixs, (i + 1) % 2, i + 1, w, lane, tok, mrow, moff, num_post)
                 if i + 1 < num_post:  # no output overlaps an input (the op checks), so reading early is safe
                     for u in T.unroll(U):
                         if g * PH + u * THREADS + tid < hv:
