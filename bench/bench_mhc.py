@@ -41,10 +41,15 @@ from _common import env_facts, env_markdown, host_us, markdown_table, pct_of_cop
 M = 4
 SHAPES = [(n1, h) for n1 in (4096, 8192) for h in (4096, 7168)]
 # op row label -> its speed candidates, one row each "<op> (candidate <tag>)": {tag: (kernel, variant key)}
-# (issue 9); the call: _candidate_call (expand, pre_apply_mix, post forwards and multilayer recompute).
-# Empty: the round-2 cp rings of post_fwd and pre_apply_mix_fwd shipped, the rest were dropped (H200,
-# 07:45 UTC 2026-12-02; kernels/README.md).
-CANDIDATES: dict = {}
+# (issue 9); the call: _candidate_call (expand, pre_apply_mix, post and head-mix forwards, multilayer
+# recompute).  Round 3 (2026-12-02 12:30 UTC): post_fwd, head_compute_mix_fwd, multilayer_recompute.
+CANDIDATES: dict = {
+    "mhc_post_fwd": {tag: (f"mhc._post_fwd_candidate_{tag}", {"mhc": M}) for tag in ("pdl", "pair")},
+    "mhc_head_compute_mix fwd": {tag: (f"mhc._head_compute_mix_fwd_candidate_{tag}", {})
+                                 for tag in ("hoist", "vec4")},
+    "mhc_multilayer_recompute (2 layers)": {tag: (f"mhc._multilayer_recompute_candidate_{tag}", {"mhc_mult": M})
+                                            for tag in ("tm", "pf", "tmpf")},
+}
 MODULES = ("expand", "pre_apply_mix", "post", "head_compute_mix", "sinkhorn", "pre_split_mixes",
            "multilayer_recompute", "norm_fn", "pre_big_fuse")
 
@@ -139,7 +144,14 @@ def _candidate_call(label: str, tag: str, t: dict, lists: tuple | None = None):
     mhc, hidden = r.shape[-2:]
     if lists is not None:
         return _recompute_call(fn, r, lists)
-    if label == "expand_to_mhc fwd":
+    if label == "mhc_head_compute_mix fwd":
+        head_in, head_scale, head_base = (v.detach() for v in t["head"])
+
+        def call():
+            out = torch.empty(head_in.shape, dtype=torch.float32, device=head_in.device)
+            fn(head_in.view(-1, mhc), head_scale, head_base, out.view(-1, mhc), 1e-6)
+            return out
+    elif label == "expand_to_mhc fwd":
         def call():
             out = torch.empty(r.shape, dtype=torch.bfloat16, device=x.device)
             fn(x.view(-1, hidden), out.view(-1, mhc, hidden))
@@ -173,6 +185,7 @@ def rows_for(ours: dict, peer, n1: int, hidden: int, candidate: bool = False):
     mixg = mixes.clone().requires_grad_()
     head_in = torch.randn(*lead, M, device="cuda").requires_grad_()
     head_scale, head_base = torch.tensor([0.8], device="cuda").requires_grad_(), torch.zeros(M, device="cuda").requires_grad_()
+    t["head"] = (head_in, head_scale, head_base)
     f32 = 4
 
     def both(name, build):
