@@ -23,17 +23,24 @@ grad_comb_mix)``: ``grad_out`` bf16 like residual; outputs ``grad_x`` bf16 like 
 ``mhc`` is the compile-time key; ``num_tokens`` and ``hidden`` are run-time symbols
 (``hidden % 8 == 0``).  Contiguous, 16-byte aligned tensors.
 
-Forward design: a block of ``THREADS`` = 128 threads per token (grid ``num_tokens``) walks the
-token's row in *items* of ``THREADS`` 16-byte vectors (one per thread, of x and of every stream: 4
-items at hidden 4096, 7, none partly idle, at 7168).  Item ``j``'s ``mhc + 1`` vectors per thread
-are copied by ``cp.async`` (``LDGSTS``, L1 bypassed, no register held per byte in flight; 16 bytes,
-zero-filled past the row) into slot ``j % S`` of a shared-memory ring, ``S - 1`` items ahead of the
-math (``S`` = ``STAGES[mhc]``, ``__launch_bounds__`` ``BLOCKS[mhc]`` blocks per SM; M = 4: S = 4,
-5 blocks, 40 KB shared per block, up to 150 KB of loads in flight per SM all along the row).  A
-thread reads only the slot bytes it copied itself, so ``cp.async.wait_group S-1`` is the only wait
-(no block barrier: ``tl.disable_thread_storage_sync``).  The (token, chunk) of the issued and of
-the computed item are int32 cursors stepped per item (no division per item).  The token's mix
-coefficients are loaded at the block's first item (broadcast reads).
+Forward design: a token's row is cut into *items* of ``THREADS`` = 128 16-byte vectors (one per
+thread, of x and of every stream: 4 items at hidden 4096, 7, none partly idle, at 7168); a block of
+``THREADS`` threads walks ``ITEMS[mhc]`` consecutive items of the flat (token, chunk) list (mhc 4:
+2, so a block may span two tokens) or, where that is 0, one token's items (mhc 2 and 8; grid
+``num_tokens``).  Item ``j``'s ``mhc + 1`` vectors per thread are copied by ``cp.async``
+(``LDGSTS``, L1 bypassed, no register held per byte in flight; 16 bytes, zero-filled past the row)
+into slot ``j % S`` of a shared-memory ring, ``S - 1`` items ahead of the math (``S`` =
+``STAGES[mhc]``, ``__launch_bounds__`` ``BLOCKS[mhc]`` blocks per SM; M = 4: S = 2, 8 blocks, 20 KB
+shared per block, up to 160 KB of loads in flight per SM).  A thread reads only the slot bytes it
+copied itself, so ``cp.async.wait_group S-1`` is the only wait (no block barrier:
+``tl.disable_thread_storage_sync``).  The (token, chunk) of the issued and of the computed item are
+int32 cursors stepped per item (no division per item).  A token's mix coefficients are loaded at
+the block's first item and at each chunk 0 (broadcast reads).  Why 2-item blocks at M = 4 (H200,
+2026-12-02 12:05 UTC): the one-token blocks (S = 4, 5 per SM) copied a whole 4096-row up front and
+then only computed and stored, in lock step across the first wave; the 2-item blocks interleave
+loads and stores of more blocks per SM and halve the tail unit: 76.0 / 128.0 / 145.9 / 251.3 us
+against 76.4 / 130.2 / 146.8 / 255.8 at 4096 x 4096 / 4096 x 7168 / 8192 x 4096 / 8192 x 7168
+(tile_kernels 76.6 / 130.4 / 147.8 / 256.5).  M = 2 and 8 keep the measured-before configuration.
 
 Backward design: blocks of ``THREADS`` threads, one per token, walk the row in *segments* of
 ``THREADS * U`` 16-byte vectors (a run-time loop); in a segment thread ``tr`` owns the vectors
@@ -57,8 +64,9 @@ WARPS = THREADS // 32
 V = 8  # bf16 per 16-byte vector
 MHC_VALUES = (4, 2, 8)
 PASS_CONFIGS = {"tl.disable_safe_memory_legalize": True}  # every access is guarded
-STAGES = {2: 4, 4: 4, 8: 3}  # forward: items (chunks) per block's ring: S - 1 in flight during one's math
-BLOCKS = {2: 8, 4: 5, 8: 3}  # forward: blocks per SM (shared memory S * (mhc + 1) * 2 KB a block)
+STAGES = {2: 4, 4: 2, 8: 3}  # forward: items (chunks) per block's ring: S - 1 in flight during one's math
+BLOCKS = {2: 8, 4: 8, 8: 3}  # forward: blocks per SM (shared memory S * (mhc + 1) * 2 KB a block)
+ITEMS = {2: 0, 4: 2, 8: 0}  # forward: items per block (0: all of one token's)
 # the forward: a thread reads only the ring bytes it copied: no block barriers (cp.async.wait_group suffices)
 FWD_PASS_CONFIGS = dict(PASS_CONFIGS, **{"tl.disable_thread_storage_sync": True})
 
@@ -74,7 +82,7 @@ def cp_async(dst, src, n, pred):
 
 
 def post_fwd(mhc: int):
-    """Build the forward PrimFunc for ``mhc`` streams: a block per token walks its items in order;
+    """Build the forward PrimFunc for ``mhc`` streams: a block walks its items in order (see ITEMS);
     item ``j``'s ``mhc + 1`` vectors per thread are copied by ``cp.async`` (16 bytes, zero-filled
     past the row) into ring slot ``j % S``, ``S - 1`` items ahead of the math.  A thread reads only
     the slot bytes it copied itself, so ``cp.async.wait_group`` is the only wait (no block barrier)."""
@@ -83,7 +91,9 @@ def post_fwd(mhc: int):
     num_tokens, hidden = T.dynamic("num_tokens"), T.dynamic("hidden")
     nvec = hidden // V
     nch = T.ceildiv(nvec, THREADS)  # chunks (items) per token
-    G = num_tokens  # blocks (the item split below is general: block bx takes items bx * per ..)
+    # blocks: one per token, or one per ITEMS[mhc] consecutive items of the flat (token, chunk) list (a
+    # block may span two tokens; the cursors reload the mixes at each chunk 0)
+    G = T.ceildiv(num_tokens * nch, ITEMS[mhc]) if ITEMS[mhc] else num_tokens
     x_flat = (num_tokens * nvec * V,)
     r_flat = (num_tokens * mhc * nvec * V,)
 
@@ -281,7 +291,7 @@ KERNELS = (
         outputs=("out",),
         pass_configs=FWD_PASS_CONFIGS,
         doc="out[t, n, :] = bf16(post_mix[t, n] * x[t, :] + sum over m of comb_mix[t, m, n] * residual[t, m, :]); "
-            "a block per token, cp.async shared-memory ring.",
+            "blocks of ITEMS[mhc] items (or a token), cp.async shared-memory ring.",
     ),
     KernelDecl(
         name="mhc.post_bwd",
@@ -293,4 +303,4 @@ KERNELS = (
     ),
 )
 
-__all__ = ["KERNELS", "MHC_VALUES", "THREADS", "bwd_vectors", "post_bwd", "post_fwd"]
+__all__ = ["ITEMS", "KERNELS", "MHC_VALUES", "THREADS", "bwd_vectors", "post_bwd", "post_fwd"]
