@@ -38,8 +38,9 @@ from _common import (REPO, env_facts, env_markdown, host_us, markdown_table, pct
 HC, EPS, CLAMP = 4, 1e-20, 1e-6
 SHAPES = [(t, h) for t in (4001, 8001) for h in (4096, 7168)]
 # op (row label up to " (") -> its speed candidates: (row label suffix, internal kernel name)
-CANDIDATES: dict = {"engram_gate_bwd": [(f"candidate {t}", f"engram._engram_gate_bwd_candidate_{t}")
-                                          for t in ("halfbar", "halfbar_split", "halfbar_split_early")]}
+# (the round-3 candidates halfbar / halfbar_split / halfbar_split_early were dropped after the 12:05 UTC
+# 2026-12-02 H200 run: kernels/README.md)
+CANDIDATES: dict = {}
 
 
 def _nbytes(*ts) -> int:

@@ -47,7 +47,6 @@ ALL_MODULES = (
     "tilebin.kernels.engram.fused_weight",
     "tilebin.kernels.engram.engram_gate_fwd",
     "tilebin.kernels.engram.engram_gate_bwd",
-    "tilebin.kernels.engram.engram_gate_bwd_candidate",  # speed candidates (issue 8), measured then swapped or dropped
     "tilebin.kernels.engram.grad_w_reduce",
 ) + tuple(
     f"tilebin.kernels.mhc.{p.stem}" for p in sorted(_MHC.glob("*.py")) if not p.name.startswith("_")
