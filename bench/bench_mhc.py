@@ -42,7 +42,7 @@ M = 4
 SHAPES = [(n1, h) for n1 in (4096, 8192) for h in (4096, 7168)]
 # op row label -> its speed candidates, one row each "<op> (candidate <tag>)": {tag: (kernel, variant key)}
 # (issue 9); the call: _candidate_call (expand, pre_apply_mix, post and head-mix forwards, multilayer
-# recompute).  Round 4 (2026-12-02 12:45 UTC): multilayer_recompute.
+# recompute).  Round 4 (2026-12-02 12:10 UTC): multilayer_recompute.
 # post_fwd's pair and head_compute_mix_fwd's hoist shipped after the 12:05 UTC run, pdl and vec4 dropped.
 CANDIDATES: dict = {
     "mhc_multilayer_recompute (2 layers)": {tag: (f"mhc._multilayer_recompute_candidate_{tag}", {"mhc_mult": M})
