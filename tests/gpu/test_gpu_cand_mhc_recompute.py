@@ -1,7 +1,7 @@
-"""GPU tests of the ``mhc.multilayer_recompute`` speed candidates (issue 9, round 4) against the
+"""GPU tests of the ``mhc.multilayer_recompute`` speed candidates (issue 9, round 5) against the
 shipped op, bit for bit.
 
-Each candidate kernel of ``kernels/mhc/multilayer_recompute_candidate.py`` (``_hoist``) is launched directly as ``bench/bench_mhc.py``'s ``_recompute_call`` launches it:
+Each candidate kernel of ``kernels/mhc/multilayer_recompute_candidate.py`` (``_ring``, ``_ring2``) is launched directly as ``bench/bench_mhc.py``'s ``_recompute_call`` launches it:
 ``runtime.unchecked_launcher(name, mhc_mult=M)(initial_residual.view(n, M, hidden), ptrs,
 num_post)`` with the op's pointer table (rows pre_mix, layer_input, layer_output, post_mix,
 comb_mix, residual; unused slots 0).  Its written tensors start NaN-filled (an element it forgot
@@ -9,7 +9,8 @@ stays NaN) and are compared with ``torch.equal`` to the shipped op's (also NaN-f
 fresh random inputs.  Shapes: leading dims ``(1, n1)``, n1 in {1, 13, 4096} (the op launches
 nothing at 0 tokens), hidden in {1280, 4096, 4160, 7168} (1280: one half-idle segment; 4160: a
 last segment of 8 vectors), mhc_mult 4, 2 and 8, and (num_layers, num_post) in (1, 0), (1, 1),
-(2, 1), (2, 2), (3, 2), (3, 3) (3 layers: the rotated loop's i + 2 output load).
+(2, 1), (2, 2), (3, 2), (3, 3) (3 layers: layer 2's output by LDG; n1 13 x hidden 1280 / 4160: blocks spanning two
+tokens and partial chunks).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import torch
 from _moe_util import seed
 
 BF16 = torch.bfloat16
-CANDIDATES = ("mhc._multilayer_recompute_candidate_hoist",)
+CANDIDATES = ("mhc._multilayer_recompute_candidate_ring", "mhc._multilayer_recompute_candidate_ring2")
 N1 = (1, 13, 4096)
 HIDDEN = (1280, 4096, 4160, 7168)
 LAYERS = ((1, 0), (1, 1), (2, 1), (2, 2), (3, 2), (3, 3))
@@ -43,7 +44,7 @@ def test_multilayer_recompute_candidate(rt, require, kernel, m, n1, h, layers, p
 
     require("mhc.multilayer_recompute")
     require(kernel)
-    seed("cand_mhc_recompute_r4", m, n1, h, layers, post)
+    seed("cand_mhc_recompute_r5", m, n1, h, layers, post)
     r0 = _bf16(1, n1, m, h)
     pre = [torch.rand(1, n1, m, 1, device="cuda") for _ in range(layers)]
     outs = [_bf16(1, n1, h) for _ in range(post)]
