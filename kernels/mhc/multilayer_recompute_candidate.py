@@ -229,13 +229,16 @@ def recompute_candidate(mhc_mult: int, tag: str):
                                 load_post_comb(post, comb, T.make_tensor_from_addr(ptrs[3, i], (n, m), "float32"),
                                                T.make_tensor_from_addr(ptrs[4, i], (n, m * m), "float32"), tc)
                                 load_r(rb, ring, slot, tid)
-                                layer_input(rb, pre, acc, lb, T.make_tensor_from_addr(ptrs[1, i], x_flat, "bfloat16"), xv)
+                                layer_input(rb, pre, acc, lb,
+                                            T.make_tensor_from_addr(ptrs[1, i], x_flat, "bfloat16"), xv)
                                 layer_residual(rb, ob, post, comb, acc, nb, ring, slot, tid,
                                                T.make_tensor_from_addr(ptrs[5, i], r_flat, "bfloat16"), ro)
                             if num_post < layers:
-                                load_pre(pre, T.make_tensor_from_addr(ptrs[0, num_post], (n, m), "float32"), tc)
+                                load_pre(pre,
+                                         T.make_tensor_from_addr(ptrs[0, num_post], (n, m), "float32"), tc)
                                 load_r(rb, ring, slot, tid)
-                                layer_input(rb, pre, acc, lb, T.make_tensor_from_addr(ptrs[1, num_post], x_flat, "bfloat16"), xv)
+                                layer_input(rb, pre, acc, lb,
+                                            T.make_tensor_from_addr(ptrs[1, num_post], x_flat, "bfloat16"), xv)
                     cc = cc + 1
                     if cc == nch:
                         cc = 0

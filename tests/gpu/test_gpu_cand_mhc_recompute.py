@@ -1,7 +1,8 @@
 """GPU tests of the ``mhc.multilayer_recompute`` speed candidates (issue 9, round 5) against the
 shipped op, bit for bit.
 
-Each candidate kernel of ``kernels/mhc/multilayer_recompute_candidate.py`` (``_ring``, ``_ring2``) is launched directly as ``bench/bench_mhc.py``'s ``_recompute_call`` launches it:
+Each candidate kernel of ``kernels/mhc/multilayer_recompute_candidate.py`` (``_ring``, ``_ring2``) is launched
+directly as ``bench/bench_mhc.py``'s ``_recompute_call`` launches it:
 ``runtime.unchecked_launcher(name, mhc_mult=M)(initial_residual.view(n, M, hidden), ptrs,
 num_post)`` with the op's pointer table (rows pre_mix, layer_input, layer_output, post_mix,
 comb_mix, residual; unused slots 0).  Its written tensors start NaN-filled (an element it forgot
