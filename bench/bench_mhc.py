@@ -42,13 +42,9 @@ M = 4
 SHAPES = [(n1, h) for n1 in (4096, 8192) for h in (4096, 7168)]
 # op row label -> its speed candidates, one row each "<op> (candidate <tag>)": {tag: (kernel, variant key)}
 # (issue 9); the call: _candidate_call (expand, pre_apply_mix, post and head-mix forwards, multilayer
-# recompute).  Round 5 (2026-12-02 12:30 UTC): multilayer_recompute (round 4's hoist dropped: 155.4 /
-# 270.1 / 296.4 / 533.3 us vs the shipped 145.5 / 247.4 / 284.0 / 486.2 at 12:22 UTC).
-# post_fwd's pair and head_compute_mix_fwd's hoist shipped after the 12:05 UTC run, pdl and vec4 dropped.
-CANDIDATES: dict = {
-    "mhc_multilayer_recompute (2 layers)": {tag: (f"mhc._multilayer_recompute_candidate_{tag}", {"mhc_mult": M})
-                                            for tag in ("ring", "ring2")},
-}
+# recompute).  Empty: round 3's post_fwd pair and head_compute_mix_fwd hoist and round 5's recompute ring2
+# shipped, the rest were dropped (H200, 2026-12-02 12:00-12:41 UTC; kernels/README.md).
+CANDIDATES: dict = {}
 MODULES = ("expand", "pre_apply_mix", "post", "head_compute_mix", "sinkhorn", "pre_split_mixes",
            "multilayer_recompute", "norm_fn", "pre_big_fuse")
 
