@@ -75,10 +75,11 @@ def cp_async(dst, src, n, pred):
     return T.ptx_cp_async(T.access_ptr(dst, "w", n), T.access_ptr(src, "r", n), n, pred)
 
 
-def multilayer_recompute(mhc_mult: int):
-    """The PrimFunc for ``mhc_mult`` streams, configuration ``CONFIGS[mhc_mult]`` (see the module docstring)."""
+def multilayer_recompute(mhc_mult: int, config: tuple = ()):
+    """The PrimFunc for ``mhc_mult`` streams, configuration ``config`` (S, ITEMS, blocks per SM) or
+    ``CONFIGS[mhc_mult]`` (see the module docstring)."""
     m = mhc_mult
-    S, ITEMS, B = CONFIGS[m]
+    S, ITEMS, B = config or CONFIGS[m]
     K = m + 2  # vectors per thread and slot: layer 0's output, the M residual streams, layer 1's output
     vm = 4 if m % 4 == 0 else m  # fp32 per vector load of a mix row
     n, hidden, layers = T.dynamic("num_tokens"), T.dynamic("hidden"), T.dynamic("num_layers")
