@@ -1,7 +1,8 @@
 """GPU tests of the ``mhc.multilayer_recompute`` speed candidates (issue 9, round 6) against the
 shipped op, bit for bit.
 
-Each candidate kernel of ``kernels/mhc/multilayer_recompute_candidate.py`` (``_i2s3``, ``_i2s2``, ``_i3s3``: the shipped kernel at other (S, ITEMS, blocks/SM)) is launched
+Each candidate kernel of ``kernels/mhc/multilayer_recompute_candidate.py`` (``_i2s3``, ``_i2s2``,
+``_i3s3``: the shipped kernel at other (S, ITEMS, blocks/SM) at M = 4) is launched
 directly as ``bench/bench_mhc.py``'s ``_recompute_call`` launches it:
 ``runtime.unchecked_launcher(name, mhc_mult=M)(initial_residual.view(n, M, hidden), ptrs,
 num_post)`` with the op's pointer table (rows pre_mix, layer_input, layer_output, post_mix,
@@ -26,7 +27,8 @@ CANDIDATES = tuple(f"mhc._multilayer_recompute_candidate_{t}" for t in ("i2s3", 
 N1 = (1, 13, 4096)
 HIDDEN = (1280, 4096, 4160, 7168)
 LAYERS = ((1, 0), (1, 1), (2, 1), (2, 2), (3, 2), (3, 3))
-CASES = [(m, n1, h, layers, post) for m in (4,) for n1 in N1 for h in HIDDEN for layers, post in LAYERS]  # M 2, 8: shipped
+# M = 4 only: at M = 2 and 8 the candidates are the shipped kernel
+CASES = [(m, n1, h, layers, post) for m in (4,) for n1 in N1 for h in HIDDEN for layers, post in LAYERS]
 IDS = [f"m{m}-n{n1}-h{h}-L{layers}-post{post}" for m, n1, h, layers, post in CASES]
 
 
