@@ -10,7 +10,7 @@ comb_mix, residual; unused slots 0).  Its written tensors start NaN-filled (an e
 stays NaN) and are compared with ``torch.equal`` to the shipped op's (also NaN-filled) on the same
 fresh random inputs.  Shapes: leading dims ``(1, n1)``, n1 in {1, 13, 4096} (the op launches
 nothing at 0 tokens), hidden in {1280, 4096, 4160, 7168} (1280: one half-idle segment; 4160: a
-last segment of 8 vectors), mhc_mult 4, 2 and 8, and (num_layers, num_post) in (1, 0), (1, 1),
+last segment of 8 vectors), mhc_mult 4, and (num_layers, num_post) in (1, 0), (1, 1),
 (2, 1), (2, 2), (3, 2), (3, 3) (3 layers: layer 2's output by LDG; n1 13 x hidden 1280 / 4160: blocks spanning two
 tokens and partial chunks).
 """
