@@ -57,6 +57,7 @@ and 8 are checked bit for bit, not timed.
 import tilelang.language as T
 
 from .._declare import KernelDecl
+from ._ring import cp_async
 
 THREADS = 128
 V = 8  # bf16 per 16-byte vector
@@ -68,11 +69,6 @@ PASS_CONFIGS = {"tl.disable_safe_memory_legalize": True, "tl.disable_thread_stor
                 "tl.disable_loop_unswitching": True}
 # per M: (ring slots S, items per block, blocks per SM)
 CONFIGS = {4: (3, 4, 5), 2: (2, 2, 8), 8: (2, 2, 2)}
-
-
-def cp_async(dst, src, n, pred):
-    """One 16-byte ``cp.async`` of ``n`` elements into shared memory, zero-filling when ``pred`` is false."""
-    return T.ptx_cp_async(T.access_ptr(dst, "w", n), T.access_ptr(src, "r", n), n, pred)
 
 
 def multilayer_recompute(mhc_mult: int, config: tuple = ()):

@@ -46,6 +46,7 @@ four warps' sums are added in warp order; deterministic for a given hidden.
 import tilelang.language as T
 
 from .._declare import KernelDecl
+from ._ring import cp_async
 
 THREADS = 128
 WARPS = THREADS // 32
@@ -61,11 +62,6 @@ FWD_PASS_CONFIGS = dict(PASS_CONFIGS, **{"tl.disable_thread_storage_sync": True}
 def bwd_vectors(mhc: int) -> int:
     """Vectors per thread and segment of the backward for ``mhc`` streams."""
     return max(1, 4 // mhc)
-
-
-def cp_async(dst, src, n, pred):
-    """One 16-byte ``cp.async`` of ``n`` elements into shared memory, zero-filling when ``pred`` is false."""
-    return T.ptx_cp_async(T.access_ptr(dst, "w", n), T.access_ptr(src, "r", n), n, pred)
 
 
 def pre_apply_mix_fwd(mhc: int):
