@@ -9,32 +9,27 @@ the shape that stays below 90 % of copy (89.3 %); 4096 x 7168 is 10.9 waves (91.
 blocks 8.3.
 """
 
+from functools import partial
+
 from .._declare import KernelDecl
 from .multilayer_recompute import CONFIGS, MULTS, PASS_CONFIGS, multilayer_recompute
 
 VARIANTS = {"i2s3": (3, 2, 5), "i2s2": (2, 2, 5), "i3s3": (3, 3, 5)}  # tag -> M = 4's (S, ITEMS, blocks/SM)
 
 
-def _i2s3(mhc_mult: int):
-    return multilayer_recompute(mhc_mult, VARIANTS["i2s3"] if mhc_mult == 4 else CONFIGS[mhc_mult])
-
-
-def _i2s2(mhc_mult: int):
-    return multilayer_recompute(mhc_mult, VARIANTS["i2s2"] if mhc_mult == 4 else CONFIGS[mhc_mult])
-
-
-def _i3s3(mhc_mult: int):
-    return multilayer_recompute(mhc_mult, VARIANTS["i3s3"] if mhc_mult == 4 else CONFIGS[mhc_mult])
+def _variant(tag: str, mhc_mult: int):
+    """The shipped kernel with ``VARIANTS[tag]`` at M = 4, as shipped at M = 2 and 8."""
+    return multilayer_recompute(mhc_mult, VARIANTS[tag] if mhc_mult == 4 else CONFIGS[mhc_mult])
 
 
 KERNELS = tuple(
     KernelDecl(
         name=f"mhc._multilayer_recompute_candidate_{tag}",
-        factory=factory,
+        factory=partial(_variant, tag),
         grid=tuple({"mhc_mult": m} for m in MULTS),
         outputs=(),
         pass_configs=PASS_CONFIGS,
         doc=f"Speed candidate for mhc.multilayer_recompute: M = 4 at (S, ITEMS, blocks/SM) = {VARIANTS[tag]}.",
     )
-    for tag, factory in (("i2s3", _i2s3), ("i2s2", _i2s2), ("i3s3", _i3s3))
+    for tag in VARIANTS
 )
