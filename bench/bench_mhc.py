@@ -42,12 +42,9 @@ M = 4
 SHAPES = [(n1, h) for n1 in (4096, 8192) for h in (4096, 7168)]
 # op row label -> its speed candidates, one row each "<op> (candidate <tag>)": {tag: (kernel, variant key)}
 # (issue 9); the call: _candidate_call (expand, pre_apply_mix, post and head-mix forwards, multilayer
-# recompute).  Round 3's post_fwd pair and head_compute_mix_fwd hoist and round 5's recompute ring2 shipped,
-# the rest were dropped (H200, 2026-12-02 12:00-12:41 UTC; kernels/README.md).
-CANDIDATES: dict = {  # round 6 (unmeasured): the shipped recompute at other (S, ITEMS, blocks/SM) for M = 4
-    "mhc_multilayer_recompute (2 layers)": {tag: (f"mhc._multilayer_recompute_candidate_{tag}", {"mhc_mult": M})
-                                            for tag in ("i2s3", "i2s2", "i3s3")},
-}
+# recompute).  Round 3's post_fwd pair and head_compute_mix_fwd hoist, round 5's recompute ring2 and round
+# 6's recompute i2s2 shipped, the rest were dropped (H200, 2026-12-02 12:00-14:14 UTC; kernels/README.md).
+CANDIDATES: dict = {}
 MODULES = ("expand", "pre_apply_mix", "post", "head_compute_mix", "sinkhorn", "pre_split_mixes",
            "multilayer_recompute", "norm_fn", "pre_big_fuse")
 
