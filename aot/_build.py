@@ -55,7 +55,10 @@ def enumerate_jobs(modules: Iterable[str]) -> list[Job]:
                 where = "twice in its KERNELS" if seen[decl.name] == module else f"by both {seen[decl.name]} and {module}"
                 raise AotError(f"{module}: kernel {decl.name!r} is declared {where}; every kernel needs its own name")
             seen[decl.name] = module
-            jobs += [Job(module, decl.name, i, tuple(sorted(v.items()))) for i, v in enumerate(decl.grid)]
+            for i, v in enumerate(decl.grid):  # a variant's specialisations just ahead of it: the runtime takes the first that serves
+                grid_key = tuple(sorted(v.items()))
+                jobs += [Job(module, decl.name, i, grid_key, tuple(sorted(s.items()))) for s in getattr(decl, "specialise", ())]
+                jobs.append(Job(module, decl.name, i, grid_key))
     return jobs
 
 

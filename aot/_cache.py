@@ -229,7 +229,7 @@ def job_key(job: Job, source: str, tool_facts: dict[str, Any], pass_configs: Map
     """The cache key of one job: the variant, the source closure's digest, the tool facts (TileLang
     and nvcc versions, nvcc flags, arch), the declaration's pass configs and this tool's code."""
     payload = {
-        "job": [job.module, job.kernel, sorted(job.variant)],
+        "job": [job.module, job.kernel, sorted(job.variant)] + ([sorted(job.specialised)] if job.specialised else []),
         "source": source,
         "tools": tool_facts,
         "pass_configs": sorted((str(k), v) for k, v in (pass_configs or {}).items()),

@@ -15,6 +15,7 @@ from typing import Any
 
 from ._errors import AotError
 from ._nvcc import ARCH, Nvcc, compile_cubin, nvcc_flags
+from ._specialise import specialise
 
 
 @dataclass(frozen=True)
@@ -22,11 +23,17 @@ class Job:
     module: str
     kernel: str
     index: int  # position of the variant in the kernel's grid
-    variant: tuple[tuple[str, Any], ...]
+    variant: tuple[tuple[str, Any], ...]  # the grid variant: the factory's arguments
+    specialised: tuple[tuple[str, int], ...] = ()  # size symbols bound at compile time (KernelDecl.specialise)
+
+    @property
+    def key(self) -> dict[str, Any]:
+        """The manifest key: the grid variant plus the specialised sizes."""
+        return {**dict(self.variant), **dict(self.specialised)}
 
     @property
     def where(self) -> str:
-        return f"kernel {self.kernel} variant {dict(self.variant)}"
+        return f"kernel {self.kernel} variant {self.key}"
 
 
 @dataclass(frozen=True)
@@ -161,13 +168,15 @@ def _lower_job(job: Job, decl: Any, nvcc: Nvcc, lineinfo: bool) -> JobResult:
     try:
         with target:  # some helpers query the target while tracing
             func = decl.factory(**dict(job.variant))
+        if job.specialised:
+            func = specialise(func, dict(job.specialised), job.where)
         configs = pass_configs(func, decl.pass_configs)
         with tvm.transform.PassContext(opt_level=3, config=configs), target:
             art = tilelang.lower(func, target=target)
         outputs = output_names(func, decl.outputs, job.where)
         facts = launch_facts(func, art.host_mod, art.device_mod, job.where, outputs, decl.align,
                              optional=tuple(getattr(decl, "optional", ())),
-                             conditions=tuple(getattr(decl, "conditions", ())), key=dict(job.variant))
+                             conditions=tuple(getattr(decl, "conditions", ())), key=job.key)
     except AotError:
         raise
     except Exception as exc:  # TileLang raises many types; name the job and keep the cause
@@ -179,7 +188,8 @@ def _lower_job(job: Job, decl: Any, nvcc: Nvcc, lineinfo: bool) -> JobResult:
     from tilebin.runtime._manifest import to_plain
 
     variant = {
-        "key": dict(job.variant),
+        "key": job.key,
+        **({"specialised": [name for name, _ in job.specialised]} if job.specialised else {}),
         "sha256": hashlib.sha256(cubin).hexdigest(),
         "tensors": to_plain(facts.tensors), "scalars": to_plain(facts.scalars),
         "tma": to_plain(facts.tma), "launches": to_plain(facts.launches),

@@ -71,6 +71,15 @@ class KernelDecl:
               The kernel's own ``T.assume`` conditions are added by the build.  The runtime
               checks them when it picks a variant (the first whose conditions hold serves);
               a call no variant serves raises ``NoVariantError`` naming the condition.
+    specialise  named production shapes to build with sizes fixed at compile time, alongside the
+              run-time-size variants: each entry maps size symbols of the tensor parameters (the
+              ``T.dynamic`` names, e.g. ``{"num_topk": 8}``) to values.  For every grid variant the
+              build adds one variant per entry, just ahead of it, with those symbols bound (loops over
+              them get constant trip counts, their tensors' dims become static).  Its key is the grid
+              key plus the entry, and the manifest lists the entry's names as ``specialised``.
+              ``runtime.launch`` picks it for calls whose sizes match (by its static dims) and the
+              run-time-size variant for every other call; op layers pick it once per memo key
+              (``tilebin.ops._common.specialised_launcher``).
     """
 
     name: str
@@ -83,6 +92,7 @@ class KernelDecl:
     meta: Mapping[str, Any] = field(default_factory=dict)
     optional: tuple[str, ...] = ()
     conditions: tuple[str, ...] = ()
+    specialise: tuple[Mapping[str, int], ...] = ()
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not _NAME.match(self.name):
@@ -110,12 +120,13 @@ class KernelDecl:
         object.__setattr__(self, "meta", _freeze_meta(self.meta, self.name))
         object.__setattr__(self, "optional", _strings(self.optional, "optional", self.name))
         object.__setattr__(self, "conditions", _strings(self.conditions, "conditions", self.name))
+        object.__setattr__(self, "specialise", _check_specialise(self.specialise, frozen, self.name))
 
     @classmethod
     def from_jit(cls, name: str, jit_fn: Any, grid: tuple[Mapping[str, Any], ...], outputs: tuple[str | int, ...] | None = None,
                  align: int = 16, pass_configs: Mapping[str, Any] | None = None, doc: str = "",
                  meta: Mapping[str, Any] | None = None, optional: tuple[str, ...] = (),
-                 conditions: tuple[str, ...] = ()) -> KernelDecl:
+                 conditions: tuple[str, ...] = (), specialise: tuple[Mapping[str, int], ...] = ()) -> KernelDecl:
         """Declare a ``@tilelang.jit``-decorated kernel factory: lazy style (it returns its
         PrimFunc) or eager style (tensor annotations; TileLang traces it with sizes left symbolic).
 
@@ -144,7 +155,7 @@ class KernelDecl:
             outputs = () if out_idx is None else ((out_idx,) if isinstance(out_idx, int) else tuple(out_idx))
         return cls(name, _jit_factory(jit_fn, objects), keys, outputs=outputs, align=align,
                    pass_configs={**_jit_pass_configs(jit_fn), **_plain_keys(pass_configs or {})}, doc=doc,
-                   meta=meta or {}, optional=optional, conditions=conditions)
+                   meta=meta or {}, optional=optional, conditions=conditions, specialise=specialise)
 
 
 def _plain_keys(configs: Mapping[Any, Any]) -> dict[str, Any]:
@@ -235,6 +246,31 @@ def _strings(values: Any, what: str, name: str) -> tuple[str, ...]:
     if not isinstance(values, (tuple, list)) or not all(isinstance(v, str) and v.strip() for v in values):
         raise DeclarationError(f"{name}: {what} must be a tuple of non-empty strings (got {values!r})")
     return tuple(values)
+
+
+def _check_specialise(entries: Any, grid: tuple[Mapping[str, Any], ...], name: str) -> tuple[Mapping[str, int], ...]:
+    """``specialise`` as a tuple of frozen ``{size symbol: int}`` entries, each distinct, none naming a grid key."""
+    if isinstance(entries, Mapping) or not isinstance(entries, (tuple, list)):
+        raise DeclarationError(f"{name}: specialise must be a tuple of dicts such as ({{'num_topk': 8}},) "
+                               f"(got {type(entries).__name__})")
+    keys = set().union(*(v.keys() for v in grid))
+    frozen = []
+    for i, entry in enumerate(entries):
+        if not isinstance(entry, Mapping) or not entry:
+            raise DeclarationError(f"{name}: specialise entry {i} must be a non-empty dict of size symbols to ints "
+                                   f"(got {entry!r})")
+        for sym, value in entry.items():
+            if not isinstance(sym, str) or isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise DeclarationError(f"{name}: specialise entry {i}: sizes are positive ints keyed by the size "
+                                       f"symbol's name (got {sym!r}: {value!r})")
+            if sym in keys:
+                raise DeclarationError(f"{name}: specialise entry {i} names {sym!r}, which is a compile-time key of "
+                                       f"the grid already; specialise binds run-time size symbols only")
+        item = MappingProxyType(dict(sorted(entry.items())))
+        if item in frozen:
+            raise DeclarationError(f"{name}: specialise lists {dict(item)} twice")
+        frozen.append(item)
+    return tuple(frozen)
 
 
 def _freeze_meta(meta: Mapping[str, Any], name: str) -> Mapping[str, Any]:

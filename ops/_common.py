@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import operator
 import threading
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -57,6 +58,27 @@ def launcher(name: str, **key: Any) -> runtime.UncheckedLauncher:
     if fn is None:
         fn = _LAUNCHERS[cache_key] = _tma_launch(name, key) or runtime.unchecked_launcher(name, **key)
     return fn
+
+
+def specialised_launcher(name: str, sizes: Mapping[str, int], **key: Any) -> runtime.UncheckedLauncher:
+    """The launcher of kernel ``name``'s variant ``key`` built for these ``sizes`` (see
+    :func:`specialised_key`), else of the run-time-size variant ``key``.  Op plans call it once per
+    memo key, so a specialised variant costs nothing per call."""
+    if TRACING.on:
+        return _no_launch  # fake tensors: nothing launches (and symbolic sizes are not compared)
+    return launcher(name, **specialised_key(runtime.spec(name).variants, sizes, key))
+
+
+def specialised_key(variants: Any, sizes: Mapping[str, int], key: Mapping[str, Any]) -> dict[str, Any]:
+    """The key of the first of ``variants`` that is ``key`` specialised for ``sizes`` (its
+    ``specialised`` size symbols, ``KernelDecl.specialise``, all equal the call's), else ``key``.
+    ``sizes`` names every size symbol the kernel may be specialised on."""
+    for v in variants:
+        names = v.specialised
+        if names and all(n in sizes and v.key[n] == sizes[n] for n in names) \
+                and {k: x for k, x in v.key.items() if k not in names} == dict(key):
+            return dict(v.key)
+    return dict(key)
 
 
 def _tma_launch(name: str, key: dict) -> Any:

@@ -124,6 +124,9 @@ class VariantSpec:
     launches: tuple[LaunchSpec, ...]
     tma: tuple[TmaSpec, ...] = ()
     conditions: tuple[ConditionSpec, ...] = ()
+    # the key's entries that are size symbols bound at compile time (KernelDecl.specialise), not factory
+    # arguments: this variant serves calls with exactly those sizes (its tensors' dims are static there)
+    specialised: tuple[str, ...] = ()
 
 
 @record
@@ -205,7 +208,8 @@ def _parse_variant(data: Mapping[str, Any], where: str) -> VariantSpec:
                                block=_exprs(ln.get("block"), where), cluster=tuple(ln.get("cluster", (1, 1, 1)))))
     conditions = tuple(_build(ConditionSpec, c, where) for c in _list(data.get("conditions", []), where))
     variant = _build(VariantSpec, data, where, key=MappingProxyType(dict(data.get("key", {}))),
-                     tensors=tensors, scalars=scalars, tma=tma, launches=tuple(launches), conditions=conditions)
+                     tensors=tensors, scalars=scalars, tma=tma, launches=tuple(launches), conditions=conditions,
+                     specialised=tuple(str(n) for n in _list(data.get("specialised", []), where)))
     _check_variant(variant, where)
     return variant
 
@@ -233,6 +237,9 @@ def _check_variant(v: VariantSpec, where: str) -> None:
         used |= set().union(*(symbols_of(e) for e in (*m.dims, *m.strides)))
     if not v.launches:
         raise ArtifactError(f"{where}: variant has no launches")
+    for n in v.specialised:
+        if isinstance(v.key.get(n), bool) or not isinstance(v.key.get(n), int):
+            raise ArtifactError(f"{where}: specialised size {n!r} has no int value in the key {dict(v.key)}; rebuild the artifacts")
     for ln in v.launches:
         used |= set().union(*(symbols_of(e) for e in (*ln.grid, *ln.block)))
         for a in ln.args:

@@ -9,8 +9,12 @@ denominator ``[num_tokens]`` float32; both extents are runtime symbols.  Per row
 the same float32 operations in the same order as the torch reference, so the outputs are
 bit-exact (the cubins are built without fast math: ``/`` is the correctly rounded division).
 
-One thread per row, ``THREADS`` rows per block.  The row is read twice (the second pass hits
-L1); no shared memory.  0 tokens gives an empty grid (nothing to launch).
+One thread per row, ``THREADS`` rows per block; no shared memory.  0 tokens gives an empty grid
+(nothing to launch).  With a run-time top-k the row is walked by run-time loops, which nvcc unrolls
+in blocks of 16/8/4 and a one-at-a-time remainder: top-k 6 costs three dependent round trips.  The
+variants specialised for top-k ``SPECIALISED_TOPK`` (``KernelDecl.specialise``: the same code with
+``num_topk`` a constant) unroll fully: the row's loads issue back to back (one round trip) and the
+division loop reuses them from registers (the parameters are ``__restrict__``).
 """
 
 # No ``from __future__ import annotations``: TileLang evaluates the PrimFunc's tensor
@@ -21,6 +25,8 @@ from .._declare import KernelDecl
 
 THREADS = 128
 EPS = 1e-20  # the sum's starting value (keeps an all-zero row finite)
+# top-k values built with num_topk fixed: 2 (Mixtral), 6 (DeepSeek-V2), 8 (DeepSeek-V3, Qwen3), 9 (8 + a shared expert)
+SPECIALISED_TOPK = (2, 6, 8, 9)
 
 
 def normalize_weight():
@@ -55,6 +61,7 @@ KERNELS = (
         grid=({},),
         outputs=("denominator", "normalized_weights"),
         align=4,  # element alignment is enough: no vector accesses
+        specialise=tuple({"num_topk": k} for k in SPECIALISED_TOPK),
         doc="denominator[t] = 1e-20 + sum_j w[t, j]; normalized_weights = w / denominator; float32.",
     ),
 )

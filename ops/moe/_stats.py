@@ -22,7 +22,7 @@ from typing import Any, Callable
 
 import torch
 
-from .._common import check_int, fail, kernel_meta, launcher
+from .._common import check_int, fail, kernel_meta, launcher, specialised_launcher
 from .._spec import IntParam, OpSpec, TensorParam
 from ..config import get_num_sms
 
@@ -112,7 +112,8 @@ def group_count(group_idx: torch.Tensor, num_groups: int) -> torch.Tensor:
 
 
 def _plan_normalize_weight(values: dict) -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:
-    fn = launcher("moe.normalize_weight")
+    # the variant built for this top-k when there is one (2, 6, 8, 9), else the run-time top-k one
+    fn = specialised_launcher("moe.normalize_weight", {"num_topk": values["topk_weights"].shape[1]})
 
     def run(topk_weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         num_tokens, num_topk = topk_weights.shape

@@ -32,6 +32,8 @@ class StubbedOps:
         for mod in self.modules:
             if hasattr(mod, "launcher"):
                 monkeypatch.setattr(mod, "launcher", self._launcher)
+            if hasattr(mod, "specialised_launcher"):
+                monkeypatch.setattr(mod, "specialised_launcher", self._specialised_launcher)
             for name in ("check_cuda", "_on_cuda"):
                 if hasattr(mod, name):
                     monkeypatch.setattr(mod, name, lambda *a, **k: None)
@@ -55,6 +57,12 @@ class StubbedOps:
             self.launches.append((name, dict(key), args))
 
         return launch
+
+    def _specialised_launcher(self, name: str, sizes: Any, **key: Any):
+        """As ``ops._common.specialised_launcher``, the variants from the declaration (no artifacts needed)."""
+        from tilebin.ops._common import specialised_key
+
+        return self._launcher(name, **specialised_key(declared_variants(name), sizes, key))
 
     def fresh(self) -> None:
         """Empty every memo table: the next call runs as the first call of a fresh process."""
@@ -90,8 +98,11 @@ def _specs(mod: Any) -> list:
 def declared_meta(kernel: str, key: str) -> Any:
     """``kernel``'s ``meta[key]`` as its declaration in ``tilebin.kernels`` states it (what the
     manifest carries; no built artifacts needed)."""
-    import importlib
+    return _declaration(kernel).meta[key]
 
+
+def _declaration(kernel: str) -> Any:
+    """``kernel``'s ``KernelDecl`` in ``tilebin.kernels``."""
     from tilebin.kernels.modules import ALL_MODULES
 
     family = kernel.split(".")[0]
@@ -99,8 +110,20 @@ def declared_meta(kernel: str, key: str) -> Any:
         if f".{family}." in module:
             for decl in importlib.import_module(module).KERNELS:
                 if decl.name == kernel:
-                    return decl.meta[key]
+                    return decl
     raise KeyError(kernel)
+
+
+def declared_variants(kernel: str) -> list:
+    """``kernel``'s variants as the build enumerates them (each grid variant's specialisations just
+    ahead of it), as objects with the manifest's ``key`` and ``specialised``."""
+    from types import SimpleNamespace
+
+    out = []
+    for v in _declaration(kernel).grid:
+        out += [SimpleNamespace(key={**v, **s}, specialised=tuple(sorted(s))) for s in _declaration(kernel).specialise]
+        out.append(SimpleNamespace(key=dict(v), specialised=()))
+    return out
 
 
 def describe(value: Any) -> Any:

@@ -7,7 +7,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from ops_stub import declared_variants
 from tilebin.ops import _spec
+from tilebin.ops._common import specialised_key
 from tilebin.ops.moe import _stats as st
 from tilebin.runtime import ArgumentError
 
@@ -20,6 +22,8 @@ def rec(monkeypatch):
         return lambda *args: calls.append((name, tuple(sorted(key.items())), args))
 
     monkeypatch.setattr(st, "launcher", launcher)
+    monkeypatch.setattr(st, "specialised_launcher", lambda name, sizes, **key: launcher(
+        name, **specialised_key(declared_variants(name), sizes, key)))
     monkeypatch.setattr(_spec, "check_cuda", lambda op, **t: None)  # the statistics ops' OpSpecs
     for spec in st.SPECS:
         monkeypatch.setattr(spec, "memo", {})
@@ -76,6 +80,17 @@ def _same_error(rec, warm, fn, *args, **kw):
 @pytest.mark.parametrize("tokens", [1, 7, 128])
 def test_stats_same_launches(rec, tokens):
     assert _same(rec, st.normalize_weight, torch.rand(tokens, 8))
+
+
+@pytest.mark.parametrize("topk, key", [(2, (("num_topk", 2),)), (6, (("num_topk", 6),)), (8, (("num_topk", 8),)),
+                                       (9, (("num_topk", 9),)), (1, ()), (7, ()), (17, ())])
+def test_normalize_weight_launches_the_variant_built_for_its_topk(rec, topk, key):
+    """Top-k 2, 6, 8 and 9 have variants with num_topk fixed (KernelDecl.specialise); others the run-time one."""
+    st.normalize_weight(torch.rand(5, 7))  # another configuration first: the choice is per memo key
+    rec.clear()
+    for _ in range(2):  # the first call (plan built) and a memoized one launch the same variant
+        st.normalize_weight(torch.rand(5, topk))
+    assert [(name, k) for name, k, _ in rec] == [("moe.normalize_weight", key)] * 2
 
 
 def test_stats_rejections_after_warm_up(rec):

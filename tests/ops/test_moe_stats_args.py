@@ -8,7 +8,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from ops_stub import declared_variants
 from tilebin.ops import _spec
+from tilebin.ops._common import specialised_key
 from tilebin.ops._spec import TensorParam
 
 from tilebin.ops.moe import _stats as st
@@ -198,6 +200,8 @@ def _recorded_launches(monkeypatch) -> list:
         monkeypatch.setattr(spec, "memo", {})
     monkeypatch.setattr(st, "get_num_sms", lambda device=None: 132)
     monkeypatch.setattr(st, "launcher", lambda name, **key: lambda *args: calls.append((name, key, args)))
+    monkeypatch.setattr(st, "specialised_launcher", lambda name, sizes, **key: st.launcher(
+        name, **specialised_key(declared_variants(name), sizes, key)))
     st.aux_fi(_idx(3, 2), 16, 2)
     st.aux_fi(_idx(4001, 8), 16, 2)
     st.aux_fi(_idx(40001, 2), 16, 2)
@@ -206,6 +210,7 @@ def _recorded_launches(monkeypatch) -> list:
     st.group_count(_idx(3, 2), 16)
     st.group_count(_idx(4001, 8), 16)
     st.normalize_weight(torch.ones((3, 2)))
+    st.normalize_weight(torch.ones((3, 3)))
     st.mask_indices_by_tp(_idx(3, 2), 64, 8, 1, 2)
     st.mask_indices_by_tp(_idx(3, 2, torch.int32), 64, 8, 1, 2)
     st.inplace_unique_group_indices(_idx(3, 2), 8)
@@ -228,14 +233,18 @@ def test_ops_launch_declared_variants_with_matching_parameters(monkeypatch):
         ("moe.aux_fi_many_experts", (("single_block", True),)),
         ("moe.aux_fi_many_experts", (("single_block", False),)),
         ("moe.group_count", (("single_block", True),)), ("moe.group_count", (("single_block", False),)),
-        ("moe.normalize_weight", ()), ("moe.mask_indices_by_tp", (("dtype", "int64"),)),
+        ("moe.normalize_weight", (("num_topk", 2),)), ("moe.normalize_weight", ()),
+        ("moe.mask_indices_by_tp", (("dtype", "int64"),)),
         ("moe.mask_indices_by_tp", (("dtype", "int32"),)), ("moe.inplace_unique_group_indices", ()),
     }
     for name, key, args in calls:
         decl = next(d for d in importlib.import_module(f"tilebin.kernels.{name}").KERNELS if d.name == name)
-        assert dict(key) in [dict(v) for v in decl.grid], (name, key)
+        sizes = set().union(*decl.specialise)  # specialised size symbols: bound after the factory runs
+        grid_key = {k: v for k, v in key.items() if k not in sizes}
+        assert grid_key in [dict(v) for v in decl.grid], (name, key)
+        assert {k: v for k, v in key.items() if k in sizes} in [{}, *map(dict, decl.specialise)], (name, key)
         with Target({"kind": "cuda", "arch": "sm_90a"}):
-            func = decl.factory(**key)
+            func = decl.factory(**grid_key)
         assert len(func.params) == len(args), (name, [p.name for p in func.params], len(args))
         for param, arg in zip(func.params, args):
             buf = func.buffer_map.get(param)
