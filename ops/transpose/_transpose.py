@@ -25,6 +25,7 @@ Kernels run on torch's current stream.
 
 from __future__ import annotations
 
+import os
 from typing import Callable
 
 import torch
@@ -36,6 +37,11 @@ from .._spec import OpSpec, TensorParam
 from ..config import get_num_sms
 
 _KERNEL = "transpose.batched_transpose"
+# TILEBIN_CANDIDATE_TRANSPOSE=1 at import: the plans launch the issue-12 round-2 candidates (register-direct
+# stores for decode grids, 16 KB tiles for large bf16/fp8) where they serve; read once, nothing per call when off.
+_CANDIDATE = os.environ.get("TILEBIN_CANDIDATE_TRANSPOSE") == "1"
+_DIRECT = "transpose._batched_transpose_direct_candidate"
+_TILE16K = "transpose._batched_transpose_tile16k_candidate"
 # element size in bytes -> (the kernel variant's dtype key, the torch dtype x is viewed as)
 _VARIANT_BY_SIZE = {1: ("float8_e4m3fn", torch.float8_e4m3fn), 2: ("bfloat16", torch.bfloat16),
                     4: ("float32", torch.float32)}
@@ -49,12 +55,14 @@ def _plan(op: str, ndim: int) -> Callable[[dict], Callable[[torch.Tensor], torch
     """The launch of ``op`` (x of ``ndim`` dims, checked): allocate the output, launch (nothing
     for an empty x)."""
     def plan(values: dict) -> Callable[[torch.Tensor], torch.Tensor]:
+        launch = _launch_candidate if _CANDIDATE else _launch
+
         def run(x: torch.Tensor) -> torch.Tensor:
             shape = x.shape
             out = torch.empty((*shape[:-2], shape[-1], shape[-2]), dtype=x.dtype, device=x.device)
             if out.numel():
                 x3, out3 = (x, out) if ndim == 3 else (x.unsqueeze(0), out.unsqueeze(0))
-                _launch(op, _kernel_input(x3), out3)
+                launch(op, _kernel_input(x3), out3)
             return out
 
         return run
@@ -103,6 +111,33 @@ def _launch(op: str, x: torch.Tensor, out: torch.Tensor) -> None:
             fn(x[start:start + _BATCH_CHUNK], out[start:start + _BATCH_CHUNK])
     except ArgumentError as exc:  # the grid or a size does not fit the kernel: raised before any launch
         raise fail(op, f"x of shape {tuple(x.shape)} is outside what {_KERNEL} serves ({exc}); split x along "
+                       "its last dim") from exc
+
+
+def _launch_candidate(op: str, x: torch.Tensor, out: torch.Tensor) -> None:
+    """``_launch`` with the round-2 candidates (switch on): for shapes whose rows and columns are
+    multiples of 16 bytes' worth of elements, the register-direct kernel where the shipped kernel
+    would take its 2-warp tiles, the 16 KB-tile kernel for larger 1- and 2-byte problems; every
+    other call (and batches past one chunk) as ``_launch``."""
+    size = x.element_size()
+    vec = 16 // size
+    if x.shape[1] % vec or x.shape[2] % vec or x.shape[0] > _BATCH_CHUNK:
+        return _launch(op, x, out)
+    tile = 256 // size  # the shipped 8-warp tile's side, as in _launch
+    blocks = x.shape[0] * -(-x.shape[1] // tile) * -(-x.shape[2] // tile)
+    if blocks < 2 * get_num_sms(x.device):
+        name = _DIRECT
+    elif size < 4:
+        name = _TILE16K
+    else:
+        return _launch(op, x, out)
+    key, view_dtype = _VARIANT_BY_SIZE[size]
+    if x.dtype != view_dtype:
+        x, out = x.view(view_dtype), out.view(view_dtype)
+    try:
+        launcher(name, dtype=key)(x, out)
+    except ArgumentError as exc:  # the grid or a size does not fit the kernel: raised before any launch
+        raise fail(op, f"x of shape {tuple(x.shape)} is outside what {name} serves ({exc}); split x along "
                        "its last dim") from exc
 
 
