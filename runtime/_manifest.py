@@ -3,12 +3,11 @@
 The manifest is data only.  :func:`parse_manifest` checks its structure and the
 consistency of its expressions, so a bad artifact fails with an :class:`ArtifactError` naming
 the kernel, never halfway through a launch: all of it up front (the build and wheel checks),
-or, for a runtime registry (``lazy=True``), the envelope at load and each kernel before its
-first launch.
+or, for a runtime registry (``lazy=True``), the envelope at load and each kernel before its first launch.
 ``tilebin.aot`` writes it with :meth:`Manifest.to_json`: the envelope on the first line, then
 one kernel per line, so that a runtime registry decodes only the kernels a process uses
-(decoding all of tilebin's 64 kernels took 11-13 ms of a cold start).  Any other JSON layout of
-the same data (a manifest edited by hand or pretty-printed) is read too, decoded whole.
+(decoding all of tilebin's 64 kernels took 11-13 ms of a cold start).  Any other JSON layout of the
+same data (a manifest edited by hand or pretty-printed) is read too, decoded whole.
 """
 
 from __future__ import annotations
@@ -124,9 +123,7 @@ class VariantSpec:
     launches: tuple[LaunchSpec, ...]
     tma: tuple[TmaSpec, ...] = ()
     conditions: tuple[ConditionSpec, ...] = ()
-    # the key's entries that are size symbols bound at compile time (KernelDecl.specialise), not factory
-    # arguments: this variant serves calls with exactly those sizes (its tensors' dims are static there)
-    specialised: tuple[str, ...] = ()
+    specialised: tuple[str, ...] = ()  # key entries that are sizes fixed at compile time (KernelDecl.specialise)
 
 
 @record
@@ -207,9 +204,9 @@ def _parse_variant(data: Mapping[str, Any], where: str) -> VariantSpec:
         launches.append(_build(LaunchSpec, ln, where, args=args, grid=_exprs(ln.get("grid"), where),
                                block=_exprs(ln.get("block"), where), cluster=tuple(ln.get("cluster", (1, 1, 1)))))
     conditions = tuple(_build(ConditionSpec, c, where) for c in _list(data.get("conditions", []), where))
-    variant = _build(VariantSpec, data, where, key=MappingProxyType(dict(data.get("key", {}))),
-                     tensors=tensors, scalars=scalars, tma=tma, launches=tuple(launches), conditions=conditions,
-                     specialised=tuple(str(n) for n in _list(data.get("specialised", []), where)))
+    variant = _build(VariantSpec, data, where, key=MappingProxyType(dict(data.get("key", {}))), tensors=tensors,
+                     scalars=scalars, tma=tma, launches=tuple(launches), conditions=conditions,
+                     specialised=tuple(map(str, _list(data.get("specialised", []), where))))
     _check_variant(variant, where)
     return variant
 
@@ -237,9 +234,8 @@ def _check_variant(v: VariantSpec, where: str) -> None:
         used |= set().union(*(symbols_of(e) for e in (*m.dims, *m.strides)))
     if not v.launches:
         raise ArtifactError(f"{where}: variant has no launches")
-    for n in v.specialised:
-        if isinstance(v.key.get(n), bool) or not isinstance(v.key.get(n), int):
-            raise ArtifactError(f"{where}: specialised size {n!r} has no int value in the key {dict(v.key)}; rebuild the artifacts")
+    if any(type(v.key.get(n)) is not int for n in v.specialised):
+        raise ArtifactError(f"{where}: specialised sizes {v.specialised} lack int values in the key {dict(v.key)}; rebuild")
     for ln in v.launches:
         used |= set().union(*(symbols_of(e) for e in (*ln.grid, *ln.block)))
         for a in ln.args:
