@@ -42,6 +42,7 @@ ALL_MODULES = (
     "tilebin.kernels.moe.mask_indices_by_tp",
     "tilebin.kernels.moe.inplace_unique_group_indices",
     "tilebin.kernels.moe.get_fused_mapping",
+    "tilebin.kernels.moe._get_fused_mapping_candidate",
     "tilebin.kernels.moe.expand_to_fused",
     "tilebin.kernels.moe.reduce_fused",
     "tilebin.kernels.moe.reduce_fused_few_tokens",
