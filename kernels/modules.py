@@ -46,6 +46,7 @@ ALL_MODULES = (
     "tilebin.kernels.moe.expand_to_fused",
     "tilebin.kernels.moe.reduce_fused",
     "tilebin.kernels.moe.reduce_fused_few_tokens",
+    "tilebin.kernels.moe._reduce_fused_candidate",
     "tilebin.kernels.engram.engram_hash",
     "tilebin.kernels.engram.fused_weight",
     "tilebin.kernels.engram.engram_gate_fwd",

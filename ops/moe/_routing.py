@@ -58,6 +58,10 @@ _MAPPING_CANDIDATE = os.environ.get("TILEBIN_CANDIDATE_GET_FUSED_MAPPING") == "1
 # hidden / 1024 blocks; H200 decode: 2.2 us vs 20.0 at 1 token, 38.7 vs 42.3 at 1024), from there on
 # moe.reduce_fused (a block per token, one row in flight: at ~17k tokens 1.6x the bytes per second).
 _REDUCE_SPLIT_TOKENS = 1024
+# TILEBIN_CANDIDATE_REDUCE_FUSED=1 (read once, at import): from _REDUCE_SPLIT_TOKENS tokens on, reduce_fused
+# launches the internal speed candidate moe._reduce_fused_candidate (issue 12; same parameters, variants, bits)
+_REDUCE_MANY = ("moe._reduce_fused_candidate" if os.environ.get("TILEBIN_CANDIDATE_REDUCE_FUSED") == "1"
+                else "moe.reduce_fused")
 _INT32 = (torch.int32,)
 _OUT_KEYS = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float8_e4m3fn: "float8_e4m3fn"}
 
@@ -341,7 +345,7 @@ def _plan_reduce(values: dict) -> Callable[..., torch.Tensor]:
     out_dtype = reduce_out_dtype(values["fp8_format"], data)
     hidden, dev = data.shape[1], data.device
     variant = {"in_dtype": REDUCE_DTYPES[data.dtype], "out_dtype": _OUT_KEYS[out_dtype]}
-    fns = (launcher("moe.reduce_fused_few_tokens", **variant), launcher("moe.reduce_fused", **variant))
+    fns = (launcher("moe.reduce_fused_few_tokens", **variant), launcher(_REDUCE_MANY, **variant))
     # absent optional tensors: stand-ins of the right rank, never read (their flag is 0)
     flags = (int(values["topk_weights"] is not None), int(pair), int(values["sf"] is not None))
 
