@@ -26,7 +26,8 @@ from __future__ import annotations
 from typing import Any, Callable, Optional
 
 import torch
-from torch.compiler import is_compiling
+import torch.compiler as _compiler
+from torch.compiler import is_compiling, is_dynamo_compiling
 
 from tilebin.runtime._record import Factory, record
 
@@ -173,6 +174,16 @@ def _compile_key(name: str, params: tuple) -> Callable[[tuple], tuple]:
     IndexError, ValueError (argument count) or TypeError (unhashable, at the lookup) send the
     call to the checked path."""
     env: dict[str, Any] = {}
+    key = _key_expr(params, env)
+    names = "".join(f"a{i}, " for i in range(len(params)))
+    src = f"def key(args):\n    {names} = args\n    return {key}\n" if params else \
+        "def key(args):\n    if args: raise ValueError\n    return ()\n"
+    exec(compile(src, f"<OpSpec {name} key>", "exec"), env)  # noqa: S102 - source built above from fixed fragments
+    return env["key"]
+
+
+def _key_expr(params: tuple, env: dict) -> str:
+    """The memo key of arguments ``a0, a1, ...`` as one tuple expression (its helpers put in ``env``)."""
     parts = []
     for i, p in enumerate(params):
         a = f"a{i}"
@@ -189,11 +200,70 @@ def _compile_key(name: str, params: tuple) -> Callable[[tuple], tuple]:
         else:
             env[f"k{i}"] = p.key
             parts.append(f"k{i}({a})")
-    names = "".join(f"a{i}, " for i in range(len(params)))
-    src = f"def key(args):\n    {names} = args\n    return ({', '.join(parts)},)\n" if params else \
-        "def key(args):\n    if args: raise ValueError\n    return ()\n"
-    exec(compile(src, f"<OpSpec {name} key>", "exec"), env)  # noqa: S102 - source built above from fixed fragments
-    return env["key"]
+    return f"({', '.join(parts)},)" if parts else "()"
+
+
+def _compile_call(spec: "OpSpec") -> Callable[..., Any]:
+    """``call(a0, a1, ...)``: the op on its parameters (positionally), as one generated function.
+
+    The same steps as ``OpSpec.__call__`` always had, in one frame: under torch.compile/export
+    record the custom op; the memo key (:func:`_key_expr`) and lookup; a miss (or fake tensors)
+    takes :meth:`OpSpec.checked`; a hit runs the per-call checks (:func:`_call_checks`) and the
+    configuration's ``run``.  The spec's ``memo``, ``checked`` and ``per_call`` are read through the
+    spec on every call (tests replace them)."""
+    env: dict[str, Any] = {"_spec": spec, "_name": spec.name, "_TR": TRACING, "_dynamo": is_dynamo_compiling,
+                           "_compiler": _compiler, "_traced": traced}
+    n = len(spec.params)
+    names = ", ".join(f"a{i}" for i in range(n))
+    args = f"({names},)" if n else "()"
+    lines = [f"def call({names}):",
+             # torch.compiler.is_compiling(), minus its torch.jit.is_scripting() call (dynamo folds either to True)
+             "    if _dynamo() or _compiler._is_compiling_flag:",
+             "        if not _TR.on:",
+             f"            return _traced(_name{', ' if n else ''}{names})",
+             "    try:",
+             f"        key = {_key_expr(spec.params, env)}",
+             "        run = _spec.memo.get(key)",
+             "    except (AttributeError, TypeError, IndexError, ValueError):",
+             f"        return _spec.checked({args}, None)",
+             "    if run is None or _TR.on:  # fake tensors never replay a real configuration",
+             f"        return _spec.checked({args}, key)",
+             *_call_checks(spec, env),
+             f"    return run({names})", ""]
+    exec(compile("\n".join(lines), f"<OpSpec {spec.name} call>", "exec"), env)  # noqa: S102 - fixed fragments
+    return env["call"]
+
+
+def _call_checks(spec: "OpSpec", env: dict) -> list[str]:
+    """The generated lines of a replayed call's per-call checks, in parameter order, then ``per_call``.
+
+    A parameter's cheap test (a TensorParam's declared contiguity, size limit and alignment, or
+    a subclass's ``call_test``) guards its ``check_call``, which raises with the first call's
+    wording; a test is true whenever ``check_call`` would raise."""
+    lines = []
+    for i, p in spec._per_call:
+        a, call = f"a{i}", f"p{i}.check_call(_name, a{i})"
+        env[f"p{i}"] = p
+        test = _call_test(p, a, f"c{i}")
+        lines += [f"    if {test}:", f"        {call}"] if test else [f"    {call}"]
+    if spec.per_call is not None:
+        lines.append(f"    _spec.per_call(_name, ({''.join(f'a{i}, ' for i in range(len(spec.params)))}))")
+    return lines
+
+
+def _call_test(p: Any, a: str, s: str) -> Optional[str]:
+    """An expression over argument ``a`` (``s``: a scratch name) that is true whenever ``p.check_call``
+    may raise, or None (call it every time)."""
+    if not isinstance(p, TensorParam):
+        return None
+    if type(p).check_call is not TensorParam.check_call:
+        test = getattr(type(p), "call_test", None)
+        return None if test is None else f"({test.format(a=a, s=s)})"
+    tests = ([f"not {a}.is_contiguous()"] if p.contiguous else []) + (
+        [f"{a}.numel() > {p.max_numel}"] if p.max_numel is not None else []) + (
+        [f"{a}.numel() and {a}.data_ptr() % {p.ptr_align}"] if p.ptr_align else [])
+    body = " or ".join(tests) or "False"
+    return f"({a} is not None and ({body}))" if p.optional else f"({body})"
 
 
 _FLAT = frozenset((int, bool, str, type(None)))  # values whose type and value are their whole key
@@ -252,29 +322,29 @@ class OpSpec:
         self._tensors = tuple(i for i, p in enumerate(params) if isinstance(p, TensorParam))
         # the per-call checks of a replayed call, in parameter order (as the first call runs them)
         self._per_call = tuple((i, p) for i, p in enumerate(params) if _checks_per_call(p))
-        self.key = self._first_key  # compiled at the op's first call: importing the ops compiles nothing
+        # compiled at the op's first call: importing the ops compiles nothing
+        self.key, self.call = self._first_key, self._first_call
 
     def _first_key(self, args: tuple) -> tuple:
         """:meth:`key` of the first call: compiles the spec's key function, which then serves every call."""
         self.key = _compile_key(self.name, self.params)
         return self.key(args)
 
+    def _first_call(self, *args: Any) -> Any:
+        """:attr:`call` of the first call: compiles it (:func:`_compile_call`), which then serves every call."""
+        self.call = _compile_call(self)
+        return self.call(*args)
+
     def __call__(self, *args: Any) -> Any:
-        """The op on its arguments (every parameter, positionally)."""
+        """The op on its arguments (every parameter, positionally); an op's public function calls
+        :attr:`call` (the same, one frame less): under torch.compile/export it records
+        ``tilebin::<name>``; a configuration seen before (memo key, module docstring) runs its
+        per-call checks and launch; anything else every check (:meth:`checked`)."""
+        if len(args) == len(self.params):
+            return self.call(*args)
         if is_compiling() and not TRACING.on:  # torch.compile / export: record tilebin::<name>
             return traced(self.name, *args)
-        try:
-            key = self.key(args)
-            run = self.memo.get(key)
-        except (AttributeError, TypeError, IndexError, ValueError):  # not a tensor where one belongs, unhashable,
-            key = run = None                                        # a wrong argument count: the checks say
-        if run is not None and not TRACING.on:  # fake tensors never replay a real configuration
-            for i, p in self._per_call:
-                p.check_call(self.name, args[i])
-            if self.per_call is not None:
-                self.per_call(self.name, args)
-            return run(*args)
-        return self.checked(args, key)
+        return self.checked(args, None)  # a wrong argument count: the checks say
 
     def checked(self, args: tuple, key: Optional[tuple]) -> Any:
         """Every check, then the launch; stores the configuration when every check passed."""

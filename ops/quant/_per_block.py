@@ -39,6 +39,10 @@ class _Rows(TensorParam):
     16-byte aligned; the spec repeats the token- and pointer-dependent ones on every call."""
 
     contiguous: bool = True  # OpSpec runs check_call on every call of a parameter that says so
+    # OpSpec's cheap test before check_call (true whenever check_call raises): for a contiguous x, a
+    # last-dim stride other than 1 with hidden > 1 means an empty x, so stride(1) is read only then
+    call_test = ("not {a}.is_contiguous() or {a}.data_ptr() & 15 or ({s} := {a}.shape)[0] * {s}[1] > 2147483647 "
+                 "or not {s}[0] and {a}.stride(1) != 1 and {s}[1] > 1")
 
     def check(self, op: str, value: Any) -> Any:
         check_tensor(op, self.name, value, self.dtypes, self.ndim)
@@ -130,14 +134,14 @@ def per_block_cast(x: torch.Tensor, fmt: str, block_size: tuple[int, int], use_t
     (``'e4m3'``, or ``'e2m1'`` packed two per int8 byte) with one scale per ``block_size`` block
     ((128, 128) or (32, 32)).  Returns ``(out, sf)`` laid out as tile_kernels does
     (see ``ops/quant/_sf.py``); raises ArgumentError for anything unsupported."""
-    return PER_BLOCK_CAST(x, fmt, block_size, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0)
+    return PER_BLOCK_CAST.call(x, fmt, block_size, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0)
 
 
 def per_block_cast_with_sf_only(x: torch.Tensor, fmt: str, block_size: tuple[int, int],
                                 use_tma_aligned_col_major_sf: bool = False, round_sf: bool = False,
                                 use_packed_ue8m0: bool = False) -> torch.Tensor:
     """The scales :func:`per_block_cast` would return, without writing the cast data."""
-    return PER_BLOCK_CAST_WITH_SF_ONLY(x, fmt, block_size, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0)
+    return PER_BLOCK_CAST_WITH_SF_ONLY.call(x, fmt, block_size, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0)
 
 
 # ------------------------------------------------------------------------------ precomputed sf
@@ -176,8 +180,8 @@ def per_block_cast_with_precomputed_sf(x: torch.Tensor, fmt: str, block_size: tu
                                        use_packed_ue8m0: bool = False) -> torch.Tensor:
     """Cast ``x`` with given row-major fp32 scales ``sf`` (``[ceil(tokens / b), ceil(hidden / b)]``):
     ``out = cast(x * (1 / sf))``.  The layout flags must be False; ``round_sf`` is ignored."""
-    return PER_BLOCK_CAST_WITH_PRECOMPUTED_SF(x, fmt, block_size, sf, use_tma_aligned_col_major_sf, round_sf,
-                                              use_packed_ue8m0)
+    return PER_BLOCK_CAST_WITH_PRECOMPUTED_SF.call(x, fmt, block_size, sf, use_tma_aligned_col_major_sf, round_sf,
+                                                   use_packed_ue8m0)
 
 
 # ------------------------------------------------------------------------------------ lossless
@@ -232,8 +236,8 @@ def per_block_cast_lossless(x: tuple[torch.Tensor, torch.Tensor], fmt: str, x_bl
     (32, 32) or (128, 128)), exactly when every input scale of an output block is within 2**11 of
     the block's largest.  ``fmt`` must be ``'e4m3'``; ``round_sf`` is implied (the scales are powers
     of two).  Returns ``(out, out_sf)``."""
-    return PER_BLOCK_CAST_LOSSLESS(x, fmt, x_block_size, out_block_size, use_tma_aligned_col_major_sf, round_sf,
-                                   use_packed_ue8m0)
+    return PER_BLOCK_CAST_LOSSLESS.call(x, fmt, x_block_size, out_block_size, use_tma_aligned_col_major_sf,
+                                        round_sf, use_packed_ue8m0)
 
 
 SPECS = (PER_BLOCK_CAST, PER_BLOCK_CAST_WITH_SF_ONLY, PER_BLOCK_CAST_WITH_PRECOMPUTED_SF, PER_BLOCK_CAST_LOSSLESS)

@@ -67,6 +67,9 @@ class _Matrix(TensorParam):
 
     contiguous: bool = True  # OpSpec runs check_call on every call of a parameter that says so
     align: int = HIDDEN_ALIGN
+    # OpSpec's cheap test before check_call (true whenever check_call raises; stride(1) read only for an empty x)
+    call_test = ("not {a}.is_contiguous() or {a}.data_ptr() & 15 "
+                 "or not ({s} := {a}.shape)[0] and {a}.stride(1) != 1 and {s}[1] > 1")
     pair_hint: Optional[str] = None
 
     def check(self, op: str, value: Any) -> Any:
@@ -86,6 +89,7 @@ class _Positions(TensorParam):
     (:func:`check_pos`; contiguity and alignment checked on every call)."""
 
     contiguous: bool = True
+    call_test = "{a} is not None and (not {a}.is_contiguous() or {a}.data_ptr() & 3)"  # OpSpec: before check_call
 
     def check(self, op: str, value: Any) -> Any:
         if value is not None:
@@ -159,7 +163,7 @@ def per_channel_cast(x: torch.Tensor, fmt: str, num_per_tokens: int, round_sf: b
     both contiguous; ``out_sf`` holds dequantization scales.  ``round_sf`` rounds the scales up
     to powers of two.  Raises :class:`tilebin.runtime.ArgumentError` for any unsupported input.
     """
-    return PER_CHANNEL_CAST(x, fmt, num_per_tokens, round_sf)
+    return PER_CHANNEL_CAST.call(x, fmt, num_per_tokens, round_sf)
 
 
 def _fused_relations(op: str, values: dict) -> None:
@@ -208,7 +212,7 @@ def per_channel_cast_fused(
     negative value).  Returns ``(out [num_tokens_out, hidden] e4m3, out_sf
     [ceil(num_tokens_out / 128), hidden] fp32)``.
     """
-    return PER_CHANNEL_CAST_FUSED(x, fmt, num_per_tokens, round_sf, num_per_channels, pos_to_token)
+    return PER_CHANNEL_CAST_FUSED.call(x, fmt, num_per_tokens, round_sf, num_per_channels, pos_to_token)
 
 
 def _plan_transpose(values: dict) -> Callable[..., QuantTensor]:
@@ -242,7 +246,7 @@ def per_channel_cast_and_transpose(x: torch.Tensor, fmt: str, num_per_tokens: in
     num_per_tokens), hidden] fp32)``; ``out.T`` equals :func:`per_channel_cast`'s ``out`` for
     128.  ``hidden % 64 == 0`` is required.
     """
-    return PER_CHANNEL_CAST_AND_TRANSPOSE(x, fmt, num_per_tokens, round_sf)
+    return PER_CHANNEL_CAST_AND_TRANSPOSE.call(x, fmt, num_per_tokens, round_sf)
 
 
 SPECS = (PER_CHANNEL_CAST, PER_CHANNEL_CAST_FUSED, PER_CHANNEL_CAST_AND_TRANSPOSE)

@@ -107,9 +107,10 @@ def _cast_scalars(cfg: Config) -> tuple[tuple, int, tuple]:
     return args, kernel_meta(_CAST_DECODE, "max_tokens"), args[:4] + (_cdiv(cfg.hidden, chunk),)
 
 
-def _plain_run(cfg: Config) -> Callable[..., QuantTensor]:
-    """``per_token_cast`` of a plain bf16/fp32 x (the hot path): allocate, pick the decode kernel up
-    to its token limit, launch (a misaligned or strided x through a contiguous copy)."""
+def _plain_run(cfg: Config, device: torch.device) -> Callable[..., QuantTensor]:
+    """``per_token_cast`` of a plain bf16/fp32 x (the hot path) on ``device`` (part of the configuration):
+    allocate, pick the decode kernel up to its token limit, launch (a misaligned or strided x through
+    a contiguous copy)."""
     hidden, layout = cfg.hidden, cfg.layout
     out_cols, out_dtype = _out_shape(cfg)
     row = layout.kind == "row"  # row-major fp32 scales (the common layout): SfLayout.alloc's tensor, made here
@@ -124,7 +125,6 @@ def _plain_run(cfg: Config) -> Callable[..., QuantTensor]:
         # (the scalars are the configuration's, in plan; named, not *_: no tuple packed per call)
         nonlocal decode, general
         tokens = x.shape[0]
-        device = x.device
         out = torch.empty((tokens, out_cols), dtype=out_dtype, device=device)
         raw_sf = torch.empty((tokens, sf_cols), dtype=torch.float32, device=device) if row else \
             alloc(tokens, hidden, device)
@@ -190,7 +190,7 @@ def _plan_cast(values: dict) -> Callable[..., QuantTensor]:
 
         return _e5m6.plan(values["x"], *(values[name] for name in _FLAG_NAMES))
     cfg = check_config("per_token_cast", "cast", values)[0]
-    return _plain_run(cfg) if cfg.in_layout is None else _pair_run("per_token_cast", cfg)
+    return _plain_run(cfg, values["x"].device) if cfg.in_layout is None else _pair_run("per_token_cast", cfg)
 
 
 def _plan_sf_only(values: dict) -> Callable[..., torch.Tensor]:
@@ -259,7 +259,6 @@ PRECOMPUTED = OpSpec("per_token_cast_with_precomputed_sf",
                      (_X, *_params(Scales("sf", (torch.float32,), 2), keyed=True)),
                      "Tensor", _plan_precomputed, relations=_relations("precomputed"))
 SPECS = (CAST, CAST_PAIR, SF_ONLY, PRECOMPUTED)
-_cast = CAST.__call__  # bound once: calling the spec object looks __call__ up on its type each call (~0.2 us)
 
 
 def per_token_cast(
@@ -275,9 +274,9 @@ def per_token_cast(
     ``(out, out_sf)`` (layouts and rules: the module docstring).  ``fmt='e5m6'`` runs
     ``per_token_cast_to_e5m6`` (``x_block_size`` must then be None)."""
     if isinstance(x, tuple):
-        return CAST_PAIR(x, fmt, num_per_channels, x_block_size, use_tma_aligned_col_major_sf, round_sf,
-                         use_packed_ue8m0)
-    return _cast(x, fmt, num_per_channels, x_block_size, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0)
+        return CAST_PAIR.call(x, fmt, num_per_channels, x_block_size, use_tma_aligned_col_major_sf, round_sf,
+                              use_packed_ue8m0)
+    return CAST.call(x, fmt, num_per_channels, x_block_size, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0)
 
 
 def per_token_cast_with_sf_only(
@@ -290,7 +289,7 @@ def per_token_cast_with_sf_only(
     use_packed_ue8m0: bool = False,
 ) -> torch.Tensor:
     """The scales :func:`per_token_cast` would return for a bf16/fp32 ``x``, without the cast."""
-    return SF_ONLY(x, fmt, num_per_channels, x_block_size, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0)
+    return SF_ONLY.call(x, fmt, num_per_channels, x_block_size, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0)
 
 
 def per_token_cast_with_precomputed_sf(
@@ -305,8 +304,8 @@ def per_token_cast_with_precomputed_sf(
 ) -> torch.Tensor:
     """Cast bf16/fp32 ``x`` with given fp32 scales ``sf`` (one per token and group): returns
     ``out`` = ``fmt`` of ``x * (1 / sf)`` (see the module docstring for ``sf``'s layout)."""
-    return PRECOMPUTED(x, fmt, num_per_channels, sf, x_block_size, use_tma_aligned_col_major_sf, round_sf,
-                       use_packed_ue8m0)
+    return PRECOMPUTED.call(x, fmt, num_per_channels, sf, x_block_size, use_tma_aligned_col_major_sf, round_sf,
+                            use_packed_ue8m0)
 
 
 def _cast_fake(x: Any, *rest: Any) -> Any:

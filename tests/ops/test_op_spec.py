@@ -69,30 +69,27 @@ def test_true_and_one_are_different_configurations(ops):
         st.group_count(_idx(), True)
 
 
-@pytest.mark.parametrize("bad", ["non_contiguous", "too_many"])
-def test_a_replayed_configuration_still_runs_the_per_call_checks(ops, monkeypatch, bad):
+def test_a_replayed_configuration_still_runs_the_per_call_checks(ops):
     st.normalize_weight(torch.ones((4, 8)))
     assert len(st.NORMALIZE_WEIGHT.memo) == 1
     before = len(ops.launches)
-    if bad == "non_contiguous":
-        w = torch.ones((8, 4)).t()
-        match = "must be contiguous"
-    else:
-        param = st.NORMALIZE_WEIGHT.params[0]
-        monkeypatch.setattr(param.__class__, "check_call", _lowered_limit(param.__class__.check_call, 16))
-        w = torch.ones((4, 8))
-        match = "split the tokens"
-    with pytest.raises(ArgumentError, match=match):
-        st.normalize_weight(w)
+    with pytest.raises(ArgumentError, match="must be contiguous"):
+        st.normalize_weight(torch.ones((8, 4)).t())
     assert len(ops.launches) == before
 
 
-def _lowered_limit(check_call, limit):
-    def check(self, op, t):
-        if t.numel() > limit:
-            raise _spec.fail(op, f"{self.name} has too many entries; split the tokens")
-        return check_call(self, op, t)
-    return check
+def test_a_replayed_configuration_still_checks_the_size_limit(monkeypatch):
+    """The declared limit is checked on every call (the generated call tests it inline, then lets
+    ``check_call`` say why)."""
+    runs = []
+    spec = _spec.OpSpec("limited", (_spec.TensorParam("w", (torch.float32,), 2, max_numel=16),), "()",
+                        lambda values: (lambda w: runs.append(w.shape[0])))
+    monkeypatch.setattr(_spec, "check_cuda", lambda *a, **k: None)
+    spec.call(torch.ones((2, 8)))
+    spec.call(torch.ones((1, 8)))  # a replay
+    with pytest.raises(ArgumentError, match="w has 4 x 8 entries, more than 2\\*\\*4; split the tokens"):
+        spec.call(torch.ones((4, 8)))  # the same configuration, too many rows
+    assert runs == [2, 1] and len(spec.memo) == 1
 
 
 def test_a_failed_call_stores_nothing_and_changes_no_later_call(ops):
@@ -183,3 +180,69 @@ def test_ptr_align_is_checked_on_every_call(monkeypatch):
         spec(buf[1:10])  # a replay of the stored configuration
     spec(buf[1:1])
     assert runs == [8, 9, 0] and len(spec.memo) == 1
+
+
+def test_the_generated_call_is_the_op(ops):
+    """``spec.call`` (what the public functions call) and ``spec(...)`` are one op: the same memo,
+    checks and results; a wrong argument count through ``spec(...)`` is the checks' error."""
+    out = st.NORMALIZE_WEIGHT.call(torch.ones((4, 8)))
+    assert len(st.NORMALIZE_WEIGHT.memo) == 1
+    again = st.NORMALIZE_WEIGHT(torch.ones((4, 8)))
+    assert [t.shape for t in out] == [t.shape for t in again] and len(ops.launches) == 2
+    with pytest.raises(ArgumentError, match="takes 1 arguments, got 2"):
+        st.NORMALIZE_WEIGHT(torch.ones((4, 8)), 1)
+    with pytest.raises(ArgumentError, match="must be a torch.Tensor, got list"):
+        st.NORMALIZE_WEIGHT.call([[1.0]])
+
+
+def test_is_compiling_routes_the_generated_call_to_the_custom_op(ops, monkeypatch):
+    """``torch.compiler.is_compiling()`` (export's flag here) sends a call to ``tilebin::<name>``,
+    as it always did; the generated call reads the same flag without its scripting check."""
+    traced = []
+    monkeypatch.setattr(_spec, "traced", lambda name, *args: traced.append((name, len(args))) or "traced")
+    spec = _spec.OpSpec("toy_traced", (_spec.TensorParam("x", (torch.float32,), 2),), "Tensor",
+                        lambda values: (lambda x: "eager"))
+    monkeypatch.setattr(_spec, "check_cuda", lambda *a, **k: None)
+    assert spec.call(torch.ones(2, 2)) == "eager"
+    monkeypatch.setattr(torch.compiler, "_is_compiling_flag", True)
+    assert torch.compiler.is_compiling()
+    assert spec.call(torch.ones(2, 2)) == "traced" and spec(torch.ones(2, 2)) == "traced"
+    assert traced == [("toy_traced", 1)] * 2
+
+
+def _cases():
+    """2-D tensors a replayed call may get: contiguous or not, empty with odd strides, misaligned."""
+    base = torch.zeros(4096, dtype=torch.bfloat16)
+    yield torch.zeros(4, 64, dtype=torch.bfloat16)
+    yield torch.zeros(0, 64, dtype=torch.bfloat16)
+    yield torch.zeros(64, 4, dtype=torch.bfloat16).t()
+    yield torch.empty_strided((0, 64), (64, 2), dtype=torch.bfloat16)
+    yield torch.empty_strided((0, 64), (1, 0), dtype=torch.bfloat16)
+    yield torch.empty_strided((3, 1), (1, 5), dtype=torch.bfloat16)
+    yield base[1:129].view(2, 64)
+    yield base[8:136].view(2, 64)
+    yield base[:128].view(2, 64)[:, ::2]
+    yield torch.zeros(1, 64, dtype=torch.bfloat16).expand(2**25, 64)  # 2**31 elements (not contiguous)
+    yield torch.empty_strided((2**25, 64), (64, 1), dtype=torch.bfloat16, device="meta")  # 2**31, contiguous
+
+
+def test_call_tests_hold_whenever_check_call_raises():
+    """A parameter's ``call_test`` (the generated call's cheap test before ``check_call``) is true for
+    every tensor ``check_call`` refuses: the per-block and per-channel inputs, and pos_to_token."""
+    from tilebin.ops.quant import _per_block as pb, _per_channel as pc
+
+    params = [pb.PER_BLOCK_CAST.params[0], pc.PER_CHANNEL_CAST.params[0], pc.PER_CHANNEL_CAST_FUSED.params[5]]
+    refused = 0
+    for p in params:
+        test = _spec._call_test(p, "a", "s")
+        assert test is not None
+        for t in (*_cases(), None, torch.zeros(8, dtype=torch.int32), torch.zeros(16, dtype=torch.int32)[::2],
+                  torch.zeros(9, dtype=torch.int32)[1:]):
+            if (t is None and not p.optional) or (t is not None and t.dim() != p.ndim):
+                continue
+            try:
+                p.check_call("op", t)
+            except ArgumentError:
+                refused += 1
+                assert eval(test, {"a": t}), (p.name, t.shape, t.stride())  # noqa: S307 - the generated test
+    assert refused >= 10
