@@ -106,8 +106,8 @@ def _row_major_run(fn: Callable[..., None], scalars: tuple, out_dtype: torch.dty
 
     def run(x: torch.Tensor, *_: Any) -> tuple[torch.Tensor, torch.Tensor]:
         tokens = x.shape[0]
-        out = torch.empty((tokens, out_cols), dtype=out_dtype, device=device)
-        sf = torch.empty((-(-tokens // rows_per_scale), sf_cols), dtype=torch.float32, device=device)
+        out = torch.empty(tokens, out_cols, dtype=out_dtype, device=device)
+        sf = torch.empty(-(-tokens // rows_per_scale), sf_cols, dtype=torch.float32, device=device)
         if tokens:
             fn(x, out, sf.view(torch.uint8), *scalars)
         return out, sf
@@ -159,7 +159,7 @@ def _plan_precomputed(values: dict) -> Callable[..., torch.Tensor]:
 
     def run(x: torch.Tensor, _fmt: Any, _block: Any, sf: torch.Tensor, *_: Any) -> torch.Tensor:
         tokens = x.shape[0]
-        out = torch.empty((tokens, out_cols), dtype=out_dtype, device=device)
+        out = torch.empty(tokens, out_cols, dtype=out_dtype, device=device)
         if tokens:
             if sf.numel() and (not sf.is_contiguous() or ptr(sf) % 16):
                 sf = sf.clone(memory_format=torch.contiguous_format)  # the kernel reads row-major, 16-byte aligned
@@ -203,7 +203,7 @@ def _plan_lossless(values: dict) -> Callable[..., tuple[torch.Tensor, torch.Tens
     def run(x: tuple, *_: Any) -> tuple[torch.Tensor, torch.Tensor]:
         data, sf = x
         tokens, hidden = data.shape[0], data.shape[1] * 2
-        out = torch.empty((tokens, hidden), dtype=torch.float8_e4m3fn, device=device)
+        out = torch.empty(tokens, hidden, dtype=torch.float8_e4m3fn, device=device)
         raw = layout.alloc(tokens, hidden, device)
         if tokens:
             x_sf = sf if kind == "row" else (sf.T.view(torch.uint8) if kind == "ue8m0" else sf.T)  # kernel-side

@@ -127,8 +127,8 @@ def _plan_fused(values: dict) -> Callable[..., QuantTensor]:
 
     def plain(x: torch.Tensor, *_: Any) -> QuantTensor:
         num_tokens, hidden = x.shape
-        out = torch.empty((num_tokens, hidden), dtype=_E4M3, device=device)
-        out_sf = torch.empty((-(-num_tokens // 128), hidden), dtype=torch.float32, device=device)
+        out = torch.empty(num_tokens, hidden, dtype=_E4M3, device=device)
+        out_sf = torch.empty(-(-num_tokens // 128), hidden, dtype=torch.float32, device=device)
         if num_tokens and hidden:
             fn(x, out, out_sf, sf_dummy, pos_dummy, round_sf)
         return out, out_sf
@@ -137,8 +137,8 @@ def _plan_fused(values: dict) -> Callable[..., QuantTensor]:
         data, sf = x if pair else (x, None)
         num_tokens, hidden = data.shape
         num_out = num_tokens if pos is None else pos.size(0)
-        out = torch.empty((num_out, hidden), dtype=_E4M3, device=device)
-        out_sf = torch.empty((-(-num_out // 128), hidden), dtype=torch.float32, device=device)
+        out = torch.empty(num_out, hidden, dtype=_E4M3, device=device)
+        out_sf = torch.empty(-(-num_out // 128), hidden, dtype=torch.float32, device=device)
         if num_out and hidden:
             fn(data, out, out_sf, aligned_input(sf) if pair else sf_dummy,
                aligned_input(pos) if pos is not None else pos_dummy, round_sf)
@@ -221,8 +221,8 @@ def _plan_transpose(values: dict) -> Callable[..., QuantTensor]:
 
     def run(x: torch.Tensor, *_: Any) -> QuantTensor:
         num_tokens, hidden = x.shape
-        out = torch.empty((hidden, num_tokens), dtype=_E4M3, device=device)
-        out_sf = torch.empty((-(-num_tokens // num_per_tokens), hidden), dtype=torch.float32, device=device)
+        out = torch.empty(hidden, num_tokens, dtype=_E4M3, device=device)
+        out_sf = torch.empty(-(-num_tokens // num_per_tokens), hidden, dtype=torch.float32, device=device)
         if num_tokens and hidden:
             fn(x, out, out_sf, round_sf)
         return out, out_sf

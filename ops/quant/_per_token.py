@@ -125,8 +125,8 @@ def _plain_run(cfg: Config, device: torch.device) -> Callable[..., QuantTensor]:
         # (the scalars are the configuration's, in plan; named, not *_: no tuple packed per call)
         nonlocal decode, general
         tokens = x.shape[0]
-        out = torch.empty((tokens, out_cols), dtype=out_dtype, device=device)
-        raw_sf = torch.empty((tokens, sf_cols), dtype=torch.float32, device=device) if row else \
+        out = torch.empty(tokens, out_cols, dtype=out_dtype, device=device)
+        raw_sf = torch.empty(tokens, sf_cols, dtype=torch.float32, device=device) if row else \
             alloc(tokens, hidden, device)
         if tokens and live:
             # contiguous and 16-byte aligned: what _kernel_input passes through as is (hidden % 16 == 0)
@@ -159,7 +159,7 @@ def _pair_run(op: str, cfg: Config) -> Callable[..., QuantTensor]:
         kernel_sf = kernel_scales(sf, in_layout)
         pair_call_checks(op, x, data, kernel_sf, in_layout, hidden)
         tokens = data.size(0)
-        out = torch.empty((tokens, out_cols), dtype=out_dtype, device=data.device)
+        out = torch.empty(tokens, out_cols, dtype=out_dtype, device=data.device)
         raw_sf = layout.alloc(tokens, hidden, data.device)
         if tokens and hidden:
             fn(data, aligned_input(kernel_sf), out, raw_sf, *scalars)
@@ -221,7 +221,7 @@ def _plan_precomputed(values: dict) -> Callable[..., torch.Tensor]:
     def run(x: torch.Tensor, fmt: Any, npc: Any, sf: torch.Tensor, *_: Any) -> torch.Tensor:
         tokens = x.shape[0]
         scales_call_checks(op, sf, tokens, hidden, group, col)  # per call: sf's sizes and strides are not keyed
-        out = torch.empty((tokens, out_cols), dtype=out_dtype, device=x.device)
+        out = torch.empty(tokens, out_cols, dtype=out_dtype, device=x.device)
         if tokens and hidden:
             fn(_kernel_input(x), aligned_input(sf), out, *scalars)
         return out
