@@ -244,7 +244,10 @@ def _call_checks(spec: "OpSpec", env: dict) -> list[str]:
     for i, p in spec._per_call:
         a, call = f"a{i}", f"p{i}.check_call(_name, a{i})"
         env[f"p{i}"] = p
-        test = _call_test(p, a, f"c{i}")
+        keyed = type(p).key is TensorParam.key and p.rows_vary and not p.optional  # the key bound s{i}
+        test = _call_test(p, a, f"s{i}" if keyed else f"c{i}")
+        if not keyed and "{s}" in (_call_template(p) or ""):
+            lines.append(f"    c{i} = {a}.shape")
         lines += [f"    if {test}:", f"        {call}"] if test else [f"    {call}"]
     if spec.per_call is not None:
         lines.append(f"    _spec.per_call(_name, ({''.join(f'a{i}, ' for i in range(len(spec.params)))}))")
@@ -252,12 +255,12 @@ def _call_checks(spec: "OpSpec", env: dict) -> list[str]:
 
 
 def _call_test(p: Any, a: str, s: str) -> Optional[str]:
-    """An expression over argument ``a`` (``s``: a scratch name) that is true whenever ``p.check_call``
-    may raise, or None (call it every time)."""
+    """An expression over argument ``a`` (``s``: the name of its ``shape``, read before) that is true
+    whenever ``p.check_call`` may raise, or None (call it every time)."""
     if not isinstance(p, TensorParam):
         return None
     if type(p).check_call is not TensorParam.check_call:
-        test = getattr(type(p), "call_test", None)
+        test = _call_template(p)
         return None if test is None else f"({test.format(a=a, s=s)})"
     tests = ([f"not {a}.is_contiguous()"] if p.contiguous else []) + (
         [f"{a}.numel() > {p.max_numel}"] if p.max_numel is not None else []) + (
@@ -267,6 +270,11 @@ def _call_test(p: Any, a: str, s: str) -> Optional[str]:
 
 
 _FLAT = frozenset((int, bool, str, type(None)))  # values whose type and value are their whole key
+
+
+def _call_template(p: Any) -> Optional[str]:
+    """A TensorParam subclass's ``call_test`` (a template over ``{a}``, the argument, and ``{s}``, its shape)."""
+    return getattr(type(p), "call_test", None)
 
 
 def _tensor_key_expr(p: TensorParam, a: str, s: str) -> str:

@@ -39,9 +39,9 @@ class _Rows(TensorParam):
     16-byte aligned; the spec repeats the token- and pointer-dependent ones on every call."""
 
     contiguous: bool = True  # OpSpec runs check_call on every call of a parameter that says so
-    # OpSpec's cheap test before check_call (true whenever check_call raises): for a contiguous x, a
-    # last-dim stride other than 1 with hidden > 1 means an empty x, so stride(1) is read only then
-    call_test = ("not {a}.is_contiguous() or {a}.data_ptr() & 15 or ({s} := {a}.shape)[0] * {s}[1] > 2147483647 "
+    # OpSpec's cheap test before check_call ({s}: x.shape), true whenever check_call raises: for a
+    # contiguous x, a last-dim stride other than 1 with hidden > 1 means an empty x (stride(1) read only then)
+    call_test = ("not {a}.is_contiguous() or {a}.data_ptr() & 15 or {s}[0] * {s}[1] > 2147483647 "
                  "or not {s}[0] and {a}.stride(1) != 1 and {s}[1] > 1")
 
     def check(self, op: str, value: Any) -> Any:

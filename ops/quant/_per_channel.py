@@ -67,9 +67,9 @@ class _Matrix(TensorParam):
 
     contiguous: bool = True  # OpSpec runs check_call on every call of a parameter that says so
     align: int = HIDDEN_ALIGN
-    # OpSpec's cheap test before check_call (true whenever check_call raises; stride(1) read only for an empty x)
-    call_test = ("not {a}.is_contiguous() or {a}.data_ptr() & 15 "
-                 "or not ({s} := {a}.shape)[0] and {a}.stride(1) != 1 and {s}[1] > 1")
+    # OpSpec's cheap test before check_call ({s}: x.shape), true whenever check_call raises (stride(1) read
+    # only for an empty x)
+    call_test = "not {a}.is_contiguous() or {a}.data_ptr() & 15 or not {s}[0] and {a}.stride(1) != 1 and {s}[1] > 1"
     pair_hint: Optional[str] = None
 
     def check(self, op: str, value: Any) -> Any:

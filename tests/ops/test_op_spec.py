@@ -244,5 +244,5 @@ def test_call_tests_hold_whenever_check_call_raises():
                 p.check_call("op", t)
             except ArgumentError:
                 refused += 1
-                assert eval(test, {"a": t}), (p.name, t.shape, t.stride())  # noqa: S307 - the generated test
+                assert eval(test, {"a": t, "s": None if t is None else t.shape}), (p.name, t.shape, t.stride())  # noqa: S307
     assert refused >= 10
