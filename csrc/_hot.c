@@ -257,7 +257,7 @@ static void core_dealloc(PyObject *self) {
 
 /* ------------------------------------------------------------------ per call */
 typedef struct {
-    PyObject *args;             /* the call's parameters (tuple), borrowed */
+    PyObject *const *argv;      /* the call's parameters (nparams of them), borrowed */
     PyObject *shape[MAXP], *stride[MAXP];
     int64_t sym[MAXS];
     int sym_ok[MAXS];           /* 0: the scalar was not an exact int (programs reading it bail) */
@@ -287,7 +287,7 @@ static int ll_of(PyObject *o, int64_t *out) { /* exact ints only; 0 ok, else bai
 
 static int read_dim(Call *k, int kind, int p, int d, int64_t *out) {
     PyObject **cache = kind == SRC_SHAPE ? &k->shape[p] : &k->stride[p];
-    PyObject *obj = PyTuple_GetItem(k->args, p);
+    PyObject *obj = k->argv[p];
     if (*cache == NULL)
         *cache = kind == SRC_SHAPE ? PyObject_GetAttr(obj, s_shape) : PyObject_CallMethodObjArgs(obj, s_stride, NULL);
     if (*cache == NULL || !PyTuple_Check(*cache) || d >= PyTuple_Size(*cache)) {
@@ -312,7 +312,7 @@ static int read_symbols(Core *c, Call *k) {
         int kind = c->src[i][0], p = c->src[i][1], d = c->src[i][2];
         k->sym_ok[i] = 1;
         if (kind == SRC_SCALAR) {
-            if (scalar_of(PyTuple_GetItem(k->args, p), &k->sym[i])) k->sym_ok[i] = 0;
+            if (scalar_of(k->argv[p], &k->sym[i])) k->sym_ok[i] = 0;
         } else if (read_dim(k, kind, p, d, &k->sym[i])) {
             return BAIL;
         }
@@ -325,7 +325,7 @@ static int read_ptr(Call *k, int p, uint64_t *out) {
         *out = k->ptr[p];
         return 0;
     }
-    PyObject *obj = PyTuple_GetItem(k->args, p);
+    PyObject *obj = k->argv[p];
     PyObject *r = PyObject_CallMethodObjArgs(obj, s_data_ptr, NULL); /* torch: no bound method is made */
     if (r == NULL && PyErr_ExceptionMatches(PyExc_AttributeError)) {
         PyErr_Clear();
@@ -379,7 +379,7 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_hot", "tilebin's co
 PyMODINIT_FUNC PyInit__hot(void) {
     if (intern(&s_shape, "shape") || intern(&s_stride, "stride") || intern(&s_data_ptr, "data_ptr") ||
         intern(&s_cai, "__cuda_array_interface__") || intern(&s_data, "data") ||
-        intern(&s_get_device, "get_device") || intern(&s_call, "_slow_call") || intern(&s_run, "_slow_run") ||
+        intern(&s_get_device, HOT_GET_DEVICE) || intern(&s_call, "_slow_call") || intern(&s_run, "_slow_run") ||
         intern(&s_device, "_device_state") || intern(&s_failed, "_launch_failed") ||
         intern(&s_tma, "_tma_address") || intern(&s_check, "_check_pointers") || intern(&s_stream, "_stream_of") ||
         intern(&s_dtype, "dtype") || intern(&s_size, "size") || intern(&s_devattr, "device") ||

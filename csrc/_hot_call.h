@@ -85,7 +85,7 @@ static int pack_launch(Core *c, Call *k, int i, Packed *pk) {
         switch (a->kind) {
         case ARG_PTR: rc = read_ptr(k, a->a, slot); break;
         case ARG_PROG: rc = run_prog(&a->prog, k, &v) ? BAIL : pack_int(a->a, v, slot); break;
-        case ARG_DIRECT: rc = pack_object(a->a, PyTuple_GetItem(k->args, a->b), slot); break;
+        case ARG_DIRECT: rc = pack_object(a->a, k->argv[a->b], slot); break;
         case ARG_CONST: *slot = a->raw; break;
         case ARG_TMA:
             if ((rc = read_ptr(k, a->b, &ptr)) == 0) rc = tma_bytes(c, a->a, ptr, pk->desc[a->a]);
@@ -191,7 +191,7 @@ static int fire(Core *c, Device *dev, Packed *pk, uint64_t stream) {
 
 static long ordinal_of(Core *c, Call *k, int *rc) {
     if (c->bound) return c->dev[0].ordinal;
-    PyObject *r = PyObject_CallMethodObjArgs(PyTuple_GetItem(k->args, c->first), s_get_device, NULL);
+    PyObject *r = PyObject_CallMethodObjArgs(k->argv[c->first], s_get_device, NULL);
     int64_t v = -1;
     *rc = r == NULL ? (PyErr_Clear(), BAIL) : ll_of(r, &v);
     Py_XDECREF(r);
@@ -215,47 +215,80 @@ static int do_call(Core *c, Call *k, PyObject *stream) {
     return fire(c, dev, &pk, s);
 }
 
-static PyObject *finish(Core *c, Call *k, int rc, PyObject *stream, int run) {
-    PyObject *args = k->args;
-    call_clear(k, c->nparams);
+/* A tuple of the n objects at argv (new reference; NULL with an exception set). */
+static PyObject *tuple_of(PyObject *const *argv, Py_ssize_t n) {
+    PyObject *t = PyTuple_New(n);
+    for (Py_ssize_t i = 0; t && i < n; i++) {
+        Py_INCREF(argv[i]);
+        PyTuple_SetItem(t, i, argv[i]);
+    }
+    return t;
+}
+
+/* The end of a call: rc 0 (done), -1 (raise), else the twin runs it with `args` (the caller's tuple)
+ * or, when NULL, the n objects at argv. */
+static PyObject *finish(Core *c, Call *k, int rc, PyObject *stream, int run, PyObject *args, PyObject *const *argv,
+                        Py_ssize_t n) {
+    PyObject *t, *r;
+    if (k) call_clear(k, c->nparams);
     if (rc == 0) Py_RETURN_NONE;
     if (rc < 0) return NULL;
     PyErr_Clear();
-    if (run) return twin_call(c, s_run, args, stream ? stream : Py_None);
-    return twin_call(c, s_call, args, NULL);
+    if ((t = args ? args : tuple_of(argv, n)) == NULL) return NULL;
+    r = run ? twin_call(c, s_run, t, stream ? stream : Py_None) : twin_call(c, s_call, t, NULL);
+    if (args == NULL) Py_DECREF(t);
+    return r;
 }
 
 /* A call's per-parameter state, cleared for this launcher's parameters only (no whole-struct memset). */
-static void call_init(Call *k, Core *c, PyObject *args) {
-    k->args = args;
+static void call_init(Call *k, Core *c, PyObject *const *argv) {
+    k->argv = argv;
     for (int i = 0; i < c->nparams; i++) k->shape[i] = k->stride[i] = NULL, k->have_ptr[i] = 0;
+}
+
+static int initialised(Core *c) {
+    if (c->twin != NULL) return 1;
+    PyErr_SetString(PyExc_TypeError, "_hot.Launcher was not initialised");
+    return 0;
+}
+
+/* The items of tuple t into av (borrowed: t holds them); 0, or BAIL when there are more than MAXP. */
+static int items_of(PyObject *t, PyObject **av, Py_ssize_t *n) {
+    *n = PyTuple_Size(t);
+    if (*n > MAXP) return BAIL;
+    for (Py_ssize_t i = 0; i < *n; i++) av[i] = PyTuple_GetItem(t, i);
+    return 0;
 }
 
 /* launcher(*args): the unchecked contract (bound launchers: run(args) on the default stream). */
 static PyObject *core_call(PyObject *self, PyObject *args, PyObject *kw) {
     Core *c = (Core *)self;
     Call k;
-    if (c->twin == NULL) {
-        PyErr_SetString(PyExc_TypeError, "_hot.Launcher was not initialised");
-        return NULL;
-    }
-    call_init(&k, c, args);
-    int rc = (kw && PyDict_Size(kw)) || PyTuple_Size(args) != c->nparams ? BAIL : do_call(c, &k, NULL);
-    return finish(c, &k, rc, NULL, c->bound);
+    PyObject *av[MAXP];
+    Py_ssize_t n;
+    if (!initialised(c)) return NULL;
+    if ((kw && PyDict_Size(kw)) || items_of(args, av, &n) || n != c->nparams)
+        return finish(c, NULL, BAIL, NULL, c->bound, args, NULL, 0);
+    call_init(&k, c, av);
+    return finish(c, &k, do_call(c, &k, NULL), NULL, c->bound, args, NULL, 0);
+}
+
+/* A bound launcher's run of the n parameters at argv (`args`: their tuple, when the caller has one). */
+static PyObject *run_array(Core *c, PyObject *const *argv, Py_ssize_t n, PyObject *stream, PyObject *args) {
+    Call k;
+    if (!initialised(c)) return NULL;
+    if (n != c->nparams) return finish(c, NULL, BAIL, stream, 1, args, argv, n);
+    call_init(&k, c, argv);
+    return finish(c, &k, do_call(c, &k, stream), stream, 1, args, argv, n);
 }
 
 static PyObject *run_values(Core *c, PyObject *values, PyObject *stream) {
-    if (c->twin == NULL) {
-        PyErr_SetString(PyExc_TypeError, "_hot.Launcher was not initialised");
-        return NULL;
-    }
-    Call k;
-    PyObject *args = PySequence_Tuple(values);
-    if (args == NULL) return NULL;
-    call_init(&k, c, args);
-    int rc = PyTuple_Size(args) != c->nparams ? BAIL : do_call(c, &k, stream);
-    PyObject *r = finish(c, &k, rc, stream, 1);
-    Py_DECREF(args);
+    PyObject *av[MAXP], *t = PySequence_Tuple(values), *r;
+    Py_ssize_t n;
+    if (t == NULL) return NULL;
+    r = items_of(t, av, &n) ? (initialised(c) ? finish(c, NULL, BAIL, stream, 1, t, NULL, 0) : NULL)
+                            : run_array(c, av, n, stream, t);
+    Py_DECREF(t);
     return r;
 }
 

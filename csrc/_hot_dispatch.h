@@ -60,14 +60,14 @@ static void dispatch_dealloc(PyObject *self) {
     Py_DECREF(tp);
 }
 
-/* The fast key of `a`, or NULL (no exception) when the call does not have one. */
-static PyObject *fast_key(Dispatch *d, PyObject *a) {
+/* The fast key of the n arguments at a, or NULL (no exception) when the call does not have one. */
+static PyObject *fast_key(Dispatch *d, PyObject *const *a, Py_ssize_t n) {
     PyObject *cls = PyList_Size(d->cell) ? PyList_GetItem(d->cell, 0) : NULL;
-    if (cls == NULL || cls == Py_None || PyTuple_Size(a) != d->pos.nparams) return NULL;
+    if (cls == NULL || cls == Py_None || n != d->pos.nparams) return NULL;
     PyObject *key = PyTuple_New(4 * d->pos.nt + 2 * d->pos.nk + d->pos.nd);
     int j = 0;
     for (int i = 0; key && i < d->pos.nt; i++) {
-        PyObject *x = PyTuple_GetItem(a, d->pos.t[i]);
+        PyObject *x = a[d->pos.t[i]];
         if ((PyObject *)Py_TYPE(x) != cls) goto no;
         PyObject *parts[4] = {PyObject_GetAttr(x, s_dtype), PyObject_CallMethodObjArgs(x, s_size, NULL),
                               PyObject_CallMethodObjArgs(x, s_stride, NULL), PyObject_GetAttr(x, s_devattr)};
@@ -80,7 +80,7 @@ static PyObject *fast_key(Dispatch *d, PyObject *a) {
         }
     }
     for (int i = 0; key && i < d->pos.nk; i++) {
-        PyObject *s = PyTuple_GetItem(a, d->pos.k[i]);
+        PyObject *s = a[d->pos.k[i]];
         PyObject *tp = (PyObject *)Py_TYPE(s);
         if (tp != (PyObject *)&PyLong_Type && tp != (PyObject *)&PyFloat_Type && tp != (PyObject *)&PyBool_Type)
             goto no;
@@ -89,7 +89,7 @@ static PyObject *fast_key(Dispatch *d, PyObject *a) {
         PyTuple_SetItem(key, j++, s);
     }
     for (int i = 0; key && i < d->pos.nd; i++) {
-        PyObject *tp = (PyObject *)Py_TYPE(PyTuple_GetItem(a, d->pos.d[i]));
+        PyObject *tp = (PyObject *)Py_TYPE(a[d->pos.d[i]]);
         Py_INCREF(tp);
         PyTuple_SetItem(key, j++, tp);
     }
@@ -100,19 +100,20 @@ no:
     return NULL;
 }
 
-static PyObject *run_values(Core *c, PyObject *values, PyObject *stream);
+static PyObject *run_array(Core *c, PyObject *const *argv, Py_ssize_t n, PyObject *stream, PyObject *args);
+static PyObject *tuple_of(PyObject *const *argv, Py_ssize_t n);
 
 /* The plan of a call with no keywords (a new reference), or NULL: none (no exception) or an error. */
-static PyObject *find_plan(Dispatch *d, PyObject *a) {
+static PyObject *find_plan(Dispatch *d, PyObject *const *a, Py_ssize_t n) {
     PyObject *cls = PyList_Size(d->cell) ? PyList_GetItem(d->cell, 0) : NULL, *plan = NULL;
     Sig sig;
-    if (cls == NULL || cls == Py_None || PyTuple_Size(a) != d->pos.nparams) return NULL;
+    if (cls == NULL || cls == Py_None || n != d->pos.nparams) return NULL;
     int have = read_sig(&d->pos, cls, a, &sig) == 0;
     if (have && (plan = recent_find(d->recent, &d->pos, &sig)) != NULL) {
         sig_release(&sig, d->pos.nt);
         return plan;
     }
-    PyObject *key = fast_key(d, a);
+    PyObject *key = fast_key(d, a, n);
     if (key) {
         plan = PyDict_GetItemWithError(d->plans, key); /* borrowed */
         Py_XINCREF(plan);
@@ -127,33 +128,47 @@ static PyObject *find_plan(Dispatch *d, PyObject *a) {
     return plan;
 }
 
-/* One launch through `d`: a (tuple) the kernel's arguments, kwargs NULL when none were given. */
-static PyObject *dispatch_run(Dispatch *d, PyObject *a, PyObject *kwargs, PyObject *stream) {
-    PyObject *plan = NULL, *r;
+/* One launch through `d` of the n kernel arguments at a (`args`: their tuple when the caller has one,
+ * else NULL); kwargs NULL when none were given. */
+static PyObject *dispatch_run(Dispatch *d, PyObject *const *a, Py_ssize_t n, PyObject *args, PyObject *kwargs,
+                              PyObject *stream) {
+    PyObject *plan = NULL, *r = NULL, *t;
     if (d->slow == NULL) {
         PyErr_SetString(PyExc_TypeError, "_hot.Dispatch was not initialised");
         return NULL;
     }
-    if (!(kwargs && PyDict_Check(kwargs) && PyDict_Size(kwargs)) && (plan = find_plan(d, a)) == NULL &&
+    if (!(kwargs && PyDict_Check(kwargs) && PyDict_Size(kwargs)) && (plan = find_plan(d, a, n)) == NULL &&
         PyErr_Occurred())
         return NULL;
-    if (plan == NULL) {
-        PyObject *kw = kwargs ? kwargs : PyDict_New(); /* the slow path's own dict: it may keep or change it */
-        r = kw ? PyObject_CallFunctionObjArgs(d->slow, a, kw, stream, NULL) : NULL;
-        if (kwargs == NULL) Py_XDECREF(kw);
+    if (plan != NULL && (PyObject *)Py_TYPE(plan) == core_type) {
+        r = run_array((Core *)plan, a, n, stream, args);
+        Py_DECREF(plan);
         return r;
     }
-    r = (PyObject *)Py_TYPE(plan) == core_type ? run_values((Core *)plan, a, stream)
-                                                : PyObject_CallMethodObjArgs(plan, s_runattr, a, stream, NULL);
-    Py_DECREF(plan);
+    if ((t = args ? args : tuple_of(a, n)) == NULL) {
+        Py_XDECREF(plan);
+        return NULL;
+    }
+    if (plan != NULL) {
+        r = PyObject_CallMethodObjArgs(plan, s_runattr, t, stream, NULL);
+        Py_DECREF(plan);
+    } else {
+        PyObject *kw = kwargs ? kwargs : PyDict_New(); /* the slow path's own dict: it may keep or change it */
+        r = kw ? PyObject_CallFunctionObjArgs(d->slow, t, kw, stream, NULL) : NULL;
+        if (kwargs == NULL) Py_XDECREF(kw);
+    }
+    if (args == NULL) Py_DECREF(t);
     return r;
 }
 
 /* dispatch(args, kwargs, stream) */
 static PyObject *dispatch_call(PyObject *self, PyObject *args, PyObject *kw) {
-    PyObject *a, *kwargs, *stream;
+    PyObject *a, *kwargs, *stream, *av[MAXP];
+    Py_ssize_t n = 0;
     if (!PyArg_ParseTuple(args, "O!OO", &PyTuple_Type, &a, &kwargs, &stream)) return NULL;
-    return dispatch_run((Dispatch *)self, a, kwargs, stream);
+    if (((Dispatch *)self)->slow && items_of(a, av, &n)) /* more arguments than a compiled plan takes */
+        return PyObject_CallFunctionObjArgs(((Dispatch *)self)->slow, a, kwargs, stream, NULL);
+    return dispatch_run((Dispatch *)self, av, n, a, kwargs, stream);
 }
 
 /* dispatch.forget(): empty the recent signatures (their plans may have left the plan cache). */
@@ -261,27 +276,70 @@ static PyObject *front_dispatch(Front *f, PyObject *name) {
     return d;
 }
 
+/* front.launch(name, *args, stream=None, **kwargs) (METH_FASTCALL: no argument tuple is made): a known
+ * name with no keywords but `stream` runs its Dispatch; anything else is slow(name, *args, **kwargs). */
+static PyObject *front_launch(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
+    Front *f = (Front *)self;
+    PyObject *stream = Py_None, *d = NULL, *t, *kw = NULL, *r = NULL;
+    Py_ssize_t nkw = kwnames ? PyTuple_Size(kwnames) : 0;
+    if (f->slow == NULL) {
+        PyErr_SetString(PyExc_TypeError, "_hot.Front was not initialised");
+        return NULL;
+    }
+    if (nkw == 1) {
+        PyObject *name = PyTuple_GetItem(kwnames, 0);
+        if (name == s_streamkw || PyUnicode_Compare(name, s_streamkw) == 0) stream = args[nargs];
+        else nkw = -1; /* another keyword: the slow path */
+    }
+    if (nargs >= 1 && nkw >= 0 && nkw <= 1) d = front_dispatch(f, args[0]);
+    if (d != NULL) {
+        r = dispatch_run((Dispatch *)d, args + 1, nargs - 1, NULL, NULL, stream);
+        Py_DECREF(d);
+        return r;
+    }
+    if ((t = tuple_of(args, nargs)) == NULL) return NULL;
+    nkw = kwnames ? PyTuple_Size(kwnames) : 0;
+    if (nkw && (kw = PyDict_New()) != NULL)
+        for (Py_ssize_t i = 0; i < nkw; i++)
+            if (PyDict_SetItem(kw, PyTuple_GetItem(kwnames, i), args[nargs + i])) Py_CLEAR(kw);
+    if (nkw == 0 || kw != NULL) r = PyObject_Call(f->slow, t, kw);
+    Py_DECREF(t);
+    Py_XDECREF(kw);
+    return r;
+}
+
+/* front(name, *args, stream=None, **kwargs): the same call as front.launch. */
 static PyObject *front_call(PyObject *self, PyObject *args, PyObject *kw) {
     Front *f = (Front *)self;
-    PyObject *stream = Py_None, *d = NULL, *r = NULL;
-    Py_ssize_t n = f->slow ? PyTuple_Size(args) : 0, nkw = kw ? PyDict_Size(kw) : 0;
+    PyObject *stream = Py_None, *d = NULL, *r = NULL, *av[MAXP + 1];
+    Py_ssize_t n = PyTuple_Size(args), nkw = kw ? PyDict_Size(kw) : 0;
     if (nkw == 1 && (stream = PyDict_GetItemWithError(kw, s_streamkw)) == NULL) PyErr_Clear();
-    if (n >= 1 && (nkw == 0 || (nkw == 1 && stream != NULL))) d = front_dispatch(f, PyTuple_GetItem(args, 0));
+    if (f->slow && n >= 1 && n <= MAXP + 1 && (nkw == 0 || (nkw == 1 && stream != NULL)))
+        d = front_dispatch(f, PyTuple_GetItem(args, 0));
     if (d == NULL) {
         if (f->slow == NULL) PyErr_SetString(PyExc_TypeError, "_hot.Front was not initialised");
         return f->slow ? PyObject_Call(f->slow, args, kw) : NULL;
     }
-    PyObject *a = PyTuple_GetSlice(args, 1, n);
-    if (a) r = dispatch_run((Dispatch *)d, a, NULL, stream);
-    Py_XDECREF(a);
+    for (Py_ssize_t i = 0; i < n; i++) av[i] = PyTuple_GetItem(args, i);
+    r = dispatch_run((Dispatch *)d, av + 1, n - 1, NULL, NULL, stream);
     Py_DECREF(d);
     return r;
 }
+
+static PyMethodDef front_methods[] = {
+    {"launch", (PyCFunction)(void (*)(void))front_launch, METH_FASTCALL | METH_KEYWORDS,
+     "launch(name, *args, stream=None, **kwargs): launch kernel `name` from the default registry, validated once "
+     "per call signature; see tilebin.runtime.Registry.launch for the contract (tilebin.runtime.launch is this "
+     "method of the compiled front: a plan-cache hit runs with no Python frame and no argument tuple; anything "
+     "else is tilebin.runtime._launch_python, which has the same behaviour)."},
+    {NULL, NULL, 0, NULL},
+};
 
 static PyType_Slot front_slots[] = {
     {Py_tp_init, front_init},
     {Py_tp_dealloc, front_dealloc},
     {Py_tp_call, front_call},
+    {Py_tp_methods, front_methods},
     {Py_tp_doc, "launch(name, *args, stream=None, **kwargs): launch kernel `name` from the default registry, "
                 "validated once per call signature; see tilebin.runtime.Registry.launch for the contract "
                 "(the compiled front of tilebin.runtime._launch_python, which has the same behaviour)."},

@@ -17,6 +17,9 @@
 #ifndef HOT_IS_CUDA /* CPU benchmarks of this path build with -DHOT_IS_CUDA='"is_cpu"' (torch CPU tensors) */
 #define HOT_IS_CUDA "is_cuda"
 #endif
+#ifndef HOT_GET_DEVICE /* ... and -DHOT_GET_DEVICE='"storage_offset"' (0 for a fresh CPU tensor) */
+#define HOT_GET_DEVICE "get_device"
+#endif
 
 typedef struct {
     PyObject *dtype;
@@ -88,22 +91,23 @@ static void sig_release(Sig *s, int nt) {
     for (int i = 0; i < nt; i++) Py_CLEAR(s->t[i].dtype);
 }
 
-/* This call's signature values; 0, or BAIL when they do not fit (s holds no references then). */
-static int read_sig(const Positions *p, PyObject *cls, PyObject *a, Sig *s) {
+/* This call's signature values (a: its nparams arguments); 0, or BAIL when they do not fit (s holds no
+ * references then). */
+static int read_sig(const Positions *p, PyObject *cls, PyObject *const *a, Sig *s) {
     int rc = p->nt > RT || p->nk > RS || p->nd > RS ? BAIL : 0;
     for (int i = 0; rc == 0 && i < p->nt; i++) {
-        PyObject *x = PyTuple_GetItem(a, p->t[i]);
+        PyObject *x = a[p->t[i]];
         s->t[i].dtype = NULL;
         rc = (PyObject *)Py_TYPE(x) != cls ? BAIL : read_tensor_sig(x, &s->t[i]);
         if (rc) sig_release(s, i + 1);
     }
     for (int i = 0; rc == 0 && i < p->nk; i++) {
-        PyObject *v = PyTuple_GetItem(a, p->k[i]);
+        PyObject *v = a[p->k[i]];
         s->ktype[i] = (PyObject *)Py_TYPE(v);
         rc = PyLong_CheckExact(v) || PyBool_Check(v) ? scalar_of(v, &s->kval[i]) : BAIL; /* floats: the key path */
         if (rc) sig_release(s, p->nt);
     }
-    for (int i = 0; rc == 0 && i < p->nd; i++) s->dtype[i] = (PyObject *)Py_TYPE(PyTuple_GetItem(a, p->d[i]));
+    for (int i = 0; rc == 0 && i < p->nd; i++) s->dtype[i] = (PyObject *)Py_TYPE(a[p->d[i]]);
     return rc;
 }
 

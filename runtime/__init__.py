@@ -51,15 +51,16 @@ def _launch_python(name: str, *args: Any, stream: Any = None, **kwargs: Any) -> 
 
 
 def _launch_front() -> Any:
-    """What ``launch`` is: the compiled front (``_hot.Front``, csrc/_hot_dispatch.h: a plan-cache hit
-    with no Python frame, everything else handed to :func:`_launch_python`) when the compiled hot
-    path is chosen, else :func:`_launch_python` itself.  Same behaviour either way."""
+    """What ``launch`` is: the ``launch`` method of the compiled front (``_hot.Front``,
+    csrc/_hot_dispatch.h: a plan-cache hit with no Python frame and no argument tuple, everything
+    else handed to :func:`_launch_python`) when the compiled hot path is chosen, else
+    :func:`_launch_python` itself.  Same behaviour either way."""
     try:
         hot = hot_module()
     except TilebinError:  # TILEBIN_HOT_PATH=c without a loadable extension: the first Launcher says so
         hot = None
     front = getattr(hot, "Front", None)
-    return _launch_python if front is None else front(_DEFAULT, _launch_python)
+    return _launch_python if front is None else front(_DEFAULT, _launch_python).launch
 
 
 launch = _launch_front()

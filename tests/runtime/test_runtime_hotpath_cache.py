@@ -103,21 +103,23 @@ def test_compiled_front_is_runtime_launch(make_registry, fake_gpu, hot_module, m
     slow = []
     python = rt._launch_python
     results = {}
-    for path, mod in (("c", hot_module), ("python", None)):
+    for path, mod in (("c", hot_module), ("c tp_call", hot_module), ("python", None)):
         monkeypatch.setattr(_launcher, "_HOT", [mod])
         monkeypatch.setattr(F, "_NEXT", [0x7F0000000000])
         monkeypatch.setattr(_registry, "_DEFAULT", [make_registry()])
         fake_gpu.launches.clear()
         front = python if mod is None else mod.Front(_registry._DEFAULT,
                                                       lambda *a, **k: slow.append(1) or python(*a, **k))
+        if path == "c":  # runtime.launch: the fastcall method (front(...) is the same call)
+            front = front.launch
         results[path] = (_front_scenario(front), list(fake_gpu.launches))
-    assert results["c"] == results["python"]
+    assert results["c"] == results["python"] == results["c tp_call"]
     assert len(results["c"][1]) == 5 and results["c"][1][2]["stream"] == 0x99
-    assert len(slow) == 1 + 6  # the first call (no entry yet); other keywords, unknown names, no name
+    assert len(slow) == 2 * (1 + 6)  # per front: the first call (no entry yet); other keywords, unknown names, no name
 
 
 def test_runtime_launch_is_the_front_of_the_chosen_path(rt):
-    assert rt.launch is rt._launch_python or type(rt.launch).__name__ == "Front"
+    assert rt.launch is rt._launch_python or type(rt.launch.__self__).__name__ == "Front"
 
 
 def test_recent_signatures_under_threads(make_registry, fake_gpu, monkeypatch):
