@@ -39,6 +39,7 @@ ALL_MODULES = (
     "tilebin.kernels.moe._aux_fi_candidate",
     "tilebin.kernels.moe.group_count",
     "tilebin.kernels.moe.normalize_weight",
+    "tilebin.kernels.moe._normalize_weight_lanes_candidate",
     "tilebin.kernels.moe.mask_indices_by_tp",
     "tilebin.kernels.moe.inplace_unique_group_indices",
     "tilebin.kernels.moe.get_fused_mapping",

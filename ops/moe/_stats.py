@@ -138,9 +138,17 @@ def group_count(group_idx: torch.Tensor, num_groups: int) -> torch.Tensor:
     return GROUP_COUNT(group_idx, num_groups)
 
 
+# TILEBIN_CANDIDATE_NORMALIZE_WEIGHT=1: top-k 2/4/8/16 rows through moe._normalize_weight_lanes_candidate (a row
+# per top-k lanes, coalesced; same bits), read once here (issue 12, unmeasured)
+_NORMALIZE_LANES = os.environ.get("TILEBIN_CANDIDATE_NORMALIZE_WEIGHT") == "1"
+
+
 def _plan_normalize_weight(values: dict) -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:
-    # the variant built for this top-k when there is one (2, 6, 8, 9), else the run-time top-k one
-    fn = specialised_launcher("moe.normalize_weight", {"num_topk": values["topk_weights"].shape[1]})
+    topk = values["topk_weights"].shape[1]
+    if _NORMALIZE_LANES and topk in (2, 4, 8, 16):
+        fn = launcher("moe._normalize_weight_lanes_candidate", topk=topk)
+    else:  # the variant built for this top-k when there is one (2, 6, 8, 9), else the run-time top-k one
+        fn = specialised_launcher("moe.normalize_weight", {"num_topk": topk})
 
     def run(topk_weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         num_tokens, num_topk = topk_weights.shape
