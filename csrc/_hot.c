@@ -258,18 +258,16 @@ static void core_dealloc(PyObject *self) {
 /* ------------------------------------------------------------------ per call */
 typedef struct {
     PyObject *const *argv;      /* the call's parameters (nparams of them), borrowed */
-    PyObject *shape[MAXP], *stride[MAXP];
+    PyObject *dims[2 * MAXP];   /* p's shape at [p], its stride() at [MAXP + p]; read when that bit of held is set */
+    uint64_t held;
     int64_t sym[MAXS];
     int sym_ok[MAXS];           /* 0: the scalar was not an exact int (programs reading it bail) */
     uint64_t ptr[MAXP];
-    int have_ptr[MAXP];
+    uint32_t have_ptr;          /* bit p: ptr[p] was read */
 } Call;
 
-static void call_clear(Call *k, int n) { /* n: the launcher's parameter count (call_init cleared that many) */
-    for (int i = 0; i < n; i++) {
-        Py_XDECREF(k->shape[i]);
-        Py_XDECREF(k->stride[i]);
-    }
+static void call_clear(Call *k) { /* release what the call read (no per-parameter loop: bits) */
+    for (uint64_t held = k->held; held; held &= held - 1) Py_XDECREF(k->dims[__builtin_ctzll(held)]);
 }
 
 static int ll_of(PyObject *o, int64_t *out) { /* exact ints only; 0 ok, else bail (error cleared) */
@@ -286,10 +284,12 @@ static int ll_of(PyObject *o, int64_t *out) { /* exact ints only; 0 ok, else bai
 }
 
 static int read_dim(Call *k, int kind, int p, int d, int64_t *out) {
-    PyObject **cache = kind == SRC_SHAPE ? &k->shape[p] : &k->stride[p];
-    PyObject *obj = k->argv[p];
-    if (*cache == NULL)
+    int at = kind == SRC_SHAPE ? p : MAXP + p;
+    PyObject **cache = &k->dims[at], *obj = k->argv[p];
+    if (!(k->held >> at & 1)) {
         *cache = kind == SRC_SHAPE ? PyObject_GetAttr(obj, s_shape) : PyObject_CallMethodObjArgs(obj, s_stride, NULL);
+        k->held |= (uint64_t)1 << at;
+    }
     if (*cache == NULL || !PyTuple_Check(*cache) || d >= PyTuple_Size(*cache)) {
         PyErr_Clear();
         return BAIL;
@@ -321,7 +321,7 @@ static int read_symbols(Core *c, Call *k) {
 }
 
 static int read_ptr(Call *k, int p, uint64_t *out) {
-    if (k->have_ptr[p]) {
+    if (k->have_ptr & (1u << p)) {
         *out = k->ptr[p];
         return 0;
     }
@@ -348,7 +348,7 @@ static int read_ptr(Call *k, int p, uint64_t *out) {
         PyErr_Clear();
         return BAIL;
     }
-    k->ptr[p] = *out, k->have_ptr[p] = 1;
+    k->ptr[p] = *out, k->have_ptr |= 1u << p;
     return 0;
 }
 

@@ -230,7 +230,7 @@ static PyObject *tuple_of(PyObject *const *argv, Py_ssize_t n) {
 static PyObject *finish(Core *c, Call *k, int rc, PyObject *stream, int run, PyObject *args, PyObject *const *argv,
                         Py_ssize_t n) {
     PyObject *t, *r;
-    if (k) call_clear(k, c->nparams);
+    if (k) call_clear(k);
     if (rc == 0) Py_RETURN_NONE;
     if (rc < 0) return NULL;
     PyErr_Clear();
@@ -240,10 +240,10 @@ static PyObject *finish(Core *c, Call *k, int rc, PyObject *stream, int run, PyO
     return r;
 }
 
-/* A call's per-parameter state, cleared for this launcher's parameters only (no whole-struct memset). */
+/* A call's state: nothing read yet (bit sets, no per-parameter clearing). */
 static void call_init(Call *k, Core *c, PyObject *const *argv) {
     k->argv = argv;
-    for (int i = 0; i < c->nparams; i++) k->shape[i] = k->stride[i] = NULL, k->have_ptr[i] = 0;
+    k->held = 0, k->have_ptr = 0;
 }
 
 static int initialised(Core *c) {

@@ -196,7 +196,8 @@ static PyType_Slot dispatch_slots[] = {
 static PyType_Spec dispatch_spec = {"tilebin.runtime._hot.Dispatch", sizeof(Dispatch), 0, Py_TPFLAGS_DEFAULT,
                                     dispatch_slots};
 
-/* Front(registry_cell, slow): tilebin.runtime.launch itself.  front(name, *args, stream=None) finds the
+/* Front(registry_cell, slow): tilebin.runtime.launch is its launch method (METH_FASTCALL: no argument
+ * tuple; front(...) is the same call).  front.launch(name, *args, stream=None) finds the
  * kernel's Dispatch (registry_cell[0]._entries[name].launch; the last FRONT_NAMES name objects found for
  * the current registry are remembered, compared by identity) and runs it with no Python frame; any other
  * call (keywords besides stream, no registry yet, an unknown name, a Python-path entry) is
