@@ -1,15 +1,25 @@
-"""``moe._reduce_fused_candidate``: ``moe.reduce_fused`` (same parameters, variants and output bits)
-with a token's valid top-k slots found by one warp vote and their rows loaded together.
+"""``moe.reduce_fused_paired``: ``moe.reduce_fused`` (same parameters, variants and output bits) with
+a token's valid top-k slots found by one warp vote and the rows of two slots loaded together.
 
 Contract: see ``reduce_fused.py`` (per token, fp32 ``acc = 0``, one ``T.ieee_fmaf`` per valid
 top-k slot in top-k order with ``s = w * x_sf[p]`` by ``T.ieee_mul``, ``* sf[0]`` by
 ``T.ieee_mul``, cast).
+
+Served by ``ops/moe/_routing.py``'s reduce_fused from ``_REDUCE_SPLIT_TOKENS`` tokens on when a row
+has ``hidden * x.element_size() <= 12288`` bytes; wider rows keep ``moe.reduce_fused`` and fewer
+tokens ``moe.reduce_fused_few_tokens``.
 
 Why (issue 12, e4m3 + sf output at ~17k tokens, top-k 6, most slots -1): ``moe.reduce_fused``
 walks the top-k in a run-time loop, a load of ``token_topk_to_pos[t, k]`` before each row and
 the FMAs of that row before the next slot's load, repeats the walk per chunk of 2048 bytes of a
 thread block's row, and loads ``sf[0]`` after the last FMA, so a block spends most of its life
 waiting on dependent round trips with one row (or none) in flight.
+
+Measured (H200, CUPTI kernel time, L2 flushed; ~17.6k rows = 4001 tokens x 8 EP ranks, top-k 6,
+e4m3 output with sf; ``moe.reduce_fused`` -> this kernel, tile_kernels 1.0.0 in brackets):
+hidden 2048 bf16 51.52 -> 44.70 us [41.4]; hidden 3072 fp32 103.98 -> 97.70 [92.4]; hidden 7168
+fp32 213.42 -> 217.63 [204.7], slower: hence the 12288-byte rule (3072 fp32 rows are 12288
+bytes, 7168 fp32 rows 28672).  Decode sizes (below ``_REDUCE_SPLIT_TOKENS``) never launch it.
 
 Design: blocks of 128 threads, ``tpb`` = 1-4 consecutive tokens per block (``tpb`` grows with the
 token count so that the grid stays >= 4096 blocks).  Lane ``k`` of every warp loads slot ``k``'s
@@ -38,10 +48,10 @@ def _tokens_per_block(num_tokens):
     return T.max(1, T.min(TPB, num_tokens // SPREAD))
 
 
-def reduce_fused_candidate(in_dtype: str, out_dtype: str):
+def reduce_fused_paired(in_dtype: str, out_dtype: str):
     """Build the PrimFunc of one variant (see the module docstring)."""
     if in_dtype not in _VEC or out_dtype not in (in_dtype, "float8_e4m3fn"):
-        raise ValueError(f"_reduce_fused_candidate: bad variant in_dtype={in_dtype!r} out_dtype={out_dtype!r}")
+        raise ValueError(f"moe.reduce_fused_paired: bad variant in_dtype={in_dtype!r} out_dtype={out_dtype!r}")
     V = _VEC[in_dtype]
     U = ACC // V
     num_tokens, hidden, num_topk = T.dynamic("num_tokens"), T.dynamic("hidden"), T.dynamic("num_topk")
@@ -166,16 +176,16 @@ def reduce_fused_candidate(in_dtype: str, out_dtype: str):
 
 KERNELS = (
     KernelDecl(
-        name="moe._reduce_fused_candidate",
-        factory=reduce_fused_candidate,
+        name="moe.reduce_fused_paired",
+        factory=reduce_fused_paired,
         grid=GRID,
         outputs=("out",),
         align=16,
         pass_configs={"tl.disable_safe_memory_legalize": True},  # every access is guarded above
-        doc="moe.reduce_fused (same parameters and bits), speed candidate (issue 12): valid top-k slots by "
-            "one warp vote, 2 slots' rows in flight together, 1-4 tokens per block with the next token's slots "
-            "prefetched.",
+        doc="moe.reduce_fused (same parameters and bits) for many tokens and rows of <= 12288 bytes: valid "
+            "top-k slots by one warp vote, 2 slots' rows in flight together, 1-4 tokens per block with the next "
+            "token's slots prefetched.",
     ),
 )
 
-__all__ = ["KERNELS", "reduce_fused_candidate"]
+__all__ = ["KERNELS", "reduce_fused_paired"]
