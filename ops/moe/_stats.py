@@ -18,7 +18,6 @@ instead).
 
 from __future__ import annotations
 
-import os
 from typing import Any, Callable
 
 import torch
@@ -37,13 +36,6 @@ _AUX_FI = "moe.aux_fi"  # its meta: max_experts (its shared bins; more: moe.aux_
 _AUX_FI_WIDE = 65536  # above this many indices aux_fi's grid loads 8 per thread (fewer blocks), else 4
 
 # Speed-trial switch, read once at import (removed when the lead ships or drops the candidate):
-# TILEBIN_CANDIDATE_AUX_FI=1 makes aux_fi launch moe._aux_fi_candidate (one 8-block cluster, no grid
-# barrier) for SINGLE_BLOCK_ENTRIES < indices <= its max_entries at up to its max_experts experts.
-_AUX_FI_CANDIDATE = os.environ.get("TILEBIN_CANDIDATE_AUX_FI") == "1"
-_AUX_FI_CAND = "moe._aux_fi_candidate"  # its meta: max_experts, max_entries
-_AUX_FI_CAND_WIDE = 65536  # candidate: above this many indices 16 loads per thread before the atomics, else 8
-
-
 def _entries(name: str, dtypes: tuple = _INT64) -> TensorParam:
     """A 2-D contiguous ``[num_tokens, num_topk]`` tensor of ``dtypes`` with at most MAX_ENTRIES entries."""
     return TensorParam(name, dtypes, 2, contiguous=True, max_numel=MAX_ENTRIES)
@@ -74,25 +66,6 @@ def _plan_aux_fi(values: dict) -> Callable[..., torch.Tensor]:
         blocks = 1 if single else max(1, min(2 * get_num_sms(device), max_blocks, -(-entries // (256 * unroll))))
         workspace = torch.empty((blocks, num_experts), dtype=torch.int32, device=device)
         fns[single, unroll](topk_idx, out, workspace, num_aux_topk)
-        return out
-
-    if _AUX_FI_CANDIDATE and not wide and num_experts <= kernel_meta(_AUX_FI_CAND, "max_experts"):
-        return _aux_fi_candidate_run(run, num_experts, num_aux_topk)
-    return run
-
-
-def _aux_fi_candidate_run(shipped: Callable[..., torch.Tensor], num_experts: int,
-                          num_aux_topk: int) -> Callable[..., torch.Tensor]:
-    """aux_fi through moe._aux_fi_candidate where it serves (see _AUX_FI_CANDIDATE), else ``shipped``."""
-    cand = {unroll: launcher(_AUX_FI_CAND, unroll=unroll) for unroll in (8, 16)}
-    max_entries = kernel_meta(_AUX_FI_CAND, "max_entries")
-
-    def run(topk_idx: torch.Tensor, *rest: Any) -> torch.Tensor:
-        entries = topk_idx.numel()
-        if not SINGLE_BLOCK_ENTRIES < entries <= max_entries:
-            return shipped(topk_idx, *rest)
-        out = torch.empty(num_experts, dtype=torch.float32, device=topk_idx.device)
-        cand[16 if entries > _AUX_FI_CAND_WIDE else 8](topk_idx, out, num_aux_topk)
         return out
 
     return run
@@ -138,16 +111,11 @@ def group_count(group_idx: torch.Tensor, num_groups: int) -> torch.Tensor:
     return GROUP_COUNT(group_idx, num_groups)
 
 
-# TILEBIN_CANDIDATE_NORMALIZE_WEIGHT=1: top-k 2/4/8/16 rows through moe._normalize_weight_lanes_candidate (a row
-# per top-k lanes, coalesced; same bits), read once here (issue 12, unmeasured)
-_NORMALIZE_LANES = os.environ.get("TILEBIN_CANDIDATE_NORMALIZE_WEIGHT") == "1"
-
-
 def _plan_normalize_weight(values: dict) -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:
     topk = values["topk_weights"].shape[1]
-    if _NORMALIZE_LANES and topk in (2, 4, 8, 16):
-        fn = launcher("moe._normalize_weight_lanes_candidate", topk=topk)
-    else:  # the variant built for this top-k when there is one (2, 6, 8, 9), else the run-time top-k one
+    if topk == 8:  # a row per 8 lanes, coalesced (moe.normalize_weight_lanes)
+        fn = launcher("moe.normalize_weight_lanes", topk=8)
+    else:  # the variant built for this top-k when there is one (2, 6, 9), else the run-time top-k one
         fn = specialised_launcher("moe.normalize_weight", {"num_topk": topk})
 
     def run(topk_weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

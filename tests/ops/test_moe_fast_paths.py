@@ -82,15 +82,20 @@ def test_stats_same_launches(rec, tokens):
     assert _same(rec, st.normalize_weight, torch.rand(tokens, 8))
 
 
-@pytest.mark.parametrize("topk, key", [(2, (("num_topk", 2),)), (6, (("num_topk", 6),)), (8, (("num_topk", 8),)),
-                                       (9, (("num_topk", 9),)), (1, ()), (7, ()), (17, ())])
-def test_normalize_weight_launches_the_variant_built_for_its_topk(rec, topk, key):
-    """Top-k 2, 6, 8 and 9 have variants with num_topk fixed (KernelDecl.specialise); others the run-time one."""
+_NW, _LANES = "moe.normalize_weight", "moe.normalize_weight_lanes"
+
+
+@pytest.mark.parametrize("topk, kernel, key", [(2, _NW, (("num_topk", 2),)), (6, _NW, (("num_topk", 6),)),
+                                               (8, _LANES, (("topk", 8),)), (9, _NW, (("num_topk", 9),)),
+                                               (1, _NW, ()), (7, _NW, ()), (17, _NW, ())])
+def test_normalize_weight_launches_the_variant_built_for_its_topk(rec, topk, kernel, key):
+    """Top-k 2, 6 and 9 have variants with num_topk fixed (KernelDecl.specialise), top-k 8 the lanes kernel,
+    others the run-time one."""
     st.normalize_weight(torch.rand(5, 7))  # another configuration first: the choice is per memo key
     rec.clear()
     for _ in range(2):  # the first call (plan built) and a memoized one launch the same variant
         st.normalize_weight(torch.rand(5, topk))
-    assert [(name, k) for name, k, _ in rec] == [("moe.normalize_weight", key)] * 2
+    assert [(name, k) for name, k, _ in rec] == [(kernel, key)] * 2
 
 
 def test_stats_rejections_after_warm_up(rec):
