@@ -23,9 +23,9 @@ There a row is 8 consecutive lanes, thread ``t`` of a block owns element ``t`` o
 warp), each lane gathers its row with width-8 shuffles and sums it itself, left to right from
 ``1e-20`` (the same float32 adds in the same order), divides its own element, and the row's first
 lane stores the denominator.  H200 (CUPTI, L2 flushed, 2026-12-02; tile_kernels 1.0.0 in brackets):
-32,008 rows x 8: 3.5 us (run-time top-k) -> 2.7 (specialised) -> 2.1 (lanes) [2.0]; decode 1-128
+compare_peer's 4001 tokens x 8 ranks, top-k 8: 3.5 us (run-time top-k) -> 2.7 (specialised) -> 2.1 (lanes) [2.0]; decode 1-128
 rows: 1.5-1.9 -> 1.2-1.6 -> 1.15-1.18 [1.2-1.5].  Top-k 2 by lanes measured slower than the
-specialised variant (1.52 vs 1.41 us at 32,008 rows), so only top-k 8 goes this way.
+specialised variant (1.52 vs 1.41 us at 4001 x 8 ranks), so only top-k 8 goes this way.
 """
 
 # No ``from __future__ import annotations``: TileLang evaluates the PrimFunc's tensor
