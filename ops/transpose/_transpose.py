@@ -1,12 +1,15 @@
-"""``transpose`` and ``batched_transpose``: ``out[b] = x[b].T`` on ``transpose.batched_transpose``.
+"""``transpose`` and ``batched_transpose``: ``out[b] = x[b].T`` on ``transpose.batched_transpose``
+(``transpose.batched_transpose_direct`` for decode sizes).
 
 Same names, signatures and outputs as ``tile_kernels.transpose`` 1.0.0: the result is a new
 contiguous tensor ``[n, m]`` (``[b, n, m]``) of x's dtype on x's device.  Beyond tile_kernels:
 
 * any ``m`` and ``n`` (tile_kernels needs multiples of 64): the kernel serves every size, with
   vector loads and bulk stores for every tile when ``m`` and ``n`` are multiples of 16 bytes'
-  worth of elements, and bounds-checked element stores otherwise; its 2-warp variants (``small``) are
-  launched when the 8-warp tiles would give fewer than two blocks per SM (decode sizes);
+  worth of elements, and bounds-checked element stores otherwise; where the 8-warp tiles would give
+  fewer than two blocks per SM (decode sizes) it takes ``transpose.batched_transpose_direct``
+  (register transposes stored straight to global memory) when ``m`` and ``n`` are multiples of 16
+  bytes' worth of elements, else the kernel's 2-warp variants (``small``);
 * any strides: a non-contiguous x, or one whose data pointer is not 16-byte aligned (the
   kernel's vector loads need it), costs one contiguous copy first;
 * an empty x (any extent 0) returns its empty output and launches nothing;
@@ -25,7 +28,6 @@ Kernels run on torch's current stream.
 
 from __future__ import annotations
 
-import os
 from typing import Callable
 
 import torch
@@ -37,11 +39,7 @@ from .._spec import OpSpec, TensorParam
 from ..config import get_num_sms
 
 _KERNEL = "transpose.batched_transpose"
-# TILEBIN_CANDIDATE_TRANSPOSE=1 at import: the plans launch the issue-12 round-2 candidates (register-direct
-# stores for decode grids, 16 KB tiles for large bf16/fp8) where they serve; read once, nothing per call when off.
-_CANDIDATE = os.environ.get("TILEBIN_CANDIDATE_TRANSPOSE") == "1"
-_DIRECT = "transpose._batched_transpose_direct_candidate"
-_TILE16K = "transpose._batched_transpose_tile16k_candidate"
+_DIRECT = "transpose.batched_transpose_direct"  # decode grids of aligned rows and cols
 # element size in bytes -> (the kernel variant's dtype key, the torch dtype x is viewed as)
 _VARIANT_BY_SIZE = {1: ("float8_e4m3fn", torch.float8_e4m3fn), 2: ("bfloat16", torch.bfloat16),
                     4: ("float32", torch.float32)}
@@ -55,14 +53,18 @@ def _plan(op: str, ndim: int) -> Callable[[dict], Callable[[torch.Tensor], torch
     """The launch of ``op`` (x of ``ndim`` dims, checked): allocate the output, launch (nothing
     for an empty x)."""
     def plan(values: dict) -> Callable[[torch.Tensor], torch.Tensor]:
-        launch = _launch_candidate if _CANDIDATE else _launch
+        x = values["x"]
+        vec = _ALIGN // x.element_size()
+        # the direct kernel needs rows and cols multiples of vec: cols (and a batched x's rows) are
+        # in the memo key, decided here; a 2-D x's rows (the token count) per call, in _launch
+        direct = vec if not x.shape[-1] % vec and (ndim == 2 or not x.shape[-2] % vec) else 0
 
         def run(x: torch.Tensor) -> torch.Tensor:
             shape = x.shape
             out = torch.empty((*shape[:-2], shape[-1], shape[-2]), dtype=x.dtype, device=x.device)
             if out.numel():
                 x3, out3 = (x, out) if ndim == 3 else (x.unsqueeze(0), out.unsqueeze(0))
-                launch(op, _kernel_input(x3), out3)
+                _launch(op, _kernel_input(x3), out3, direct)
             return out
 
         return run
@@ -93,15 +95,21 @@ def _kernel_input(x: torch.Tensor) -> torch.Tensor:
     return x.clone(memory_format=torch.contiguous_format)
 
 
-def _launch(op: str, x: torch.Tensor, out: torch.Tensor) -> None:
-    """Launch the variant of x's element size on same-size views, in chunks of batches."""
+def _launch(op: str, x: torch.Tensor, out: torch.Tensor, direct: int) -> None:
+    """Launch the variant of x's element size on same-size views: ``_DIRECT`` for a decode grid
+    whose rows are a multiple of ``direct`` (0: cols or rows are not, never), else ``_KERNEL`` in
+    chunks of batches."""
     key, view_dtype = _VARIANT_BY_SIZE[x.element_size()]
     if x.dtype != view_dtype:
         x, out = x.view(view_dtype), out.view(view_dtype)
     tile = 256 // x.element_size()  # the 8-warp tile's side: 128 (bf16), 64 (fp32), 256 (fp8)
     blocks = x.shape[0] * -(-x.shape[1] // tile) * -(-x.shape[2] // tile)
-    # the 2-warp tiles when the 8-warp ones give fewer than 2 blocks per SM (decode sizes)
-    fn = launcher(_KERNEL, dtype=key, small=blocks < 2 * get_num_sms(x.device))
+    # decode sizes: fewer than 2 blocks per SM of 8-warp tiles (so the batch is within one chunk)
+    small = blocks < 2 * get_num_sms(x.device)
+    if small and direct and not x.shape[1] % direct:
+        name, fn = _DIRECT, launcher(_DIRECT, dtype=key)
+    else:
+        name, fn = _KERNEL, launcher(_KERNEL, dtype=key, small=small)
     batch = x.shape[0]
     try:
         if batch <= _BATCH_CHUNK:
@@ -109,33 +117,6 @@ def _launch(op: str, x: torch.Tensor, out: torch.Tensor) -> None:
             return
         for start in range(0, batch, _BATCH_CHUNK):
             fn(x[start:start + _BATCH_CHUNK], out[start:start + _BATCH_CHUNK])
-    except ArgumentError as exc:  # the grid or a size does not fit the kernel: raised before any launch
-        raise fail(op, f"x of shape {tuple(x.shape)} is outside what {_KERNEL} serves ({exc}); split x along "
-                       "its last dim") from exc
-
-
-def _launch_candidate(op: str, x: torch.Tensor, out: torch.Tensor) -> None:
-    """``_launch`` with the round-2 candidates (switch on): for shapes whose rows and columns are
-    multiples of 16 bytes' worth of elements, the register-direct kernel where the shipped kernel
-    would take its 2-warp tiles, the 16 KB-tile kernel for larger 1- and 2-byte problems; every
-    other call (and batches past one chunk) as ``_launch``."""
-    size = x.element_size()
-    vec = 16 // size
-    if x.shape[1] % vec or x.shape[2] % vec or x.shape[0] > _BATCH_CHUNK:
-        return _launch(op, x, out)
-    tile = 256 // size  # the shipped 8-warp tile's side, as in _launch
-    blocks = x.shape[0] * -(-x.shape[1] // tile) * -(-x.shape[2] // tile)
-    if blocks < 2 * get_num_sms(x.device):
-        name = _DIRECT
-    elif size < 4:
-        name = _TILE16K
-    else:
-        return _launch(op, x, out)
-    key, view_dtype = _VARIANT_BY_SIZE[size]
-    if x.dtype != view_dtype:
-        x, out = x.view(view_dtype), out.view(view_dtype)
-    try:
-        launcher(name, dtype=key)(x, out)
     except ArgumentError as exc:  # the grid or a size does not fit the kernel: raised before any launch
         raise fail(op, f"x of shape {tuple(x.shape)} is outside what {name} serves ({exc}); split x along "
                        "its last dim") from exc

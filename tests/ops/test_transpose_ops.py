@@ -1,7 +1,7 @@
 """``tilebin.ops.transpose`` on CPU with the launch stubbed (``ops_stub.StubbedOps``): argument
 checks (typed, naming the op, before any launch), output dtype/shape/strides as tile_kernels lays
-them out, what is launched (variant by element size, contiguous aligned views, batch chunks),
-empty inputs (no launch) and the ``tilebin::`` registration."""
+them out, what is launched (variant by element size, the direct kernel for aligned decode grids,
+contiguous aligned views, batch chunks), empty inputs (no launch) and the ``tilebin::`` registration."""
 
 from __future__ import annotations
 
@@ -69,17 +69,37 @@ def test_batched_transpose_output_layout_and_launch(stub, dtype, shape):
     assert kout.data_ptr() == out.data_ptr()
 
 
-@pytest.mark.parametrize("dtype,shape,small", [
-    (torch.bfloat16, (128, 7168), True), (torch.bfloat16, (640, 7168), False),  # 56 / 280 blocks of 128 x 128
-    (torch.float8_e4m3fn, (256, 7168), True), (torch.float32, (320, 3328), True), (torch.float32, (320, 3392), False),
-    (torch.int16, (263, 1, 1), True), (torch.int16, (264, 1, 1), False), (torch.int8, (264, 1, 1), False),
+DIRECT = "transpose.batched_transpose_direct"
+
+
+@pytest.mark.parametrize("dtype,shape,name,small", [
+    (torch.bfloat16, (128, 7168), DIRECT, None), (torch.bfloat16, (640, 7168), KERNEL, False),  # 56 / 280 blocks
+    (torch.bfloat16, (129, 7168), KERNEL, True), (torch.bfloat16, (1, 7168), KERNEL, True),  # rows not % 8
+    (torch.float8_e4m3fn, (256, 7168), DIRECT, None), (torch.float8_e4m3fn, (248, 7168), KERNEL, True),
+    (torch.float32, (320, 3328), DIRECT, None), (torch.float32, (320, 3392), KERNEL, False),
+    (torch.float32, (320, 3326), KERNEL, True),  # cols not % 4
+    (torch.int16, (263, 1, 1), KERNEL, True), (torch.int16, (264, 1, 1), KERNEL, False),
+    (torch.int8, (264, 1, 1), KERNEL, False), (torch.int16, (263, 8, 8), DIRECT, None),
+    (torch.int16, (264, 8, 8), KERNEL, False), (torch.int16, (3, 9, 16), KERNEL, True),
 ], ids=str)
-def test_small_tiles_when_the_8_warp_grid_gives_fewer_than_2_blocks_per_sm(stub, dtype, shape, small):
-    """``small`` (2-warp tiles) exactly when the 8-warp tiles would give < 2 blocks per SM (132 SMs here)."""
+def test_decode_grids_take_the_direct_kernel_when_aligned_else_small_tiles(stub, dtype, shape, name, small):
+    """Fewer than 2 blocks per SM of the 8-warp tiles (132 SMs here): ``transpose.batched_transpose_direct``
+    when rows and cols are multiples of 16 bytes' worth of elements, else the 2-warp tiles (``small``)."""
     x = torch.zeros(shape, dtype=dtype)
     (T.transpose if x.dim() == 2 else T.batched_transpose)(x)
-    [(name, key, _)] = stub.launches
-    assert (name, key["small"]) == (KERNEL, small)
+    [(launched, key, _)] = stub.launches
+    variant = str(VARIANT[x.element_size()]).removeprefix("torch.")
+    assert (launched, key) == (name, {"dtype": variant} | ({} if small is None else {"small": small}))
+
+
+def test_the_token_count_picks_per_call_under_one_memo_key(stub, monkeypatch):
+    """A 2-D x's rows are not in the memo key: one stored plan, the kernel picked per call."""
+    monkeypatch.setattr(impl.TRANSPOSE, "memo", {})
+    for rows in (64, 65, 64, 640, 1):
+        T.transpose(torch.zeros((rows, 7168), dtype=torch.bfloat16))
+    assert [(n, k.get("small")) for n, k, _ in stub.launches] == [
+        (DIRECT, None), (KERNEL, True), (DIRECT, None), (KERNEL, False), (KERNEL, True)]
+    assert len(impl.TRANSPOSE.memo) == 1
 
 
 @pytest.mark.parametrize("op,shape", [("transpose", (0, 5)), ("transpose", (7, 0)), ("transpose", (0, 0)),
