@@ -89,8 +89,9 @@ def transpose_calls():
 
     for dtype in (torch.bfloat16, torch.float32, torch.float8_e4m3fn):
         name = str(dtype).removeprefix("torch.")
-        # decode rows (the 2-warp ``small`` tiles; 64 is 16-byte aligned, 1, 3 and 33 are not), odd sizes
-        for shape in ((1, 7168), (3, 7168), (33, 7168), (64, 7168), (129, 257)):
+        # decode rows (48 and 64, multiples of 16 bytes: transpose.batched_transpose_direct, 48 in partial
+        # tiles; 1, 3 and 33: the 2-warp ``small`` tiles), odd sizes
+        for shape in ((1, 7168), (3, 7168), (33, 7168), (48, 7168), (64, 7168), (129, 257)):
             x = torch.randn(shape, device="cuda").to(dtype)
             yield f"transpose({'x'.join(map(str, shape))}, {name})", lambda x=x: tr.transpose(x)
         # enough blocks for the 8-warp tiles, every edge tile partial but 16-byte aligned

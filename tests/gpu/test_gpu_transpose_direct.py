@@ -1,13 +1,14 @@
-"""GPU tests of the round-2 transpose candidates (issue 12): ``transpose._batched_transpose_direct_candidate``
-and ``transpose._batched_transpose_tile16k_candidate``, launched directly and through
-``tilebin.ops.transpose`` with the ``TILEBIN_CANDIDATE_TRANSPOSE`` switch's plan forced on and off.
+"""GPU tests of ``transpose.batched_transpose_direct`` (issue 12, shipped after the 15:24 UTC H200 run
+of 2026-12-02): the kernel launched directly on every shape, and ``tilebin.ops.transpose``'s default
+path, which launches it for decode grids whose rows and cols are multiples of 16 bytes' worth of
+elements and ``transpose.batched_transpose`` for everything else.
 
 Every result is compared bit for bit with torch's ``x.t().contiguous()`` / ``x.transpose(1, 2)``
-(on an integer view of the bits) and, for the op, with the shipped kernel's result, on fresh random
-bit patterns (NaN payloads included) with the allocator's free memory poisoned (0xFF) first, so an
-element never written shows.  Shapes: empty, 1 and odd rows (the element paths), decode token counts
-against 7168 columns (the direct kernel), tile edges, and 8192 x 7168 / 8 x 4096 x 4096 (the
-16 KB-tile kernel).
+(on an integer view of the bits) and, for the op, with the shipped ``transpose.batched_transpose``
+launched directly, on fresh random bit patterns (NaN payloads included) with the allocator's free
+memory poisoned (0xFF) first, so an element never written shows.  Shapes: empty, 1 and odd rows
+(the element paths), decode token counts against 7168 columns, tile edges, and the large benchmark
+shapes (8192 x 7168, 8 x 4096 x 4096).  Which kernel the op picks is checked on the benchmark shapes.
 """
 
 from __future__ import annotations
@@ -19,8 +20,7 @@ from _gpu_util import assert_bits_equal
 from _moe_util import poison_cache
 from test_gpu_transpose_ops import KERNEL, _name, check, random_bits
 
-DIRECT = "transpose._batched_transpose_direct_candidate"
-TILE16K = "transpose._batched_transpose_tile16k_candidate"
+DIRECT = "transpose.batched_transpose_direct"
 DTYPES = (torch.bfloat16, torch.float32, torch.float8_e4m3fn)
 _VIEW = {1: torch.float8_e4m3fn, 2: torch.bfloat16, 4: torch.float32}
 SHAPES_2D = [(0, 7168), (1, 7168), (1, 1), (3, 17), (4, 7168), (16, 7168), (17, 7168), (64, 7168), (128, 7168),
@@ -30,40 +30,36 @@ SHAPES_3D = [(1, 64, 7168), (3, 40, 136), (5, 17, 33), (8, 128, 128), (2, 4096, 
 _id = lambda s: "x".join(map(str, s))  # noqa: E731
 
 
-def _launch_kernel(name: str, x: torch.Tensor) -> torch.Tensor:
-    """``name`` on x ``[b, m, n]`` (viewed as its element size's variant dtype) into a poisoned output."""
+def _launch_kernel(name: str, x: torch.Tensor, **key) -> torch.Tensor:
+    """``name`` (compile-time key values ``key`` pin the variant) on x ``[b, m, n]`` into a poisoned output."""
     from tilebin import runtime
 
     view = _VIEW[x.element_size()]
     out = torch.empty((x.shape[0], x.shape[2], x.shape[1]), dtype=x.dtype, device=x.device)
     out.view(torch.uint8).fill_(0xFF)
     if out.numel():
-        runtime.launch(name, x.view(view), out.view(view))
+        runtime.launch(name, x.view(view), out.view(view), **key)
     return out
 
 
-@pytest.mark.parametrize("name", (DIRECT, TILE16K), ids=("direct", "tile16k"))
 @pytest.mark.parametrize("dtype", DTYPES, ids=_name)
 @pytest.mark.parametrize("shape", [(1, *s) for s in SHAPES_2D] + SHAPES_3D, ids=_id)
-def test_kernel_bit_exact(require, rng, name, dtype, shape):
-    """Each candidate kernel is correct for every shape (the op launches it on aligned ones only)."""
-    if name == TILE16K and dtype == torch.float32:
-        pytest.skip("tile16k has bf16 and fp8 variants only")
-    require(name)
+def test_kernel_bit_exact(require, rng, dtype, shape):
+    """The kernel is correct for every shape (the op launches it on aligned decode grids only)."""
+    require(DIRECT)
     x = random_bits(shape, dtype, rng.gen)
     poison_cache(2 * x.numel() * x.element_size())
-    check(_launch_kernel(name, x), x, f"{name} {shape} {_name(dtype)} seed={rng.seed}")
+    check(_launch_kernel(DIRECT, x), x, f"{DIRECT} {shape} {_name(dtype)} seed={rng.seed}")
 
 
-@pytest.fixture(params=(False, True), ids=("shipped", "candidate"))
-def T(request, require, monkeypatch):
-    """``tilebin.ops.transpose`` with the switch's plans forced (memos cleared before and after)."""
+@pytest.fixture()
+def T(require):
+    """``tilebin.ops.transpose`` with its memos cleared before and after."""
     from tilebin.ops import transpose
     from tilebin.ops.transpose import _transpose
 
-    for name in (KERNEL, DIRECT, TILE16K):
+    for name in (KERNEL, DIRECT):
         require(name)
-    monkeypatch.setattr(_transpose, "_CANDIDATE", request.param)
     for spec in _transpose.SPECS:
         spec.memo.clear()
     yield transpose
@@ -72,8 +68,9 @@ def T(request, require, monkeypatch):
 
 
 def _shipped(x: torch.Tensor) -> torch.Tensor:
+    """``transpose.batched_transpose`` (8-warp tiles) launched directly, whatever the op would pick."""
     x3 = x if x.dim() == 3 else x.unsqueeze(0)
-    out = _launch_kernel(KERNEL, x3) if x3.numel() else x3.transpose(1, 2).contiguous()
+    out = _launch_kernel(KERNEL, x3, small=False) if x3.numel() else x3.transpose(1, 2).contiguous()
     return out if x.dim() == 3 else out.squeeze(0)
 
 
@@ -101,18 +98,19 @@ def test_op_batched_transpose(T, rng, dtype, shape):
 
 @pytest.mark.parametrize(
     ("shape", "dtype", "kernel"),
-    [((64, 7168), torch.bfloat16, DIRECT), ((128, 7168), torch.bfloat16, DIRECT), ((16, 7168), torch.bfloat16, DIRECT),
-     ((1, 7168), torch.bfloat16, KERNEL), ((8192, 7168), torch.bfloat16, TILE16K),
-     ((8192, 7168), torch.float8_e4m3fn, TILE16K), ((8192, 7168), torch.float32, KERNEL),
-     ((8, 4096, 4096), torch.bfloat16, TILE16K), ((4001, 7168), torch.bfloat16, KERNEL)],
+    [((1, 7168), torch.bfloat16, KERNEL), ((4, 7168), torch.bfloat16, KERNEL),  # rows not a multiple of 8
+     ((16, 7168), torch.bfloat16, DIRECT), ((64, 7168), torch.bfloat16, DIRECT), ((128, 7168), torch.bfloat16, DIRECT),
+     ((8192, 7168), torch.bfloat16, KERNEL), ((8192, 7168), torch.float32, KERNEL),
+     ((8192, 7168), torch.float8_e4m3fn, KERNEL), ((8, 4096, 4096), torch.bfloat16, KERNEL)],
     ids=lambda v: _id(v) if isinstance(v, tuple) else _name(v) if isinstance(v, torch.dtype) else v.split(".")[1],
 )
-def test_switch_picks(require, rng, monkeypatch, shape, dtype, kernel):
-    """With the switch on, the plan launches the kernel meant for the shape."""
-    from tilebin.ops import transpose
+def test_op_picks(T, rng, monkeypatch, shape, dtype, kernel):
+    """The op launches the kernel meant for each benchmark shape (decode grids: 56 blocks of 8 warps)."""
+    from tilebin.ops.config import get_num_sms
     from tilebin.ops.transpose import _transpose
 
-    require(kernel)
+    if 2 * get_num_sms() <= 56:
+        pytest.skip(f"{get_num_sms()} SMs: 128 x 7168 bf16 gives 2 blocks per SM of the 8-warp tiles")
     picked = []
     real = _transpose.launcher
 
@@ -120,22 +118,16 @@ def test_switch_picks(require, rng, monkeypatch, shape, dtype, kernel):
         picked.append(name)
         return real(name, **key)
 
-    monkeypatch.setattr(_transpose, "_CANDIDATE", True)
     monkeypatch.setattr(_transpose, "launcher", spy)
-    for spec in _transpose.SPECS:
-        spec.memo.clear()
-    try:
-        x = random_bits(shape, dtype, rng.gen)
-        out = transpose.transpose(x) if len(shape) == 2 else transpose.batched_transpose(x)
-        check(out, x, f"{shape} {_name(dtype)}")
-    finally:
-        for spec in _transpose.SPECS:
-            spec.memo.clear()
+    x = random_bits(shape, dtype, rng.gen)
+    out = T.transpose(x) if len(shape) == 2 else T.batched_transpose(x)
+    check(out, x, f"{shape} {_name(dtype)}")
     assert picked == [kernel], f"{shape} {_name(dtype)}: launched {picked}, expected {kernel}"
 
 
-def test_direct_under_a_cuda_graph(T, rng):
-    x = random_bits((64, 7168), torch.bfloat16, rng.gen)
+@pytest.mark.parametrize("rows", (64, 16), ids=str)
+def test_direct_under_a_cuda_graph(T, rng, rows):
+    x = random_bits((rows, 7168), torch.bfloat16, rng.gen)
     T.transpose(x)  # warm: the module is loaded before the capture
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
