@@ -27,7 +27,6 @@ Where tilebin is stricter or more defined than tile_kernels:
 from __future__ import annotations
 
 import operator
-import os
 from typing import Any, Callable, Optional, Union
 
 import torch
@@ -50,18 +49,13 @@ _MAPPING = "moe.get_fused_mapping"  # its meta: max_experts (the op's limit), ma
 _ENTRIES_PER_BLOCK = 1024  # 8 warps x 128 entries: one trip per warp
 _REDUNDANT_ENTRIES = 2048  # up to this many entries: the barrier-free (redundant) variant
 _REDUNDANT_BLOCKS = 32
-# TILEBIN_CANDIDATE_GET_FUSED_MAPPING=1 (read once, at import): above _REDUNDANT_ENTRIES entries get_fused_mapping
-# launches the internal speed candidate moe._get_fused_mapping_candidate (issue 12: the -1 fill before the grid
-# barrier, one block per SM; same slot layout and bits)
-_MAPPING_CANDIDATE = os.environ.get("TILEBIN_CANDIDATE_GET_FUSED_MAPPING") == "1"
 # Below _REDUCE_SPLIT_TOKENS tokens reduce_fused launches moe.reduce_fused_few_tokens (a token spread over
 # hidden / 1024 blocks; H200 decode: 2.2 us vs 20.0 at 1 token, 38.7 vs 42.3 at 1024), from there on
-# moe.reduce_fused (a block per token, one row in flight: at ~17k tokens 1.6x the bytes per second).
+# moe.reduce_fused (a block per token, one row in flight: at ~17k tokens 1.6x the bytes per second), or for rows
+# of at most _PAIRED_ROW_BYTES moe.reduce_fused_paired (two rows in flight; H200, ~17.6k tokens, top-k 6, e4m3 + sf:
+# 2048 bf16 51.5 -> 44.7 us, 3072 fp32 104.0 -> 97.7, but 7168 fp32 213.4 -> 217.6).
 _REDUCE_SPLIT_TOKENS = 1024
-# TILEBIN_CANDIDATE_REDUCE_FUSED=1 (read once, at import): from _REDUCE_SPLIT_TOKENS tokens on, reduce_fused
-# launches the internal speed candidate moe._reduce_fused_candidate (issue 12; same parameters, variants, bits)
-_REDUCE_MANY = ("moe._reduce_fused_candidate" if os.environ.get("TILEBIN_CANDIDATE_REDUCE_FUSED") == "1"
-                else "moe.reduce_fused")
+_PAIRED_ROW_BYTES = 12288
 _INT32 = (torch.int32,)
 _OUT_KEYS = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float8_e4m3fn: "float8_e4m3fn"}
 
@@ -121,34 +115,6 @@ def _plan_mapping(values: dict) -> Callable[..., tuple]:
         blocks, redundant = _mapping_grid(numel, num_experts, num_expanded_tokens, cap)
         return _fused_mapping(fns[redundant], topk_idx, (num_tokens, num_topk), dev, num_expanded_tokens, num_experts,
                               blocks, alignment, should_sync)
-
-    return _candidate_mapping(run, values) if _MAPPING_CANDIDATE else run
-
-
-def _candidate_mapping(shipped: Callable[..., tuple], values: dict) -> Callable[..., tuple]:
-    """get_fused_mapping through moe._get_fused_mapping_candidate above _REDUNDANT_ENTRIES entries (one block
-    per SM; unroll 1, 2 or 4: the smallest with at most 1, 2 or any number of trips per warp), else ``shipped``."""
-    num_experts, alignment = values["num_experts"], values["alignment"]
-    sync_if_zero = not values["force_no_sync"]
-    padding = (alignment - 1) * num_experts
-    cand = {u: launcher("moe._get_fused_mapping_candidate", unroll=u) for u in (1, 2, 4)}
-    max_blocks = kernel_meta(_MAPPING, "max_blocks")
-    dev = values["topk_idx"].device
-
-    def run(topk_idx: torch.Tensor, *rest: Any) -> tuple:
-        num_tokens, num_topk = topk_idx.shape
-        numel = num_tokens * num_topk
-        if numel <= _REDUNDANT_ENTRIES:
-            return shipped(topk_idx, *rest)
-        num_expanded_tokens = operator.index(rest[1])
-        should_sync = num_expanded_tokens == 0 and sync_if_zero
-        if should_sync:
-            num_expanded_tokens = (numel + padding) // alignment * alignment
-        blocks = min(get_num_sms(dev), max_blocks)
-        warps = blocks * 8  # the kernel's 256-thread blocks
-        unroll = 1 if numel <= warps * 32 else 2 if numel <= warps * 128 else 4
-        return _fused_mapping(cand[unroll], topk_idx, (num_tokens, num_topk), dev, num_expanded_tokens, num_experts,
-                              max(blocks, 1), alignment, should_sync)
 
     return run
 
@@ -339,13 +305,15 @@ def _reduce_relations(op: str, values: dict) -> None:
 
 def _plan_reduce(values: dict) -> Callable[..., torch.Tensor]:
     """A call copies misaligned read-only inputs, allocates out (unless given) and launches
-    moe.reduce_fused_few_tokens below _REDUCE_SPLIT_TOKENS tokens, moe.reduce_fused from there on."""
+    moe.reduce_fused_few_tokens below _REDUCE_SPLIT_TOKENS tokens, from there on moe.reduce_fused_paired
+    for rows of at most _PAIRED_ROW_BYTES bytes (fixed by the configuration: chosen here), else moe.reduce_fused."""
     pair = isinstance(values["x"], tuple)
     data = values["x"][0] if pair else values["x"]
     out_dtype = reduce_out_dtype(values["fp8_format"], data)
     hidden, dev = data.shape[1], data.device
     variant = {"in_dtype": REDUCE_DTYPES[data.dtype], "out_dtype": _OUT_KEYS[out_dtype]}
-    fns = (launcher("moe.reduce_fused_few_tokens", **variant), launcher(_REDUCE_MANY, **variant))
+    many = "moe.reduce_fused_paired" if hidden * data.element_size() <= _PAIRED_ROW_BYTES else "moe.reduce_fused"
+    fns = (launcher("moe.reduce_fused_few_tokens", **variant), launcher(many, **variant))
     # absent optional tensors: stand-ins of the right rank, never read (their flag is 0)
     flags = (int(values["topk_weights"] is not None), int(pair), int(values["sf"] is not None))
 

@@ -31,14 +31,16 @@ def moe(require):
 @pytest.fixture(params=[(REDUCE_KERNELS[0], 0), (REDUCE_KERNELS[1], 1 << 40)], ids=("reduce_fused", "few_tokens"))
 def reduce_kernel(request, require, monkeypatch):
     """Which kernel reduce_fused launches, at every token count (the op's _REDUCE_SPLIT_TOKENS moved:
-    0 forces moe.reduce_fused, 2**40 moe.reduce_fused_few_tokens); the op's memo of validated calls
-    starts empty."""
+    0 forces moe.reduce_fused, 2**40 moe.reduce_fused_few_tokens; _PAIRED_ROW_BYTES -1 keeps
+    moe.reduce_fused_paired out, tests/gpu/test_gpu_moe_reduce_paired.py covers it); the op's memo of
+    validated calls starts empty."""
     from tilebin.ops.moe import _routing
 
     name, split = request.param
     for kernel in REDUCE_KERNELS:
         require(kernel)
     monkeypatch.setattr(_routing, "_REDUCE_SPLIT_TOKENS", split)
+    monkeypatch.setattr(_routing, "_PAIRED_ROW_BYTES", -1)
     monkeypatch.setattr(_routing.REDUCE_FUSED, "memo", {})
     return name
 

@@ -173,14 +173,20 @@ def test_a_numpy_num_expanded_tokens_replays_as_the_int(ops):
         assert (describe(r.get_fused_mapping(idx, 64, np.int32(0), 16)), describe_launches(ops.launches)) == want
 
 
-def test_reduce_fused_kernel_by_token_count(ops):
-    """moe.reduce_fused_few_tokens below _REDUCE_SPLIT_TOKENS tokens, moe.reduce_fused from there
-    on: first call (checked) and memoized calls alike."""
-    y = torch.randn(50, 64)
+@pytest.mark.parametrize("hidden, dtype, many", [
+    (64, F32, "moe.reduce_fused_paired"), (3072, F32, "moe.reduce_fused_paired"),  # 12288 bytes: the limit
+    (3076, F32, "moe.reduce_fused"), (6144, BF, "moe.reduce_fused_paired"), (6152, BF, "moe.reduce_fused"),
+    (7168, F32, "moe.reduce_fused")])
+def test_reduce_fused_kernel_by_token_count_and_row_bytes(ops, hidden, dtype, many):
+    """moe.reduce_fused_few_tokens below _REDUCE_SPLIT_TOKENS tokens; from there on
+    moe.reduce_fused_paired for rows of <= _PAIRED_ROW_BYTES bytes, else moe.reduce_fused: first
+    call (checked) and memoized calls alike."""
+    assert r._PAIRED_ROW_BYTES == 12288
+    y = torch.randn(50, hidden).to(dtype)
     for tokens in (1, r._REDUCE_SPLIT_TOKENS - 1, r._REDUCE_SPLIT_TOKENS, 1, r._REDUCE_SPLIT_TOKENS + 1):
         ops.launches.clear()
         r.reduce_fused(y, torch.rand(tokens, 8), _ttp(tokens))
-        want = "moe.reduce_fused" if tokens >= r._REDUCE_SPLIT_TOKENS else "moe.reduce_fused_few_tokens"
+        want = many if tokens >= r._REDUCE_SPLIT_TOKENS else "moe.reduce_fused_few_tokens"
         assert [name for name, _, _ in ops.launches] == [want], tokens
 
 
