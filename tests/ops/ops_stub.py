@@ -101,29 +101,31 @@ def declared_meta(kernel: str, key: str) -> Any:
     return _declaration(kernel).meta[key]
 
 
-def _declaration(kernel: str) -> Any:
-    """``kernel``'s ``KernelDecl`` in ``tilebin.kernels``."""
+def _declaring_module(kernel: str) -> str:
+    """The module of ``tilebin.kernels`` that declares ``kernel``."""
     from tilebin.kernels.modules import ALL_MODULES
 
     family = kernel.split(".")[0]
     for module in ALL_MODULES:
-        if f".{family}." in module:
-            for decl in importlib.import_module(module).KERNELS:
-                if decl.name == kernel:
-                    return decl
+        if f".{family}." in module and any(d.name == kernel for d in importlib.import_module(module).KERNELS):
+            return module
     raise KeyError(kernel)
 
 
+def _declaration(kernel: str) -> Any:
+    """``kernel``'s ``KernelDecl`` in ``tilebin.kernels``."""
+    return next(d for d in importlib.import_module(_declaring_module(kernel)).KERNELS if d.name == kernel)
+
+
 def declared_variants(kernel: str) -> list:
-    """``kernel``'s variants as the build enumerates them (each grid variant's specialisations just
-    ahead of it), as objects with the manifest's ``key`` and ``specialised``."""
+    """``kernel``'s variants in the build's order (``tilebin.aot``'s job list: each grid variant's
+    specialisations just ahead of it), as objects with the manifest's ``key`` and ``specialised``."""
     from types import SimpleNamespace
 
-    out = []
-    for v in _declaration(kernel).grid:
-        out += [SimpleNamespace(key={**v, **s}, specialised=tuple(sorted(s))) for s in _declaration(kernel).specialise]
-        out.append(SimpleNamespace(key=dict(v), specialised=()))
-    return out
+    from tilebin.aot._build import enumerate_jobs
+
+    return [SimpleNamespace(key=job.key, specialised=tuple(n for n, _ in job.specialised))
+            for job in enumerate_jobs([_declaring_module(kernel)]) if job.kernel == kernel]
 
 
 def describe(value: Any) -> Any:
