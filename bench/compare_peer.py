@@ -2,7 +2,7 @@
 """tilebin against tile_kernels 1.0.0, side by side: the same call on the same inputs, one process.
 
     PYTHONPATH=<site with the tilebin wheel>[:<folder with tile_kernels + tilelang>] \\
-        python3 bench/compare_peer.py [--families quant,moe,transpose] [--quick] [--candidates] [--json F] [--md F]
+        python3 bench/compare_peer.py [--families quant,moe,transpose] [--quick] [--candidates] [--events] [--ops a,b] [--json F] [--md F]
 
 Per case (``compare_peer_cases.py``: the shapes of the speed-parity issue, decode sizes of 1-128
 tokens, the transpose ops): device time of tilebin's op and of tile_kernels' op of the same name
@@ -58,11 +58,12 @@ def _t():
 class Timer:
     """Kernel time per call with a cold L2: CUPTI through torch.profiler, else CUDA events."""
 
-    def __init__(self, reps: int) -> None:
+    def __init__(self, reps: int, events: bool = False) -> None:
         torch = _t()
         self.reps = reps
         self.buf = torch.zeros(FLUSH_BYTES // 8, dtype=torch.int64, device="cuda")
-        self.flush_names = self._flush_names()  # what the flush launches, to leave it out
+        # what the flush launches, to leave it out; none with --events (CUDA events time every case)
+        self.flush_names = frozenset() if events else self._flush_names()
 
     def flush(self) -> None:
         self.buf.bitwise_not_()
@@ -196,7 +197,7 @@ def _measure(row: dict, side: str, mod: Any, op: str, args: tuple, kwargs: dict,
         return None
 
 
-def run_family(family: str, quick: bool, reps: int) -> list[dict]:
+def run_family(family: str, quick: bool, reps: int, events: bool = False, ops: frozenset = frozenset()) -> list[dict]:
     ours = importlib.import_module(f"tilebin.ops.{family}")
     peer = None
     if load_peer() is not None:  # sets up tile_kernels' import on TileLang 0.1.15
@@ -204,9 +205,11 @@ def run_family(family: str, quick: bool, reps: int) -> list[dict]:
             peer = importlib.import_module(f"tile_kernels.{family}")
         except Exception as exc:  # noqa: BLE001
             print(f"tile_kernels.{family} not importable ({exc!r}): peer column n/a", flush=True)
-    timer = Timer(reps)
+    timer = Timer(reps, events)
     rows = []
     for case in all_cases(family, quick):
+        if ops and case.op not in ops:
+            continue
         rows.append(run_case(case, ours, peer, timer))
         print(" | ".join(_cells(rows[-1])), flush=True)
         if any(lost in rows[-1].get(f"{side}_error", "") for side in ("ours", "peer") for lost in _CONTEXT_LOST):
@@ -292,7 +295,8 @@ def _children(ns: argparse.Namespace, families: list[str]) -> tuple[list[dict], 
             with tempfile.TemporaryDirectory() as tmp:
                 path = os.path.join(tmp, "rows.json")
                 cmd = [sys.executable, os.path.abspath(__file__), "--families", family, "--reps", str(ns.reps),
-                       "--rows-only", path] + (["--quick"] if ns.quick else [])
+                       "--rows-only", path] + (["--quick"] if ns.quick else []) \
+                    + (["--events"] if ns.events else []) + (["--ops", ns.ops] if ns.ops else [])
                 rc = subprocess.run(cmd, env={**os.environ, **switches}).returncode
                 if os.path.exists(path):
                     with open(path) as fh:
@@ -311,6 +315,10 @@ def main() -> int:
     ap.add_argument("--md")
     ap.add_argument("--candidates", action="store_true",
                     help="also run every family with all TILEBIN_CANDIDATE_* switches on (rows marked)")
+    ap.add_argument("--events", action="store_true",
+                    help="time with CUDA events around each call (end to end, launch gaps included) "
+                         "instead of summed CUPTI kernel durations, which count a PDL overlap twice")
+    ap.add_argument("--ops", default="", help="comma-separated op names: only their cases")
     ap.add_argument("--rows-only", help=argparse.SUPPRESS)  # a child: write its rows here, no report
     ns = ap.parse_args()
     families = [f for f in ns.families.split(",") if f]
@@ -327,13 +335,15 @@ def main() -> int:
         print("compare_peer: skipped, no CUDA GPU visible (needs torch with CUDA and an H100/H200)")
         return 0
     if ns.rows_only:
-        rows = [r for f in families for r in run_family(f, ns.quick, ns.reps)]
+        ops = frozenset(o for o in ns.ops.split(",") if o)
+        rows = [r for f in families for r in run_family(f, ns.quick, ns.reps, ns.events, ops)]
         with open(ns.rows_only, "w") as fh:
             json.dump(rows, fh)
         return 0
     facts = {**env_facts(), "tile_kernels": _pkg_version("tile-kernels"), "tilelang": _pkg_version("tilelang")}
     if len(families) == 1 and not ns.candidates:
-        rows, failed = run_family(families[0], ns.quick, ns.reps), []
+        ops = frozenset(o for o in ns.ops.split(",") if o)
+        rows, failed = run_family(families[0], ns.quick, ns.reps, ns.events, ops), []
     else:
         rows, failed = _children(ns, families)
     report(rows, facts, ns, failed)
