@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Device time and bandwidth of transpose.batched_transpose against torch, same run, same bytes.
 
-    PYTHONPATH=<site with the tilebin wheel> python3 bench/bench_transpose.py [--json F] [--md F]
+    PYTHONPATH=<site with the tilebin wheel> python3 bench/bench_transpose.py [--direct] [--only bfloat16,...] [--json F] [--md F]
 
 Per config: median device time (CUDA events around each call; each round queued behind a GPU
 sleep so no launch gap lands inside a timed region) of
@@ -26,6 +26,7 @@ import sys
 from _common import env_facts, env_markdown, markdown_table, time_device_ms, write_reports
 
 TRANSPOSE = "transpose.batched_transpose"
+DIRECT = "transpose.batched_transpose_direct"  # --direct: timed beside it at every config
 CONFIGS = [  # (dtype, batch, rows, cols)
     ("bfloat16", 1, 8192, 7168),
     ("float32", 1, 8192, 7168),
@@ -83,7 +84,10 @@ def bench_config(rt, cfg, args) -> dict:
     tb = [lambda x=x, out=out: rt.launch(TRANSPOSE, x, out) for x, out in pairs]
     copy, trans = _torch_fns(pairs)
     row = {"dtype": name, "shape": [b, r, c], "bytes_moved": pair_bytes, "buffers": len(pairs)}
-    for label, fns in (("tilebin", tb), ("copy", copy), ("torch_T", trans)):
+    timed = [("tilebin", tb), ("copy", copy), ("torch_T", trans)]
+    if args.direct:
+        timed.append(("direct", [lambda x=x, out=out: rt.launch(DIRECT, x, out) for x, out in pairs]))
+    for label, fns in timed:
         for f in fns[: min(len(fns), 4)] * 3:  # warm-up
             f()
         torch.cuda.synchronize()
@@ -96,6 +100,11 @@ def bench_config(rt, cfg, args) -> dict:
     rt.launch(TRANSPOSE, x, out)
     want = _int_view(x).transpose(1, 2).contiguous()
     row["bit_exact"] = bool(torch.equal(_int_view(out), want))
+    if args.direct:
+        out.view(torch.uint8).fill_(255)
+        rt.launch(DIRECT, x, out)
+        row["bit_exact"] = row["bit_exact"] and bool(torch.equal(_int_view(out), want))
+        row["direct_speedup"] = row["tilebin"]["median"] / row["direct"]["median"]
     del pairs, tb, copy, trans
     torch.cuda.empty_cache()
     return row
@@ -111,13 +120,15 @@ def render(result: dict) -> str:
                      f"{r['tilebin']['median'] * 1e3:.1f}", f"{r['tilebin']['GBps']:.0f}",
                      f"{r['copy']['GBps']:.0f}", f"{r['pct_of_copy']:.1f}",
                      f"{r['torch_T']['GBps']:.0f} ({r['speedup_vs_torch_T']:.2f}x)",
-                     "yes" if r["bit_exact"] else "**NO**"])
+                     "yes" if r["bit_exact"] else "**NO**"]
+                    + ([f"{r['direct']['median'] * 1e3:.1f} ({r['direct_speedup']:.2f}x)"] if "direct" in r else []))
     head = result.get("headline_pct_of_copy")
     verdict = "n/a" if head is None else f"{head:.1f} % (target >= 90 %: {'met' if head >= 90 else '**NOT met**'})"
     return "\n".join([
         "### Transpose bandwidth (device time, CUDA events, median)", "", env_markdown(result["env"]), "",
         markdown_table(["dtype", "b x rows x cols", "MB moved", "tilebin µs", "tilebin GB/s", "copy_ GB/s",
-                        "% of copy", "torch T.contiguous GB/s (tilebin speedup)", "bit-exact"], rows),
+                        "% of copy", "torch T.contiguous GB/s (tilebin speedup)", "bit-exact"]
+                       + (["direct kernel µs (speedup)"] if any("direct" in r for r in result["rows"]) else []), rows),
         "", f"Headline bf16 1x8192x7168: {verdict}",
     ])
 
@@ -128,6 +139,8 @@ def main() -> int:
     ap.add_argument("--per-round", type=int, default=20)
     ap.add_argument("--working-set-mb", type=int, default=1024)
     ap.add_argument("--only", help="comma-separated dtypes to keep, e.g. bfloat16")
+    ap.add_argument("--direct", action="store_true",
+                    help=f"also time {DIRECT} at every config (a column; its output is checked too)")
     ap.add_argument("--json")
     ap.add_argument("--md")
     args = ap.parse_args()

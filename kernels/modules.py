@@ -35,7 +35,6 @@ ALL_MODULES = (
     "tilebin.kernels.moe.top2_sum_gate",
     "tilebin.kernels.moe.topk_sum_and_topk_group_idx",
     "tilebin.kernels.moe.aux_fi",
-    "tilebin.kernels.moe._aux_fi_candidate",
     "tilebin.kernels.moe.aux_fi_many_experts",
     "tilebin.kernels.moe.group_count",
     "tilebin.kernels.moe.normalize_weight",

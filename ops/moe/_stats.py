@@ -18,7 +18,6 @@ instead).
 
 from __future__ import annotations
 
-import os
 from typing import Any, Callable
 
 import torch
@@ -36,13 +35,7 @@ _MASK_DTYPES = {torch.int64: "int64", torch.int32: "int32"}
 _AUX_FI = "moe.aux_fi"  # its meta: max_experts (its shared bins; more: moe.aux_fi_many_experts), max_blocks
 _AUX_FI_WIDE = 65536  # above this many indices aux_fi's grid loads 8 per thread (fewer blocks), else 4
 
-# Speed-trial switch, read once at import (removed when the lead ships or drops the candidate):
-# TILEBIN_CANDIDATE_AUX_FI=1 makes aux_fi launch moe._aux_fi_candidate (8-block clusters to workspace rows,
-# then a PDL-chained column sum: no grid barrier) above SINGLE_BLOCK_ENTRIES indices at up to its max_experts.
-_AUX_FI_CANDIDATE = os.environ.get("TILEBIN_CANDIDATE_AUX_FI") == "1"
-_AUX_FI_CAND = "moe._aux_fi_candidate"  # its meta: max_experts, max_rows (clusters), cluster (blocks per cluster)
 
-# Speed-trial switch, read once at import (removed when the lead ships or drops the candidate):
 def _entries(name: str, dtypes: tuple = _INT64) -> TensorParam:
     """A 2-D contiguous ``[num_tokens, num_topk]`` tensor of ``dtypes`` with at most MAX_ENTRIES entries."""
     return TensorParam(name, dtypes, 2, contiguous=True, max_numel=MAX_ENTRIES)
@@ -73,30 +66,6 @@ def _plan_aux_fi(values: dict) -> Callable[..., torch.Tensor]:
         blocks = 1 if single else max(1, min(2 * get_num_sms(device), max_blocks, -(-entries // (256 * unroll))))
         workspace = torch.empty((blocks, num_experts), dtype=torch.int32, device=device)
         fns[single, unroll](topk_idx, out, workspace, num_aux_topk)
-        return out
-
-    if _AUX_FI_CANDIDATE and not wide and num_experts <= kernel_meta(_AUX_FI_CAND, "max_experts"):
-        return _aux_fi_candidate_run(run, num_experts, num_aux_topk)
-    return run
-
-
-def _aux_fi_candidate_run(shipped: Callable[..., torch.Tensor], num_experts: int,
-                          num_aux_topk: int) -> Callable[..., torch.Tensor]:
-    """aux_fi through moe._aux_fi_candidate above SINGLE_BLOCK_ENTRIES indices, else ``shipped``."""
-    cand = {unroll: launcher(_AUX_FI_CAND, unroll=unroll) for unroll in (4, 8)}
-    max_rows, cluster = kernel_meta(_AUX_FI_CAND, "max_rows"), kernel_meta(_AUX_FI_CAND, "cluster")
-
-    def run(topk_idx: torch.Tensor, *rest: Any) -> torch.Tensor:
-        entries = topk_idx.numel()
-        if entries <= SINGLE_BLOCK_ENTRIES:
-            return shipped(topk_idx, *rest)
-        device = topk_idx.device
-        # as moe.aux_fi's grid (one block per 256 x unroll entries, 2 per SM at most), in whole clusters
-        unroll = 8 if entries > _AUX_FI_WIDE else 4
-        rows = max(1, min(2 * get_num_sms(device) // cluster, max_rows, -(-entries // (256 * unroll * cluster))))
-        out = torch.empty(num_experts, dtype=torch.float32, device=device)
-        workspace = torch.empty((rows, num_experts), dtype=torch.int32, device=device)
-        cand[unroll](topk_idx, out, workspace, num_aux_topk)
         return out
 
     return run
