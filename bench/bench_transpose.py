@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Device time and bandwidth of transpose.batched_transpose against torch, same run, same bytes.
 
-    PYTHONPATH=<site with the tilebin wheel> python3 bench/bench_transpose.py [--direct] [--only bfloat16,...] [--json F] [--md F]
+    PYTHONPATH=<site with the tilebin wheel> python3 bench/bench_transpose.py [--direct] [--small] [--cand] [--only bfloat16,...] [--json F] [--md F]
 
 Per config: median device time (CUDA events around each call; each round queued behind a GPU
 sleep so no launch gap lands inside a timed region) of
@@ -27,6 +27,7 @@ from _common import env_facts, env_markdown, markdown_table, time_device_ms, wri
 
 TRANSPOSE = "transpose.batched_transpose"
 DIRECT = "transpose.batched_transpose_direct"  # --direct: timed beside it at every config
+CAND = "transpose._tiles_candidate"  # --cand: each of its variants of the config's dtype, beside it
 CONFIGS = [  # (dtype, batch, rows, cols)
     ("bfloat16", 1, 8192, 7168),
     ("float32", 1, 8192, 7168),
@@ -87,6 +88,15 @@ def bench_config(rt, cfg, args) -> dict:
     timed = [("tilebin", tb), ("copy", copy), ("torch_T", trans)]
     if args.direct:
         timed.append(("direct", [lambda x=x, out=out: rt.launch(DIRECT, x, out) for x, out in pairs]))
+    cands = []
+    if args.cand and CAND in rt.kernel_names(internal=True):  # every trial variant of this dtype
+        cands = [v.key["shape"] for v in rt.spec(CAND).variants if v.key["dtype"] == name]
+        for shape in cands:
+            fn = rt.unchecked_launcher(CAND, dtype=name, shape=shape)
+            timed.append((f"cand {shape}", [lambda x=x, out=out, fn=fn: fn(x, out) for x, out in pairs]))
+    if args.small:
+        small = rt.unchecked_launcher(TRANSPOSE, dtype=name, small=True)
+        timed.append(("small", [lambda x=x, out=out: small(x, out) for x, out in pairs]))
     for label, fns in timed:
         for f in fns[: min(len(fns), 4)] * 3:  # warm-up
             f()
@@ -105,6 +115,16 @@ def bench_config(rt, cfg, args) -> dict:
         rt.launch(DIRECT, x, out)
         row["bit_exact"] = row["bit_exact"] and bool(torch.equal(_int_view(out), want))
         row["direct_speedup"] = row["tilebin"]["median"] / row["direct"]["median"]
+    for shape in cands:
+        out.view(torch.uint8).fill_(255)
+        rt.unchecked_launcher(CAND, dtype=name, shape=shape)(x, out)
+        row["bit_exact"] = row["bit_exact"] and bool(torch.equal(_int_view(out), want))
+        row[f"cand {shape}_speedup"] = row["tilebin"]["median"] / row[f"cand {shape}"]["median"]
+    if args.small:
+        out.view(torch.uint8).fill_(255)
+        small(x, out)
+        row["bit_exact"] = row["bit_exact"] and bool(torch.equal(_int_view(out), want))
+        row["small_speedup"] = row["tilebin"]["median"] / row["small"]["median"]
     del pairs, tb, copy, trans
     torch.cuda.empty_cache()
     return row
@@ -121,16 +141,21 @@ def render(result: dict) -> str:
                      f"{r['copy']['GBps']:.0f}", f"{r['pct_of_copy']:.1f}",
                      f"{r['torch_T']['GBps']:.0f} ({r['speedup_vs_torch_T']:.2f}x)",
                      "yes" if r["bit_exact"] else "**NO**"]
-                    + ([f"{r['direct']['median'] * 1e3:.1f} ({r['direct_speedup']:.2f}x)"] if "direct" in r else []))
+                    + [f"{r[k]['median'] * 1e3:.1f} ({r[k + '_speedup']:.2f}x)" for k in ("direct", "small") if k in r])
+    extra = sorted({k for r in result["rows"] for k in r if k.startswith("cand ") and not k.endswith("_speedup")})
+    cand_rows = [[r["dtype"], "x".join(map(str, r["shape"])), f"{r['tilebin']['median'] * 1e3:.1f}", k,
+                  f"{r[k]['median'] * 1e3:.1f}", f"{r[k + '_speedup']:.3f}"]
+                 for r in result["rows"] for k in extra if k in r]
     head = result.get("headline_pct_of_copy")
     verdict = "n/a" if head is None else f"{head:.1f} % (target >= 90 %: {'met' if head >= 90 else '**NOT met**'})"
     return "\n".join([
         "### Transpose bandwidth (device time, CUDA events, median)", "", env_markdown(result["env"]), "",
         markdown_table(["dtype", "b x rows x cols", "MB moved", "tilebin µs", "tilebin GB/s", "copy_ GB/s",
                         "% of copy", "torch T.contiguous GB/s (tilebin speedup)", "bit-exact"]
-                       + (["direct kernel µs (speedup)"] if any("direct" in r for r in result["rows"]) else []), rows),
+                       + [f"{k} µs (speedup)" for k in ("direct", "small") if any(k in r for r in result["rows"])], rows),
         "", f"Headline bf16 1x8192x7168: {verdict}",
-    ])
+    ] + (["", markdown_table(["dtype", "b x rows x cols", "shipped µs", "candidate", "µs", "speedup"], cand_rows)]
+         if cand_rows else []))
 
 
 def main() -> int:
@@ -141,6 +166,10 @@ def main() -> int:
     ap.add_argument("--only", help="comma-separated dtypes to keep, e.g. bfloat16")
     ap.add_argument("--direct", action="store_true",
                     help=f"also time {DIRECT} at every config (a column; its output is checked too)")
+    ap.add_argument("--cand", action="store_true",
+                    help=f"also time every variant of {CAND} (if installed) of the config's dtype (a row each)")
+    ap.add_argument("--small", action="store_true",
+                    help=f"also time {TRANSPOSE}'s 2-warp small=True variant at every config (a column, checked too)")
     ap.add_argument("--json")
     ap.add_argument("--md")
     args = ap.parse_args()

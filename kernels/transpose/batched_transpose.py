@@ -134,8 +134,13 @@ def batched_transpose(dtype: str, small: bool):
     """Build the PrimFunc for one dtype (torch naming) and tile size."""
     if dtype not in _DTYPES:
         raise ValueError(f"batched_transpose: dtype must be one of {sorted(_DTYPES)} (got {dtype!r})")
+    return tiled_transpose(dtype, *_WARPS[small], _MIN_BLOCKS[_DTYPES[dtype][1]] * (4 if small else 1))
+
+
+def tiled_transpose(dtype: str, warps_r: int, warps_c: int, min_blocks: int):
+    """The PrimFunc of ``warps_r x warps_c`` warps per block (tile ``warps_r * 8 * VEC`` rows x
+    ``warps_c * 4 * VEC`` columns) and ``min_blocks`` resident blocks per SM (caps registers)."""
     tl_dtype, elem_bytes = _DTYPES[dtype]
-    warps_r, warps_c = _WARPS[small]
     vec = 16 // elem_bytes
     blocks_r, blocks_c = warps_r * LANES_R, warps_c * LANES_C  # thread blocks per tile
     tile_r, tile_c = blocks_r * vec, blocks_c * vec
@@ -153,7 +158,7 @@ def batched_transpose(dtype: str, small: bool):
         out: T.Tensor((batch, cols, rows), tl_dtype),
     ):
         with T.Kernel(T.ceildiv(rows, tile_r), T.ceildiv(cols, tile_c), batch, threads=threads) as (br, bc, bb):
-            T.annotate_min_blocks_per_sm(_MIN_BLOCKS[elem_bytes] * (4 if small else 1))
+            T.annotate_min_blocks_per_sm(min_blocks)
             tid = T.get_thread_binding()
             stage = T.alloc_shared((tile_c, seg_words), "uint32")  # the out tile, row-major
             w_in = T.alloc_local((vec, 4), "uint32")  # w_in[i, :] = x[r + i, c : c + vec]
@@ -224,4 +229,4 @@ KERNELS = (
     ),
 )
 
-__all__ = ["KERNELS", "batched_transpose"]
+__all__ = ["KERNELS", "batched_transpose", "tiled_transpose"]
