@@ -23,6 +23,8 @@
 #                          also "compare_peer" (bench/compare_peer.py: tilebin vs tile_kernels side by side,
 #                          per family in its own process; writes bench-compare-peer.json); its extra
 #                          arguments: GPU_CHECK_COMPARE_ARGS, e.g. "--quick --families moe"
+#                          and "op_budget" (bench/bench_op_budget.py: every tilebin.ops op's host us at 4
+#                          tokens against issue 10's budget, torch.add + one torch.empty per output)
 #   GPU_CHECK_PEER_TAR     a .tar.xz of tile_kernels + tilelang unpacked (../shared/NOTES.md), default
 #                          $REPO/.tk/tk.tar.xz when present: the benches that know the peer
 #                          (engram) time it side by side
@@ -218,6 +220,7 @@ run_bench() {
   bench_one quant 240 --json "$OUT/bench-quant.json" ${GPU_CHECK_QUANT_ARGS:-}
   bench_one moe 150 --json "$OUT/bench-moe.json" ${GPU_CHECK_MOE_ARGS:-}
   bench_one op_host 90 --profile
+  bench_one op_budget 120
   bench_one launch 150
   bench_one transpose 150
   bench_one host_parts 60
