@@ -36,6 +36,10 @@ def _scenario(reg) -> list:
         lambda: reg.launch("toy.scale", x, out, 3),  # an int for a float32 scalar
         lambda: reg.launch("toy.scale", x, out, 1e39),  # does not fit float32
         lambda: reg.launch("toy.scale", x, out, float("nan")),
+        lambda: reg.launch("toy.scale", x, out, float("inf")),  # +-inf pack as themselves (a "no clamp" value)
+        lambda: reg.launch("toy.scale", x, out, -float("inf")),
+        lambda: reg.launch("toy.scale", x, out, 3.4028234663852886e38),  # float32's largest (not bfloat16's)
+        lambda: reg.launch("toy.scale", x, out, 3.4028235e38),  # just past it
         lambda: reg.launch("toy.scale", x, out, "a"),
         lambda: reg.launch("toy.scale", x, out, 1.0, stream=0x99),
         lambda: reg.launch("toy.scale", x, out, 1.0, stream=-1),
@@ -98,7 +102,8 @@ def test_ordinary_calls_stay_compiled(make_registry, fake_gpu, streams, monkeypa
     monkeypatch.setattr(_launcher.Launcher, "_slow_run", lambda self, values, stream: slow.append(values))
     reg = make_registry()
     fn = reg.unchecked_launcher("toy.scale", dtype="bfloat16", block=128)
-    for m, alpha in ((1, 1.5), (300, 2), (4001, True)):  # float, int and bool for the float32 scalar
+    # float, int, bool and +-inf (ops pass inf for "no clamp") for the float32 scalar
+    for m, alpha in ((1, 1.5), (300, 2), (4001, True), (7, float("inf")), (8, -float("inf"))):
         fn(TorchLike(m, 64), TorchLike(m, 64), alpha)
     x, out = _bf16(300, 64), _bf16(300, 64)
     for stream in (None, 0, 0x77):
@@ -107,7 +112,7 @@ def test_ordinary_calls_stay_compiled(make_registry, fake_gpu, streams, monkeypa
     for _ in range(3):
         reg.launch("toy.gemm", _bf16(70, 1024), b, c)
     reg.prepare("toy.scale", x, out, 1.0)()
-    assert slow == [] and len(fake_gpu.launches) == 10
+    assert slow == [] and len(fake_gpu.launches) == 12
 
 
 def test_devices_have_their_own_functions_context_and_stream(make_registry, fake_gpu, streams, monkeypatch):
