@@ -29,6 +29,7 @@ def parts():
 
     x = torch.randn(4, 7168, device="cuda", dtype=torch.bfloat16)
     out = torch.empty(4, 7168, device="cuda", dtype=torch.bfloat16)
+    dev = x.device
     rows = [
         ("x.shape[0]", lambda: x.shape[0]),
         ("x.stride(0)", lambda: x.stride(0)),
@@ -40,6 +41,15 @@ def parts():
          lambda: torch.empty((4, 7168), dtype=torch.float8_e4m3fn, device=x.device)),
         ("torch.empty((4, 7168), fp8, device='cuda')",
          lambda: torch.empty((4, 7168), dtype=torch.float8_e4m3fn, device="cuda")),
+        # the forms an op could allocate with (ops pass a torch.device kept from the first call)
+        ("torch.empty((4, 7168), fp8, device=dev) (dev: a kept torch.device)",
+         lambda: torch.empty((4, 7168), dtype=torch.float8_e4m3fn, device=dev)),
+        ("torch.empty((4, 7168), fp8, device='cuda:0')",
+         lambda: torch.empty((4, 7168), dtype=torch.float8_e4m3fn, device="cuda:0")),
+        ("torch.empty((4, 7168), fp8, device=0)", lambda: torch.empty((4, 7168), dtype=torch.float8_e4m3fn, device=0)),
+        ("x.new_empty((4, 7168), dtype=fp8)", lambda: x.new_empty((4, 7168), dtype=torch.float8_e4m3fn)),
+        ("torch.empty((4, 7168), fp8, device=dev) again (drift check)",
+         lambda: torch.empty((4, 7168), dtype=torch.float8_e4m3fn, device=dev)),
         ("x.view(torch.uint8)", lambda: x.view(torch.uint8)),
         ("x.T", lambda: x.T),
         ("x[:2, :]", lambda: x[:2, :]),
