@@ -41,6 +41,7 @@ def calls():
     mapping = moe.get_fused_mapping(topk_idx, 256, 4 * 8 + 256 * 127, 128)
     expanded = moe.expand_to_fused(x, mapping[3], mapping[0])
     q = quant.per_token_cast(x, "e4m3", 128)
+    packed = torch.randint(-128, 128, (4, 3584), dtype=torch.int8, device=dev)
     x2 = torch.randn(4, 2 * 2048, device=dev, dtype=torch.bfloat16)
     return [
         ("quant.per_token_cast(x, 'e4m3', 128)", lambda: quant.per_token_cast(x, "e4m3", 128)),
@@ -65,7 +66,25 @@ def calls():
         ("moe.group_count(topk_idx, 256)", lambda: moe.group_count(topk_idx, 256)),
         ("moe.expand_to_fused_with_sf(q, 128, ...)",
          lambda: moe.expand_to_fused_with_sf(q, 128, mapping[3], mapping[0])),
+        ("quant.swiglu_backward_and_per_token_cast(32 rows, 4 x top-8)", _swiglu_bwd_call(x)),
+        ("quant.unpack_from_e2m1fn_x2(int8 [4, 3584], bf16)",
+         lambda: quant.unpack_from_e2m1fn_x2(packed, torch.bfloat16)),
     ] + _mhc_engram_calls()
+
+
+def _swiglu_bwd_call(x):
+    """swiglu_backward_and_per_token_cast at decode size: 4 tokens x top-8 = 32 expanded rows (every
+    row routed), e4m3 input with 1 x 128 scales."""
+    import torch
+    from tilebin.ops import quant
+
+    rows, hidden = 32, x.shape[1]
+    fwd = (torch.randn(rows, 2 * hidden, device=x.device).clamp(-448, 448).to(torch.float8_e4m3fn),
+           torch.rand(rows, 2 * hidden // 128, device=x.device) + 0.01)
+    grad = torch.randn(rows, hidden, device=x.device, dtype=torch.bfloat16)
+    weight = torch.rand(4, 8, device=x.device) + 0.01
+    p2t = torch.arange(rows, device=x.device, dtype=torch.int32)
+    return lambda: quant.swiglu_backward_and_per_token_cast(fwd, grad, weight, p2t, p2t.view(4, 8), 128)
 
 
 def _mhc_engram_calls():
