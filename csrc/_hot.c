@@ -23,7 +23,6 @@
 #endif
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
-#include <math.h>
 #include <stdint.h>
 #include <string.h>
 #define MAXP 32  /* parameters */

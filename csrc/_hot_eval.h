@@ -97,7 +97,7 @@ static int pack_object(int t, PyObject *o, uint64_t *slot) {
     /* +-inf packs as itself (the "no clamp" sentinel of some ops); NaN and finite values past the
      * type's largest go to the twin, which packs the NaN or raises */
     double lim = t == T_F32 ? 3.4028234663852886e38 : 3.3895313892515355e38;
-    if (!(d <= lim && d >= -lim) && d != HUGE_VAL && d != -HUGE_VAL) return BAIL;
+    if (!(d <= lim && d >= -lim) && !__builtin_isinf(d)) return BAIL;
     float f = (float)d;
     uint32_t bits;
     memcpy(&bits, &f, 4);
