@@ -108,21 +108,6 @@ def kernel_meta(kernel: str, key: str) -> Any:
     return value
 
 
-_CURRENT_DEVICE = getattr(torch._C, "_cuda_getDevice", None)  # None in a CPU-only torch
-_CURRENT_CUDA = torch.device("cuda")  # no index: the current CUDA device
-
-
-def alloc_device(device: torch.device) -> torch.device:
-    """The ``device=`` an op's output allocation passes for a tensor on ``device``: the index-less
-    ``cuda`` device when ``device`` is the current CUDA device (the common case; torch then skips
-    the device guard it runs for an explicit index), else ``device`` itself.  The same memory
-    either way; per call, because the caller may switch the current device between calls."""
-    if device.type == "cuda" and _CURRENT_DEVICE is not None and not TRACING.on \
-            and device.index == _CURRENT_DEVICE():
-        return _CURRENT_CUDA
-    return device
-
-
 def ptr(t: torch.Tensor) -> int:
     """``t.data_ptr()``, or 0 while tracing with fake tensors (which have no memory): pointer
     and alignment checks apply to real tensors only."""

@@ -25,7 +25,7 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from .._common import TRACING, alloc_device, check_float32, fail, launcher
+from .._common import TRACING, check_float32, fail, launcher
 from .._spec import FlagParam, IntParam, OpSpec, Param, TensorParam
 from ._gating_checks import SCORING, TOP2_SLOTS, check_contiguous, check_top2, slots_for, strict_int
 
@@ -102,7 +102,7 @@ def _plan_topk(values: dict) -> Callable[..., torch.Tensor]:
 
     def run(scores: torch.Tensor, *_: Any) -> torch.Tensor:
         num_tokens = scores.shape[0]
-        topk_idx = torch.empty((num_tokens, num_topk), dtype=torch.int64, device=alloc_device(device))
+        topk_idx = torch.empty((num_tokens, num_topk), dtype=torch.int64, device=device)
         if num_tokens and num_topk:
             fn(scores, topk_idx)
         return topk_idx
@@ -230,9 +230,9 @@ def _plan_top2(values: dict) -> Callable[..., tuple[torch.Tensor, torch.Tensor]]
 
     def run(logits: torch.Tensor, bias: torch.Tensor, *rest: Any) -> tuple[torch.Tensor, torch.Tensor]:
         mask, fix, phys, count, unmapped = rest[11:]
-        num_tokens, dev = logits.shape[0], alloc_device(device)
-        topk_idx = torch.empty((num_tokens, num_out), dtype=torch.int64, device=dev)
-        topk_weights = torch.empty((num_tokens, num_out), dtype=torch.float32, device=dev)
+        num_tokens = logits.shape[0]
+        topk_idx = torch.empty((num_tokens, num_out), dtype=torch.int64, device=device)
+        topk_weights = torch.empty((num_tokens, num_out), dtype=torch.float32, device=device)
         if num_tokens:
             fn(logits, bias, ph[0] if mask is None else mask if mask.dim() == 1 else mask.view(-1),
                ph[0] if fix is None else fix, ph[1] if phys is None else phys, ph[2] if count is None else count,

@@ -22,7 +22,7 @@ from typing import Any, Callable
 
 import torch
 
-from .._common import alloc_device, check_int, fail, kernel_meta, launcher, specialised_launcher
+from .._common import check_int, fail, kernel_meta, launcher, specialised_launcher
 from .._spec import IntParam, OpSpec, TensorParam
 from ..config import get_num_sms
 
@@ -120,7 +120,7 @@ def _plan_normalize_weight(values: dict) -> Callable[..., tuple[torch.Tensor, to
 
     def run(topk_weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         num_tokens, num_topk = topk_weights.shape
-        device = alloc_device(topk_weights.device)
+        device = topk_weights.device
         denominator = torch.empty((num_tokens,), dtype=torch.float32, device=device)
         normalized = torch.empty((num_tokens, num_topk), dtype=torch.float32, device=device)
         if num_tokens:

@@ -19,7 +19,7 @@ import torch
 
 from tilebin.runtime._record import record
 
-from .._common import aligned_input, alloc_device, check_cuda, check_tensor, fail, launcher, ptr
+from .._common import aligned_input, check_cuda, check_tensor, fail, launcher, ptr
 from .._spec import FlagParam, OpSpec, Param, TensorParam
 from .._torch import pair_to_public, pair_to_schema
 from ._per_block_checks import (BLOCKS, LOSSLESS_IN_BLOCK, LOSSLESS_OUT_BLOCKS, block_param, check_rows, exact_key,
@@ -105,9 +105,9 @@ def _row_major_run(fn: Callable[..., None], scalars: tuple, out_dtype: torch.dty
     makes for the row layout, and SfLayout.finish returns as is)."""
 
     def run(x: torch.Tensor, *_: Any) -> tuple[torch.Tensor, torch.Tensor]:
-        tokens, dev = x.shape[0], alloc_device(device)
-        out = torch.empty(tokens, out_cols, dtype=out_dtype, device=dev)
-        sf = torch.empty(-(-tokens // rows_per_scale), sf_cols, dtype=torch.float32, device=dev)
+        tokens = x.shape[0]
+        out = torch.empty(tokens, out_cols, dtype=out_dtype, device=device)
+        sf = torch.empty(-(-tokens // rows_per_scale), sf_cols, dtype=torch.float32, device=device)
         if tokens:
             fn(x, out, sf.view(torch.uint8), *scalars)
         return out, sf

@@ -49,7 +49,7 @@ from typing import Any, Callable, Optional, Union
 
 import torch
 
-from .._common import TRACING, aligned_input, alloc_device, check_cuda, fail, kernel_meta, launcher, ptr
+from .._common import TRACING, aligned_input, check_cuda, fail, kernel_meta, launcher, ptr
 from .._spec import OpSpec
 from .._torch import TorchOp, pair_to_public, pair_to_schema
 from ._per_token_checks import (INT32_MAX, PLAIN, Config, Deferred, Scales, block_key, check_config, deferred,
@@ -124,10 +124,10 @@ def _plain_run(cfg: Config, device: torch.device) -> Callable[..., QuantTensor]:
     def run(x: torch.Tensor, fmt: Any, npc: Any, block: Any, col: Any, rnd: Any, packed: Any) -> QuantTensor:
         # (the scalars are the configuration's, in plan; named, not *_: no tuple packed per call)
         nonlocal decode, general
-        tokens, dev = x.shape[0], alloc_device(device)
-        out = torch.empty(tokens, out_cols, dtype=out_dtype, device=dev)
-        raw_sf = torch.empty(tokens, sf_cols, dtype=torch.float32, device=dev) if row else \
-            alloc(tokens, hidden, dev)
+        tokens = x.shape[0]
+        out = torch.empty(tokens, out_cols, dtype=out_dtype, device=device)
+        raw_sf = torch.empty(tokens, sf_cols, dtype=torch.float32, device=device) if row else \
+            alloc(tokens, hidden, device)
         if tokens and live:
             # contiguous and 16-byte aligned: what _kernel_input passes through as is (hidden % 16 == 0)
             x_in = x if x.is_contiguous() and not x.data_ptr() & 15 else _kernel_input(x)

@@ -34,7 +34,7 @@ import torch
 
 from tilebin.runtime import ArgumentError
 
-from .._common import alloc_device, fail, launcher, ptr
+from .._common import fail, launcher, ptr
 from .._spec import OpSpec, TensorParam
 from ..config import get_num_sms
 
@@ -61,7 +61,7 @@ def _plan(op: str, ndim: int) -> Callable[[dict], Callable[[torch.Tensor], torch
 
         def run(x: torch.Tensor) -> torch.Tensor:
             shape = x.shape
-            out = torch.empty((*shape[:-2], shape[-1], shape[-2]), dtype=x.dtype, device=alloc_device(x.device))
+            out = torch.empty((*shape[:-2], shape[-1], shape[-2]), dtype=x.dtype, device=x.device)
             if out.numel():
                 x3, out3 = (x, out) if ndim == 3 else (x.unsqueeze(0), out.unsqueeze(0))
                 _launch(op, _kernel_input(x3), out3, direct)
