@@ -28,7 +28,7 @@ Kernels run on torch's current stream.
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 
@@ -51,20 +51,40 @@ _BATCH_CHUNK = 65520  # <= 65535 (grid z) and a multiple of 16: every chunk star
 
 def _plan(op: str, ndim: int) -> Callable[[dict], Callable[[torch.Tensor], torch.Tensor]]:
     """The launch of ``op`` (x of ``ndim`` dims, checked): allocate the output, launch (nothing
-    for an empty x)."""
+    for an empty x).  What the configuration fixes (the variant's dtype, the tile side, whether
+    the columns allow the direct kernel) is worked out here once; the launchers are looked up at
+    their first use."""
     def plan(values: dict) -> Callable[[torch.Tensor], torch.Tensor]:
         x = values["x"]
-        vec = _ALIGN // x.element_size()
+        size = x.element_size()
+        key, view_dtype = _VARIANT_BY_SIZE[size]
+        view = view_dtype if x.dtype != view_dtype else None
+        vec, tile = _ALIGN // size, 256 // size  # tile: the 8-warp tile's side (128 bf16, 64 fp32, 256 fp8)
         # the direct kernel needs rows and cols multiples of vec: cols (and a batched x's rows) are
-        # in the memo key, decided here; a 2-D x's rows (the token count) per call, in _launch
+        # in the memo key, decided here; a 2-D x's rows (the token count) per call
         direct = vec if not x.shape[-1] % vec and (ndim == 2 or not x.shape[-2] % vec) else 0
+        fns: dict = {}  # (kernel name, small) -> launcher
+
+        def fn_for(name: str, small: bool) -> Any:
+            fn = fns.get((name, small))
+            if fn is None:
+                fn = fns[name, small] = launcher(name, dtype=key) if name == _DIRECT else \
+                    launcher(name, dtype=key, small=small)
+            return fn
 
         def run(x: torch.Tensor) -> torch.Tensor:
             shape = x.shape
             out = torch.empty((*shape[:-2], shape[-1], shape[-2]), dtype=x.dtype, device=x.device)
             if out.numel():
                 x3, out3 = (x, out) if ndim == 3 else (x.unsqueeze(0), out.unsqueeze(0))
-                _launch(op, _kernel_input(x3), out3, direct)
+                x3 = _kernel_input(x3)
+                if view is not None:
+                    x3, out3 = x3.view(view), out3.view(view)
+                b, r, c = x3.shape
+                # decode sizes: fewer than 2 blocks per SM of 8-warp tiles (so the batch is within one chunk)
+                small = b * -(-r // tile) * -(-c // tile) < 2 * get_num_sms(x3.device)
+                name = _DIRECT if small and direct and not r % direct else _KERNEL
+                _launch(op, name, fn_for(name, small), x3, out3)
             return out
 
         return run
@@ -95,21 +115,8 @@ def _kernel_input(x: torch.Tensor) -> torch.Tensor:
     return x.clone(memory_format=torch.contiguous_format)
 
 
-def _launch(op: str, x: torch.Tensor, out: torch.Tensor, direct: int) -> None:
-    """Launch the variant of x's element size on same-size views: ``_DIRECT`` for a decode grid
-    whose rows are a multiple of ``direct`` (0: cols or rows are not, never), else ``_KERNEL`` in
-    chunks of batches."""
-    key, view_dtype = _VARIANT_BY_SIZE[x.element_size()]
-    if x.dtype != view_dtype:
-        x, out = x.view(view_dtype), out.view(view_dtype)
-    tile = 256 // x.element_size()  # the 8-warp tile's side: 128 (bf16), 64 (fp32), 256 (fp8)
-    blocks = x.shape[0] * -(-x.shape[1] // tile) * -(-x.shape[2] // tile)
-    # decode sizes: fewer than 2 blocks per SM of 8-warp tiles (so the batch is within one chunk)
-    small = blocks < 2 * get_num_sms(x.device)
-    if small and direct and not x.shape[1] % direct:
-        name, fn = _DIRECT, launcher(_DIRECT, dtype=key)
-    else:
-        name, fn = _KERNEL, launcher(_KERNEL, dtype=key, small=small)
+def _launch(op: str, name: str, fn: Any, x: torch.Tensor, out: torch.Tensor) -> None:
+    """``fn`` (kernel ``name``) on x and out, in chunks of batches past the grid's z limit."""
     batch = x.shape[0]
     try:
         if batch <= _BATCH_CHUNK:
