@@ -16,8 +16,11 @@ measured in the same run.  One row per name in the ``__all__`` of ``tilebin.ops.
   zero-byte tensor (no address) counts by itself; None (an in-place op) counts 0.  Workspaces
   the op allocates and does not return are not counted (a stricter budget);
 * budget = add + n x empty: ``host_us`` of ``torch.add(x, 1, out=y)`` (x, y bf16 [4, 7168]) and
-  of ``torch.empty((4, 7168), dtype=torch.float8_e4m3fn, device=x.device)``, each measured before
-  the first op and after the last, the mean of the two; ratio = host (idle) / budget; met: <= 1;
+  of ``torch.empty((4, 7168), dtype=torch.float8_e4m3fn, device=x.device)``, measured beside each
+  op: ``ROUNDS`` interleaved rounds of (add, empty, the op), each ``host_us`` of ``BATCHES``
+  batches, the median of the rounds for each of the three (this host's speed drifts by 30-50 %
+  over a run, so a budget measured once at the start and end judged ops by when they ran);
+  ratio = host (idle) / budget; met: <= 1;
 * kernels/call: device kernels per call, from torch.profiler (CUDA activity) over a few calls
   after all the timing (memsets and memcpys named apart);
 * host us minus n x empty: the op's own overhead, without its allocations.
@@ -218,6 +221,8 @@ class Row:
     n: int = 0
     kernels: str = ""
     error: str = ""
+    add_us: float = 0.0  # the budget's parts, measured beside this op
+    empty_us: float = 0.0
 
 
 def _tensors(value: Any) -> list:
@@ -245,13 +250,22 @@ def allocated_outputs(result: Any, inputs: SimpleNamespace) -> int:
     return len(fresh) + empty
 
 
-def measure(row: Row, module: Any, inputs: SimpleNamespace, fn: Callable) -> None:
-    """Fill ``row``: one call (outputs counted, errors surfaced by a sync), then idle and busy host us."""
+ROUNDS, BATCHES = 5, 8  # interleaved rounds of (add, empty, op) per op; host_us batches of 50 calls each
+
+
+def measure(row: Row, module: Any, inputs: SimpleNamespace, fn: Callable, parts: tuple) -> None:
+    """Fill ``row``: one call (outputs counted, errors surfaced by a sync), then idle host us in
+    ``ROUNDS`` rounds interleaved with the budget's ``parts`` (add, empty), then busy host us."""
     row.fn = lambda: fn(module, inputs)
     try:
         row.n = allocated_outputs(row.fn(), inputs)
         torch.cuda.synchronize()
-        row.idle, row.busy = host_us(row.fn), busy_us(row.fn)
+        times: list[list[float]] = [[], [], []]
+        for _ in range(ROUNDS):
+            for k, f in enumerate((*parts, row.fn)):
+                times[k].append(host_us(f, batches=BATCHES))
+        row.add_us, row.empty_us, row.idle = (statistics.median(t) for t in times)
+        row.busy = busy_us(row.fn)
     except Exception as exc:  # one broken op must not hide the others' numbers
         row.fn, row.error = None, f"error: {exc!r}"[:300]
 
@@ -306,13 +320,14 @@ def budget_parts() -> tuple[Callable[[], Any], Callable[[], Any]]:
 
 # ------------------------------------------------------------------ report
 HEADERS = ["op", "host us/call, GPU idle", "host us/call, GPU busy", "allocated outputs n",
-           "budget us (add + n x empty)", "ratio host/budget", "met", "kernels/call", "host us minus n x empty", "call"]
+           "budget us (add + n x empty, measured beside the op)", "ratio host/budget", "met", "kernels/call", "host us minus n x empty", "call"]
 
 
-def table_row(row: Row, add_us: float, empty_us: float) -> list:
+def table_row(row: Row) -> list:
     label = row.op + (f" ({NOT_AT_4[row.op]})" if row.op in NOT_AT_4 else "")
     if row.error:
         return [label, row.error, "", "", "", "", "", "", "", row.call]
+    add_us, empty_us = row.add_us, row.empty_us
     budget = add_us + row.n * empty_us
     ratio = row.idle / budget
     return [label, f"{row.idle:.2f}", f"{row.busy:.2f}", row.n, f"{budget:.2f}", f"{ratio:.2f}",
@@ -320,16 +335,15 @@ def table_row(row: Row, add_us: float, empty_us: float) -> list:
 
 
 def report(rows: list[Row], parts: dict, facts: dict, probe: str) -> tuple[str, list]:
-    add_us, empty_us = parts["add_us"], parts["empty_us"]
-    table = [table_row(r, add_us, empty_us) for r in rows]
-    ok = [(r.idle / (add_us + r.n * empty_us), r.op) for r in rows if not r.error]
+    table = [table_row(r) for r in rows]
+    ok = [(r.idle / (r.add_us + r.n * r.empty_us), r.op) for r in rows if not r.error]
     met = sum(ratio <= 1 for ratio, _ in ok)
     worst = max(ok, default=(float("nan"), "none"))
     errors = sum(bool(r.error) for r in rows)
     md = ("### host time of every tilebin.ops call at 4 tokens vs issue 10's budget\n\n" + env_markdown(facts) + "\n\n"
-          f"Budget parts (GPU idle, mean of the start and end measurements): torch.add(x, 1, out=y) "
-          f"{add_us:.2f} us (start {parts['add'][0]:.2f}, end {parts['add'][1]:.2f}); torch.empty((4, 7168), fp8) "
-          f"{empty_us:.2f} us (start {parts['empty'][0]:.2f}, end {parts['empty'][1]:.2f}). "
+          f"Budget parts (GPU idle), measured beside each op ({ROUNDS} interleaved rounds of add, empty, op; "
+          f"medians): torch.add(x, 1, out=y) {parts['add'][0]:.2f}-{parts['add'][1]:.2f} us over the rows, "
+          f"torch.empty((4, 7168), fp8) {parts['empty'][0]:.2f}-{parts['empty'][1]:.2f} us. "
           f"Profiler check: torch.add launches {probe} kernel(s) per call. Sizes: {T} tokens, hidden {H}, "
           f"{EXPERTS} experts, {GROUPS} groups, top-{TOPK}, engram hc_mult {HC}.\n\n")
     md += markdown_table(HEADERS, table)
@@ -339,9 +353,8 @@ def report(rows: list[Row], parts: dict, facts: dict, probe: str) -> tuple[str, 
 
 
 def run(families: list[str]) -> tuple[list[Row], dict, str]:
-    """Budget parts, then every op's host time, then the budget parts again, then kernel counts."""
+    """Every op's host time beside the budget's parts, then kernel counts."""
     add, empty = budget_parts()
-    start = (host_us(add), host_us(empty))
     rows = []
     for family in families:
         module = importlib.import_module(f"tilebin.ops.{family}")
@@ -353,12 +366,12 @@ def run(families: list[str]) -> tuple[list[Row], dict, str]:
         for name, (call, fn) in OPS[family].items():
             row = Row(f"{family}.{name}", call, error=setup_error)
             if inputs is not None:
-                measure(row, module, inputs, fn)
+                measure(row, module, inputs, fn, (add, empty))
             rows.append(row)
             print(f"{row.op}: {row.error or f'{row.idle:.2f} us idle, {row.busy:.2f} us busy, n={row.n}'}", flush=True)
-    end = (host_us(add), host_us(empty))
-    parts = {"add": (start[0], end[0]), "empty": (start[1], end[1]),
-             "add_us": (start[0] + end[0]) / 2, "empty_us": (start[1] + end[1]) / 2}
+    done = [r for r in rows if not r.error] or [Row("", "", add_us=float("nan"), empty_us=float("nan"))]
+    parts = {"add": (min(r.add_us for r in done), max(r.add_us for r in done)),
+             "empty": (min(r.empty_us for r in done), max(r.empty_us for r in done))}
     return rows, parts, count_kernels(rows, add)
 
 
