@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Device time and bandwidth of transpose.batched_transpose against torch, same run, same bytes.
 
-    PYTHONPATH=<site with the tilebin wheel> python3 bench/bench_transpose.py [--direct] [--small] [--cand] [--only bfloat16,...] [--json F] [--md F]
+    PYTHONPATH=<site with the tilebin wheel> python3 bench/bench_transpose.py [--direct] [--small] [--cand KERNEL] [--only bfloat16,...] [--json F] [--md F]
 
 Per config: median device time (CUDA events around each call; each round queued behind a GPU
 sleep so no launch gap lands inside a timed region) of
@@ -27,7 +27,6 @@ from _common import env_facts, env_markdown, markdown_table, time_device_ms, wri
 
 TRANSPOSE = "transpose.batched_transpose"
 DIRECT = "transpose.batched_transpose_direct"  # --direct: timed beside it at every config
-CAND = "transpose._tiles_candidate"  # --cand: each of its variants of the config's dtype, beside it
 CONFIGS = [  # (dtype, batch, rows, cols)
     ("bfloat16", 1, 8192, 7168),
     ("float32", 1, 8192, 7168),
@@ -88,12 +87,14 @@ def bench_config(rt, cfg, args) -> dict:
     timed = [("tilebin", tb), ("copy", copy), ("torch_T", trans)]
     if args.direct:
         timed.append(("direct", [lambda x=x, out=out: rt.launch(DIRECT, x, out) for x, out in pairs]))
-    cands = []
-    if args.cand and CAND in rt.kernel_names(internal=True):  # every trial variant of this dtype
-        cands = [v.key["shape"] for v in rt.spec(CAND).variants if v.key["dtype"] == name]
-        for shape in cands:
-            fn = rt.unchecked_launcher(CAND, dtype=name, shape=shape)
-            timed.append((f"cand {shape}", [lambda x=x, out=out, fn=fn: fn(x, out) for x, out in pairs]))
+    cands = {}  # label -> launcher: every variant of the --cand kernel for this dtype
+    if args.cand:
+        for v in rt.spec(args.cand).variants:
+            if v.key.get("dtype") == name:
+                label = "cand " + ",".join(f"{k}={val}" for k, val in sorted(v.key.items()) if k != "dtype")
+                cands[label] = rt.unchecked_launcher(args.cand, **v.key)
+        for label, fn in cands.items():
+            timed.append((label, [lambda x=x, out=out, fn=fn: fn(x, out) for x, out in pairs]))
     if args.small:
         small = rt.unchecked_launcher(TRANSPOSE, dtype=name, small=True)
         timed.append(("small", [lambda x=x, out=out: small(x, out) for x, out in pairs]))
@@ -115,11 +116,11 @@ def bench_config(rt, cfg, args) -> dict:
         rt.launch(DIRECT, x, out)
         row["bit_exact"] = row["bit_exact"] and bool(torch.equal(_int_view(out), want))
         row["direct_speedup"] = row["tilebin"]["median"] / row["direct"]["median"]
-    for shape in cands:
+    for label, fn in cands.items():
         out.view(torch.uint8).fill_(255)
-        rt.unchecked_launcher(CAND, dtype=name, shape=shape)(x, out)
+        fn(x, out)
         row["bit_exact"] = row["bit_exact"] and bool(torch.equal(_int_view(out), want))
-        row[f"cand {shape}_speedup"] = row["tilebin"]["median"] / row[f"cand {shape}"]["median"]
+        row[f"{label}_speedup"] = row["tilebin"]["median"] / row[label]["median"]
     if args.small:
         out.view(torch.uint8).fill_(255)
         small(x, out)
@@ -166,8 +167,9 @@ def main() -> int:
     ap.add_argument("--only", help="comma-separated dtypes to keep, e.g. bfloat16")
     ap.add_argument("--direct", action="store_true",
                     help=f"also time {DIRECT} at every config (a column; its output is checked too)")
-    ap.add_argument("--cand", action="store_true",
-                    help=f"also time every variant of {CAND} (if installed) of the config's dtype (a row each)")
+    ap.add_argument("--cand", metavar="KERNEL",
+                    help="a trial kernel with transpose.batched_transpose's parameters and a 'dtype' key: time each of "
+                         "its variants of the config's dtype beside it (a row each, checked bit-exact)")
     ap.add_argument("--small", action="store_true",
                     help=f"also time {TRANSPOSE}'s 2-warp small=True variant at every config (a column, checked too)")
     ap.add_argument("--json")

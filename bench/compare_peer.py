@@ -334,15 +334,14 @@ def main() -> int:
     if not gpu:
         print("compare_peer: skipped, no CUDA GPU visible (needs torch with CUDA and an H100/H200)")
         return 0
+    ops = frozenset(o for o in ns.ops.split(",") if o)
     if ns.rows_only:
-        ops = frozenset(o for o in ns.ops.split(",") if o)
         rows = [r for f in families for r in run_family(f, ns.quick, ns.reps, ns.events, ops)]
         with open(ns.rows_only, "w") as fh:
             json.dump(rows, fh)
         return 0
     facts = {**env_facts(), "tile_kernels": _pkg_version("tile-kernels"), "tilelang": _pkg_version("tilelang")}
     if len(families) == 1 and not ns.candidates:
-        ops = frozenset(o for o in ns.ops.split(",") if o)
         rows, failed = run_family(families[0], ns.quick, ns.reps, ns.events, ops), []
     else:
         rows, failed = _children(ns, families)
