@@ -230,8 +230,12 @@ run_bench() {
 }
 
 run_fuzz() {
-  local cap reserve=10  # for the stages after this one
-  [[ "$STAGES" == *" bench "* || "$STAGES" == *" sanitizer "* ]] && reserve=200
+  # reserve: for the stages after this one, at most half of what is left (a fixed 200 s left the
+  # fuzz 2 s of a 325 s budget once); they cap themselves with what remains
+  local cap reserve=10 left=$((BUDGET - (SECONDS - T0)))
+  if [[ "$STAGES" == *" bench "* || "$STAGES" == *" sanitizer "* ]]; then
+    reserve=$((left / 2 < 200 ? left / 2 : 200))
+  fi
   cap=$(limit 240 "$reserve")
   stamp "fuzz: wheels/fuzz_ops.py --calls ${GPU_CHECK_FUZZ_CALLS:-10000} --seed ${GPU_CHECK_FUZZ_SEED:-1} (limit ${cap}s)"
   in_tmp timeout -k 10 "$cap" "$PY" "$REPO/wheels/fuzz_ops.py" --calls "${GPU_CHECK_FUZZ_CALLS:-10000}" \
