@@ -75,6 +75,21 @@ def _torch_fns(pairs):
     return copy, trans
 
 
+def _trials(rt, args, name: str) -> dict:
+    """The speed-trial launches asked for (``--direct``, ``--small``, every ``--cand`` variant of
+    dtype ``name``), by column label."""
+    trials = {}
+    if args.direct:
+        trials["direct"] = lambda x, out: rt.launch(DIRECT, x, out)
+    if args.small:
+        trials["small"] = rt.unchecked_launcher(TRANSPOSE, dtype=name, small=True)
+    for v in rt.spec(args.cand).variants if args.cand else ():
+        if v.key.get("dtype") == name:
+            label = "cand " + ",".join(f"{k}={val}" for k, val in sorted(v.key.items()) if k != "dtype")
+            trials[label] = rt.unchecked_launcher(args.cand, **v.key)
+    return trials
+
+
 def bench_config(rt, cfg, args) -> dict:
     import torch
 
@@ -85,19 +100,8 @@ def bench_config(rt, cfg, args) -> dict:
     copy, trans = _torch_fns(pairs)
     row = {"dtype": name, "shape": [b, r, c], "bytes_moved": pair_bytes, "buffers": len(pairs)}
     timed = [("tilebin", tb), ("copy", copy), ("torch_T", trans)]
-    if args.direct:
-        timed.append(("direct", [lambda x=x, out=out: rt.launch(DIRECT, x, out) for x, out in pairs]))
-    cands = {}  # label -> launcher: every variant of the --cand kernel for this dtype
-    if args.cand:
-        for v in rt.spec(args.cand).variants:
-            if v.key.get("dtype") == name:
-                label = "cand " + ",".join(f"{k}={val}" for k, val in sorted(v.key.items()) if k != "dtype")
-                cands[label] = rt.unchecked_launcher(args.cand, **v.key)
-        for label, fn in cands.items():
-            timed.append((label, [lambda x=x, out=out, fn=fn: fn(x, out) for x, out in pairs]))
-    if args.small:
-        small = rt.unchecked_launcher(TRANSPOSE, dtype=name, small=True)
-        timed.append(("small", [lambda x=x, out=out: small(x, out) for x, out in pairs]))
+    trials = _trials(rt, args, name)  # label -> fn(x, out): the speed-trial columns, each timed and checked
+    timed += [(label, [lambda x=x, out=out, fn=fn: fn(x, out) for x, out in pairs]) for label, fn in trials.items()]
     for label, fns in timed:
         for f in fns[: min(len(fns), 4)] * 3:  # warm-up
             f()
@@ -111,21 +115,11 @@ def bench_config(rt, cfg, args) -> dict:
     rt.launch(TRANSPOSE, x, out)
     want = _int_view(x).transpose(1, 2).contiguous()
     row["bit_exact"] = bool(torch.equal(_int_view(out), want))
-    if args.direct:
-        out.view(torch.uint8).fill_(255)
-        rt.launch(DIRECT, x, out)
-        row["bit_exact"] = row["bit_exact"] and bool(torch.equal(_int_view(out), want))
-        row["direct_speedup"] = row["tilebin"]["median"] / row["direct"]["median"]
-    for label, fn in cands.items():
+    for label, fn in trials.items():
         out.view(torch.uint8).fill_(255)
         fn(x, out)
         row["bit_exact"] = row["bit_exact"] and bool(torch.equal(_int_view(out), want))
         row[f"{label}_speedup"] = row["tilebin"]["median"] / row[label]["median"]
-    if args.small:
-        out.view(torch.uint8).fill_(255)
-        small(x, out)
-        row["bit_exact"] = row["bit_exact"] and bool(torch.equal(_int_view(out), want))
-        row["small_speedup"] = row["tilebin"]["median"] / row["small"]["median"]
     del pairs, tb, copy, trans
     torch.cuda.empty_cache()
     return row
