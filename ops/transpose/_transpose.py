@@ -52,8 +52,7 @@ _BATCH_CHUNK = 65520  # <= 65535 (grid z) and a multiple of 16: every chunk star
 def _plan(op: str, ndim: int) -> Callable[[dict], Callable[[torch.Tensor], torch.Tensor]]:
     """The launch of ``op`` (x of ``ndim`` dims, checked): allocate the output, launch (nothing
     for an empty x).  What the configuration fixes (the variant's dtype, the tile side, whether
-    the columns allow the direct kernel) is worked out here once; the launchers are looked up at
-    their first use."""
+    the columns allow the direct kernel, the launchers) is worked out here once."""
     def plan(values: dict) -> Callable[[torch.Tensor], torch.Tensor]:
         x = values["x"]
         size = x.element_size()
@@ -63,14 +62,10 @@ def _plan(op: str, ndim: int) -> Callable[[dict], Callable[[torch.Tensor], torch
         # the direct kernel needs rows and cols multiples of vec: cols (and a batched x's rows) are
         # in the memo key, decided here; a 2-D x's rows (the token count) per call
         direct = vec if not x.shape[-1] % vec and (ndim == 2 or not x.shape[-2] % vec) else 0
-        fns: dict = {}  # (kernel name, small) -> launcher
-
-        def fn_for(name: str, small: bool) -> Any:
-            fn = fns.get((name, small))
-            if fn is None:
-                fn = fns[name, small] = launcher(name, dtype=key) if name == _DIRECT else \
-                    launcher(name, dtype=key, small=small)
-            return fn
+        # (kernel name, small) -> launcher; the direct kernel serves small grids only
+        fns = {(_KERNEL, small): launcher(_KERNEL, dtype=key, small=small) for small in (False, True)}
+        if direct:
+            fns[_DIRECT, True] = launcher(_DIRECT, dtype=key)
 
         def run(x: torch.Tensor) -> torch.Tensor:
             shape = x.shape
@@ -84,7 +79,7 @@ def _plan(op: str, ndim: int) -> Callable[[dict], Callable[[torch.Tensor], torch
                 # decode sizes: fewer than 2 blocks per SM of 8-warp tiles (so the batch is within one chunk)
                 small = b * -(-r // tile) * -(-c // tile) < 2 * get_num_sms(x3.device)
                 name = _DIRECT if small and direct and not r % direct else _KERNEL
-                _launch(op, name, fn_for(name, small), x3, out3)
+                _launch(op, name, fns[name, small], x3, out3)
             return out
 
         return run
