@@ -77,7 +77,8 @@ def _plan(op: str, ndim: int) -> Callable[[dict], Callable[[torch.Tensor], torch
                     x3, out3 = x3.view(view), out3.view(view)
                 b, r, c = x3.shape
                 # decode sizes: fewer than 2 blocks per SM of 8-warp tiles (so the batch is within one chunk)
-                small = b * -(-r // tile) * -(-c // tile) < 2 * get_num_sms(x3.device)
+                # (a plain bool: under dynamic fake shapes a SymBool would key the launcher dict)
+                small = bool(b * -(-r // tile) * -(-c // tile) < 2 * get_num_sms(x3.device))
                 name = _DIRECT if small and direct and not r % direct else _KERNEL
                 _launch(op, name, fns[name, small], x3, out3)
             return out

@@ -218,10 +218,11 @@ def test_tracing_flag_is_per_thread():
     assert seen == [False]
 
 
-@pytest.mark.parametrize("op", ["moe.aux_fi", "moe.group_count", "moe.reduce_fused"])
+@pytest.mark.parametrize("op", ["moe.aux_fi", "moe.group_count", "moe.reduce_fused", "transpose.transpose",
+                                "transpose.batched_transpose"])
 def test_plans_trace_under_dynamic_shapes(stub, op):
     """The ops whose plans pick a kernel by the token count trace with symbolic sizes (opcheck's
-    aot_dispatch_dynamic; found on the H200: aux_fi keyed a dict by a SymBool).  The launch is
+    aot_dispatch_dynamic; found on the H200: aux_fi, then the transpose ops, keyed a dict by a SymBool).  The launch is
     stubbed here, so the eager outputs are uninitialized and the value comparison may differ:
     only a tracing failure fails this test (the GPU opcheck compares the values)."""
     call = _valid_call(op, 3)
