@@ -28,6 +28,7 @@ ALL_MODULES = (
     "tilebin.kernels.quant.swiglu_backward_and_per_token_cast",
     "tilebin.kernels.quant.swiglu_forward_and_per_channel_cast_and_transpose",
     "tilebin.kernels.quant.cast_back",
+    "tilebin.kernels.quant.unpack_e2m1",
     "tilebin.kernels.quant.cast_back_e5m6",
     "tilebin.kernels.quant.per_token_cast_e5m6",
     "tilebin.kernels.quant.per_token_cast_e5m6_fp32",

@@ -305,18 +305,46 @@ def _packed_key(x: Any) -> tuple:
     return x.dtype, x.device, x.dim()
 
 
+_UNPACK_KERNEL = "quant.unpack_e2m1"
+_UNPACK_OUT = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}  # its variants
+
+
 def _plan_unpack(values: dict) -> Callable[..., torch.Tensor]:
-    """The decode on x's device: per configuration, a table of the two ``out_dtype`` values of
-    each of the 256 bytes (low nibble first; each value converted from float32 as ``.to`` would);
-    per call one gather of it by byte (two kernels: the byte widening and the gather)."""
+    """On a CUDA device with an fp32 / bf16 / fp16 output: ``quant.unpack_e2m1`` (one kernel; x as
+    ``[rows, bytes]``, copied first when it is not contiguous or its pointer not 16-byte aligned).
+    Anything else (a CPU tensor, another output dtype): torch ops on x's device, a table of the
+    two ``out_dtype`` values of each of the 256 bytes (low nibble first; each value converted from
+    float32 as ``.to`` would), gathered by byte."""
+    x, out_dtype = values["x"], values["out_dtype"]
+    device = x.device
+    if device.type == "cuda" and out_dtype in _UNPACK_OUT:
+        return _unpack_kernel_run(device, out_dtype, launcher(
+            _UNPACK_KERNEL, in_dtype="uint8" if x.dtype == torch.uint8 else "int8", out_dtype=_UNPACK_OUT[out_dtype]))
     codes = torch.arange(256)
     values_f32 = torch.tensor(_E2M1_VALUES, dtype=torch.float32)
-    table = values_f32[torch.stack((codes & 0xF, codes >> 4), dim=-1)].to(values["out_dtype"])
-    table = table.to(values["x"].device)  # [256, 2]
+    table = values_f32[torch.stack((codes & 0xF, codes >> 4), dim=-1)].to(out_dtype).to(device)  # [256, 2]
 
     def run(x: torch.Tensor, *_: Any) -> torch.Tensor:
         byte = x.reshape(-1).view(torch.uint8).to(torch.int32)
         return table.index_select(0, byte).view(*x.shape[:-1], x.shape[-1] * 2)
+
+    return run
+
+
+def _unpack_kernel_run(device: torch.device, out_dtype: torch.dtype, fn: Any) -> Callable[..., torch.Tensor]:
+    def run(x: torch.Tensor, *_: Any) -> torch.Tensor:
+        shape = x.shape
+        cols = shape[-1]
+        out = torch.empty((*shape[:-1], 2 * cols), dtype=out_dtype, device=device)
+        if out.numel():
+            if not x.is_contiguous():
+                x = x.contiguous()
+            x = aligned_input(x)
+            if len(shape) == 2:
+                fn(x, out)
+            else:  # [..., cols] as [rows, cols] (views of contiguous tensors)
+                fn(x.view(-1, cols), out.view(-1, 2 * cols))
+        return out
 
     return run
 
@@ -329,7 +357,8 @@ UNPACK_FROM_E2M1FN_X2 = OpSpec(
 
 def unpack_from_e2m1fn_x2(x: torch.Tensor, out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """Decode packed e2m1 bytes (int8 / uint8 ``[..., k]``, low nibble first) into ``out_dtype``
-    values ``[..., 2 k]`` on ``x``'s device (torch ops, any device; code 8 gives -0.0)."""
+    values ``[..., 2 k]`` (contiguous) on ``x``'s device; code 8 gives -0.0.  One kernel on a CUDA
+    device for fp32 / bf16 / fp16 outputs, torch ops otherwise (any device, any dtype ``.to`` takes)."""
     return UNPACK_FROM_E2M1FN_X2(x, out_dtype)
 
 

@@ -182,3 +182,22 @@ def test_unpack_from_e2m1fn_x2(ops, dtype, out_dtype):
         got = ops.unpack_from_e2m1fn_x2(x, out_dtype) if out_dtype != torch.float32 else ops.unpack_from_e2m1fn_x2(x)
         want = quant_ref.unpack_e2m1(x, out_dtype)
         quant_ref.assert_equal(got, want, f"unpack_from_e2m1fn_x2 {dtype} -> {out_dtype} shape {tuple(x.shape)}")
+
+
+@pytest.mark.parametrize("dtype", [torch.int8, torch.uint8])
+@pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_unpack_kernel_sizes_and_layouts(ops, rng, dtype, out_dtype):
+    """quant.unpack_e2m1 (CUDA, fp32/bf16/fp16 out): fresh random bytes at sizes 0, 1, odd (a partial
+    last unit), decode and large; strided and misaligned views (copied first); rank 1 and 3.  The
+    output's memory is poisoned first (a freed NaN block the allocator hands out again)."""
+    shapes = [(0,), (1,), (3,), (5, 0), (0, 7), (1, 1), (3, 7), (4, 3584), (129, 1001), (4096, 3584), (2, 3, 5)]
+    for shape in shapes:
+        x = torch.randint(0, 256, shape, device="cuda", dtype=torch.int32, generator=rng.gen).to(torch.uint8).view(dtype)
+        poison = torch.full((max(x.numel(), 1) * 2 + 64,), float("nan"), device="cuda", dtype=out_dtype)
+        del poison
+        quant_ref.assert_equal(ops.unpack_from_e2m1fn_x2(x, out_dtype), quant_ref.unpack_e2m1(x, out_dtype),
+                               f"unpack {dtype} -> {out_dtype} shape {shape}, seed {rng.seed}")
+    base = torch.randint(0, 256, (65, 66), device="cuda", dtype=torch.int32, generator=rng.gen).to(torch.uint8).view(dtype)
+    for view in (base[1:], base[:, 1:], base.t(), base.reshape(-1)[3:1000]):  # misaligned and strided
+        quant_ref.assert_equal(ops.unpack_from_e2m1fn_x2(view, out_dtype), quant_ref.unpack_e2m1(view, out_dtype),
+                               f"unpack view {tuple(view.shape)} strides {view.stride()}")
