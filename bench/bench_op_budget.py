@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import statistics
 import sys
 from dataclasses import dataclass
@@ -345,7 +346,8 @@ def report(rows: list[Row], parts: dict, facts: dict, probe: str) -> tuple[str, 
           f"medians): torch.add(x, 1, out=y) {parts['add'][0]:.2f}-{parts['add'][1]:.2f} us over the rows, "
           f"torch.empty((4, 7168), fp8) {parts['empty'][0]:.2f}-{parts['empty'][1]:.2f} us. "
           f"Profiler check: torch.add launches {probe} kernel(s) per call. Sizes: {T} tokens, hidden {H}, "
-          f"{EXPERTS} experts, {GROUPS} groups, top-{TOPK}, engram hc_mult {HC}.\n\n")
+          f"{EXPERTS} experts, {GROUPS} groups, top-{TOPK}, engram hc_mult {HC}. "
+          f"CPU affinity: {facts.get('cpu_affinity', 'not pinned')}.\n\n")
     md += markdown_table(HEADERS, table)
     md += (f"\n\n**{met} of {len(ok)} ops met the budget**; worst ratio {worst[0]:.2f} ({worst[1]})"
            + (f"; {errors} op(s) raised (see their rows)" if errors else "") + ".")
@@ -375,11 +377,25 @@ def run(families: list[str]) -> tuple[list[Row], dict, str]:
     return rows, parts, count_kernels(rows, add)
 
 
+def _pin(core: int) -> str:
+    """Pin this process to ``core`` (no migrations between cores of different speed mid-run);
+    what was done, in words."""
+    if core < 0:
+        return "not pinned (--core -1)"
+    allowed = os.sched_getaffinity(0)
+    if core not in allowed:
+        return f"not pinned (core {core} is not among this process's cores {sorted(allowed)})"
+    os.sched_setaffinity(0, {core})
+    return f"pinned to core {core}"
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--md")
     ap.add_argument("--json")
     ap.add_argument("--families", default=",".join(FAMILIES), help="comma-separated: " + ", ".join(FAMILIES))
+    ap.add_argument("--core", type=int, default=2,
+                    help="the CPU core the process is pinned to (as bench_host_ab's children); -1: not pinned")
     ns = ap.parse_args()
     families = [f for f in ns.families.split(",") if f]
     unknown = sorted(set(families) - set(FAMILIES))
@@ -394,6 +410,7 @@ def main() -> int:
         print("bench_op_budget: skipped, no CUDA GPU visible (needs torch with CUDA and an H100/H200)")
         return 0
     facts = env_facts()
+    facts["cpu_affinity"] = _pin(ns.core)
     rows, parts, probe = run(families)
     md, table = report(rows, parts, facts, probe)
     write_reports({"facts": facts, "budget_parts": parts, "profiler_torch_add_kernels": probe, "headers": HEADERS,

@@ -215,8 +215,11 @@ def _plan_bwd(values: dict) -> Callable[..., Any]:
         x_grad = torch.empty((rows, width), dtype=torch.bfloat16, device=dev)
         weight_grad = torch.empty(weight.shape, dtype=torch.float32, device=dev)
         if rows > 0 or weight.numel() > 0:
-            fn(data.view(rows, width), sf, grad_out.view(rows, hidden), weight, ptt, ttp, out, x_grad_fp8,
-               x_grad_sf, x_grad, weight_grad, *scalars)
+            if data.dim() != 2:  # [..., width] as [rows, width] (a view: per_call checked it contiguous)
+                data = data.view(rows, width)
+            if grad_out.dim() != 2 or grad_out.shape[0] != rows:
+                grad_out = grad_out.view(rows, hidden)
+            fn(data, sf, grad_out, weight, ptt, ttp, out, x_grad_fp8, x_grad_sf, x_grad, weight_grad, *scalars)
         return out, (x_grad_fp8, x_grad_sf), x_grad, weight_grad
 
     return run
