@@ -46,6 +46,12 @@ def quant_calls():
                    lambda x=x: q.per_token_cast_back(q.per_token_cast(x, "e4m3", 128), "bf16", 128))
             yield (f"cast_back(per_token e2m1 {t}x{h})",
                    lambda x=x: q.per_token_cast_back(q.per_token_cast(x, "e2m1", 32), "fp32", 32))
+            packed = q.per_token_cast(x, "e2m1", 32)[0]  # int8 [t, h / 2]; an odd byte count exercises the tail
+            for out_dtype in (torch.float32, torch.bfloat16):
+                yield (f"unpack_from_e2m1fn_x2({t}x{h // 2}, {out_dtype})",
+                       lambda p=packed, d=out_dtype: q.unpack_from_e2m1fn_x2(p, d))
+            yield (f"unpack_from_e2m1fn_x2({t}x{h // 2 - 1}, bf16)",
+                   lambda p=packed: q.unpack_from_e2m1fn_x2(p[:, :-1].contiguous(), torch.bfloat16))
             x2 = _bf16(t, 2 * h)
             yield f"swiglu_forward_and_per_token_cast({t}x{2 * h})", lambda x2=x2: q.swiglu_forward_and_per_token_cast(
                 x2, "e4m3", 128)
