@@ -198,7 +198,9 @@ def _key_expr(params: tuple, env: dict) -> str:
             env["_FLAT"], env["_typed"] = _FLAT, typed_key
             parts.append(f"(t{i} := type({a})), ({a} if t{i} in _FLAT else _typed({a}))")
         else:
-            env[f"k{i}"] = p.key
+            # a Param's own key_of directly (Param.key would only forward to it: one call less per parameter)
+            env[f"k{i}"] = p.key_of if isinstance(p, Param) and p.key_of is not None and type(p).key is Param.key \
+                else p.key
             parts.append(f"k{i}({a})")
     return f"({', '.join(parts)},)" if parts else "()"
 
