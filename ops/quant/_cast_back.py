@@ -334,16 +334,16 @@ def _plan_unpack(values: dict) -> Callable[..., torch.Tensor]:
 def _unpack_kernel_run(device: torch.device, out_dtype: torch.dtype, fn: Any) -> Callable[..., torch.Tensor]:
     def run(x: torch.Tensor, *_: Any) -> torch.Tensor:
         shape = x.shape
+        if len(shape) == 2:  # the common case, without the general case's views
+            rows, cols = shape
+            out = torch.empty((rows, 2 * cols), dtype=out_dtype, device=device)
+            if rows and cols:
+                fn(x if x.is_contiguous() and not ptr(x) & 15 else _prepare_data(x), out)
+            return out
         cols = shape[-1]
         out = torch.empty((*shape[:-1], 2 * cols), dtype=out_dtype, device=device)
-        if out.numel():
-            if not x.is_contiguous():
-                x = x.contiguous()
-            x = aligned_input(x)
-            if len(shape) == 2:
-                fn(x, out)
-            else:  # [..., cols] as [rows, cols] (views of contiguous tensors)
-                fn(x.view(-1, cols), out.view(-1, 2 * cols))
+        if out.numel():  # [..., cols] as [rows, cols] (views of contiguous tensors)
+            fn(_prepare_data(x).view(-1, cols), out.view(-1, 2 * cols))
         return out
 
     return run
