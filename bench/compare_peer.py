@@ -2,7 +2,7 @@
 """tilebin against tile_kernels 1.0.0, side by side: the same call on the same inputs, one process.
 
     PYTHONPATH=<site with the tilebin wheel>[:<folder with tile_kernels + tilelang>] \\
-        python3 bench/compare_peer.py [--families quant,moe,transpose] [--quick] [--candidates] [--events] [--ops a,b] [--json F] [--md F]
+        python3 bench/compare_peer.py [--families quant,moe,transpose] [--quick] [--candidates] [--events] [--ops a,b] [--flush write|read] [--json F] [--md F]
 
 Per case (``compare_peer_cases.py``: the shapes of the speed-parity issue, decode sizes of 1-128
 tokens, the transpose ops): device time of tilebin's op and of tile_kernels' op of the same name
@@ -58,15 +58,21 @@ def _t():
 class Timer:
     """Kernel time per call with a cold L2: CUPTI through torch.profiler, else CUDA events."""
 
-    def __init__(self, reps: int, events: bool = False) -> None:
+    def __init__(self, reps: int, events: bool = False, flush: str = "write") -> None:
         torch = _t()
         self.reps = reps
+        self.read_flush = flush == "read"
         self.buf = torch.zeros(FLUSH_BYTES // 8, dtype=torch.int64, device="cuda")
         # what the flush launches, to leave it out; none with --events (CUDA events time every case)
         self.flush_names = frozenset() if events else self._flush_names()
 
     def flush(self) -> None:
-        self.buf.bitwise_not_()
+        """Evict the L2: rewrite the buffer (default: the L2 is left full of dirty lines, whose
+        write-back the next kernel's misses pay) or, ``--flush read``, read it (clean lines)."""
+        if self.read_flush:
+            self.buf.max()
+        else:
+            self.buf.bitwise_not_()
 
     def _profile(self, body: Callable[[], None]) -> list:
         torch = _t()
@@ -197,7 +203,8 @@ def _measure(row: dict, side: str, mod: Any, op: str, args: tuple, kwargs: dict,
         return None
 
 
-def run_family(family: str, quick: bool, reps: int, events: bool = False, ops: frozenset = frozenset()) -> list[dict]:
+def run_family(family: str, quick: bool, reps: int, events: bool = False, ops: frozenset = frozenset(),
+               flush: str = "write") -> list[dict]:
     ours = importlib.import_module(f"tilebin.ops.{family}")
     peer = None
     if load_peer() is not None:  # sets up tile_kernels' import on TileLang 0.1.15
@@ -205,7 +212,7 @@ def run_family(family: str, quick: bool, reps: int, events: bool = False, ops: f
             peer = importlib.import_module(f"tile_kernels.{family}")
         except Exception as exc:  # noqa: BLE001
             print(f"tile_kernels.{family} not importable ({exc!r}): peer column n/a", flush=True)
-    timer = Timer(reps, events)
+    timer = Timer(reps, events, flush)
     rows = []
     for case in all_cases(family, quick):
         if ops and case.op not in ops:
@@ -255,7 +262,8 @@ def report(rows: list[dict], facts: dict, ns: argparse.Namespace, failed: list[s
     means = geomeans(rows)
     md = "### tilebin vs tile_kernels 1.0.0 (bench/compare_peer.py)\n\n" + env_markdown(facts) + "\n\n"
     md += (f"tile_kernels {facts['tile_kernels']}, tilelang {facts['tilelang']}; device time = median CUPTI "
-           f"kernel time of {ns.reps} calls, L2 flushed before each (\"(events)\": CUDA events).\n\n")
+           f"kernel time of {ns.reps} calls, L2 flushed before each by a 256 MiB "
+           f"{'read' if ns.flush == 'read' else 'rewrite'} (\"(events)\": CUDA events).\n\n")
     md += markdown_table(headers, [_cells(r) for r in rows]) + "\n\n"
     md += markdown_table(["family", "geomean peer/ours", "lowest case", "cases"],
                          [[f, f"{m['geomean']:.3f}", f"{m['min']:.2f}", m["cases"]] for f, m in means.items()])
@@ -296,7 +304,8 @@ def _children(ns: argparse.Namespace, families: list[str]) -> tuple[list[dict], 
                 path = os.path.join(tmp, "rows.json")
                 cmd = [sys.executable, os.path.abspath(__file__), "--families", family, "--reps", str(ns.reps),
                        "--rows-only", path] + (["--quick"] if ns.quick else []) \
-                    + (["--events"] if ns.events else []) + (["--ops", ns.ops] if ns.ops else [])
+                    + (["--events"] if ns.events else []) + (["--ops", ns.ops] if ns.ops else []) \
+                    + ["--flush", ns.flush]
                 rc = subprocess.run(cmd, env={**os.environ, **switches}).returncode
                 if os.path.exists(path):
                     with open(path) as fh:
@@ -319,6 +328,9 @@ def main() -> int:
                     help="time with CUDA events around each call (end to end, launch gaps included) "
                          "instead of summed CUPTI kernel durations, which count a PDL overlap twice")
     ap.add_argument("--ops", default="", help="comma-separated op names: only their cases")
+    ap.add_argument("--flush", choices=("write", "read"), default="write",
+                    help="how the L2 is flushed before each call: rewrite 256 MiB (dirty lines left, the default) "
+                         "or read it (clean lines, as ncu's --cache-control all)")
     ap.add_argument("--rows-only", help=argparse.SUPPRESS)  # a child: write its rows here, no report
     ns = ap.parse_args()
     families = [f for f in ns.families.split(",") if f]
@@ -336,13 +348,13 @@ def main() -> int:
         return 0
     ops = frozenset(o for o in ns.ops.split(",") if o)
     if ns.rows_only:
-        rows = [r for f in families for r in run_family(f, ns.quick, ns.reps, ns.events, ops)]
+        rows = [r for f in families for r in run_family(f, ns.quick, ns.reps, ns.events, ops, ns.flush)]
         with open(ns.rows_only, "w") as fh:
             json.dump(rows, fh)
         return 0
     facts = {**env_facts(), "tile_kernels": _pkg_version("tile-kernels"), "tilelang": _pkg_version("tilelang")}
     if len(families) == 1 and not ns.candidates:
-        rows, failed = run_family(families[0], ns.quick, ns.reps, ns.events, ops), []
+        rows, failed = run_family(families[0], ns.quick, ns.reps, ns.events, ops, ns.flush), []
     else:
         rows, failed = _children(ns, families)
     report(rows, facts, ns, failed)

@@ -153,12 +153,13 @@ def test_cases_run_and_report_with_a_stand_in_peer(cpu_cases, tmp_path, monkeypa
     for row in rows:
         assert row.get("ours_us") == row.get("peer_us") == 2.0 and row["ratio"] == 1.0, row
         assert "bit_equal" in row
-    ns = argparse.Namespace(reps=3, json=str(tmp_path / "r.json"), md=str(tmp_path / "r.md"))
+    ns = argparse.Namespace(reps=3, json=str(tmp_path / "r.json"), md=str(tmp_path / "r.md"), flush="write")
     facts = {"tile_kernels": "1.0.0", "tilelang": "0.1.15"}
     cp.report(rows, facts, ns, failed=["quant: child process exited with 1"])
     saved = json.loads((tmp_path / "r.json").read_text())
     assert saved["geomean"]["moe"]["geomean"] == pytest.approx(1.0) and len(saved["rows"]) == 7
     assert "| moe | topk_gate |" in saved["markdown"] and "failed: quant" in saved["markdown"]
+    assert "flushed before each by a 256 MiB rewrite" in saved["markdown"]
     assert (tmp_path / "r.md").read_text().strip() == saved["markdown"].strip()
 
 
