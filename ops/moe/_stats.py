@@ -51,21 +51,24 @@ def _plan_aux_fi(values: dict) -> Callable[..., torch.Tensor]:
         fns = {(single, unroll): launcher(_AUX_FI, single_block=single, unroll=unroll)
                for single, unroll in ((True, 8), (False, 8), (False, 4))}
     max_blocks = kernel_meta(_AUX_FI, "max_blocks")
+    device = values["topk_idx"].device  # part of the configuration
+    # the single-block variant never touches its workspace: one per configuration, not an allocation per call
+    idle_workspace = torch.empty((1, num_experts), dtype=torch.int32, device=device)
 
     def run(topk_idx: torch.Tensor, *_: Any) -> torch.Tensor:
-        device = topk_idx.device
         out = torch.empty(num_experts, dtype=torch.float32, device=device)
         entries = topk_idx.numel()
         single = bool(entries <= SINGLE_BLOCK_ENTRIES)  # a plain bool: a symbolic size (tracing) keys no dict
         if wide:
             fns[single, 8](topk_idx, out, num_aux_topk, 0 if single else get_num_sms(device))
-            return out
-        # one block, or a co-resident grid (2 per SM at most) of one block per 256 x unroll entries, each
-        # with its workspace row (torch.empty: no fill kernel)
-        unroll = 8 if single or bool(entries > _AUX_FI_WIDE) else 4
-        blocks = 1 if single else max(1, min(2 * get_num_sms(device), max_blocks, -(-entries // (256 * unroll))))
-        workspace = torch.empty((blocks, num_experts), dtype=torch.int32, device=device)
-        fns[single, unroll](topk_idx, out, workspace, num_aux_topk)
+        elif single:
+            fns[True, 8](topk_idx, out, idle_workspace, num_aux_topk)
+        else:  # a co-resident grid (2 per SM at most) of one block per 256 x unroll entries, each with its
+            # workspace row (torch.empty: no fill kernel)
+            unroll = 8 if bool(entries > _AUX_FI_WIDE) else 4
+            blocks = max(1, min(2 * get_num_sms(device), max_blocks, -(-entries // (256 * unroll))))
+            workspace = torch.empty((blocks, num_experts), dtype=torch.int32, device=device)
+            fns[False, unroll](topk_idx, out, workspace, num_aux_topk)
         return out
 
     return run
