@@ -307,6 +307,7 @@ def _packed_key(x: Any) -> tuple:
 
 _UNPACK_KERNEL = "quant.unpack_e2m1"
 _UNPACK_OUT = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}  # its variants
+UNPACK_KERNEL_MAX_BYTES = 2**30  # its output (two values a byte) within int32 element indices; larger: torch ops
 
 
 def _plan_unpack(values: dict) -> Callable[..., torch.Tensor]:
@@ -317,22 +318,30 @@ def _plan_unpack(values: dict) -> Callable[..., torch.Tensor]:
     float32 as ``.to`` would), gathered by byte."""
     x, out_dtype = values["x"], values["out_dtype"]
     device = x.device
+    table: list[torch.Tensor] = []  # [256, 2], made at the first call that gathers (none on the kernel's path)
+
+    def gather(x: torch.Tensor, *_: Any) -> torch.Tensor:
+        if not table:
+            codes = torch.arange(256)
+            values_f32 = torch.tensor(_E2M1_VALUES, dtype=torch.float32)
+            table.append(values_f32[torch.stack((codes & 0xF, codes >> 4), dim=-1)].to(out_dtype).to(device))
+        byte = x.reshape(-1).view(torch.uint8).to(torch.int32)
+        return table[0].index_select(0, byte).view(*x.shape[:-1], x.shape[-1] * 2)
+
     if device.type == "cuda" and out_dtype in _UNPACK_OUT:
         return _unpack_kernel_run(device, out_dtype, launcher(
-            _UNPACK_KERNEL, in_dtype="uint8" if x.dtype == torch.uint8 else "int8", out_dtype=_UNPACK_OUT[out_dtype]))
-    codes = torch.arange(256)
-    values_f32 = torch.tensor(_E2M1_VALUES, dtype=torch.float32)
-    table = values_f32[torch.stack((codes & 0xF, codes >> 4), dim=-1)].to(out_dtype).to(device)  # [256, 2]
+            _UNPACK_KERNEL, in_dtype="uint8" if x.dtype == torch.uint8 else "int8", out_dtype=_UNPACK_OUT[out_dtype]),
+            gather)
+    return gather
 
+
+def _unpack_kernel_run(device: torch.device, out_dtype: torch.dtype, fn: Any,
+                       gather: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+    """The kernel's launch; x of more than ``UNPACK_KERNEL_MAX_BYTES`` bytes (an output past the
+    kernel's 32-bit element indices) takes ``gather``, the torch path."""
     def run(x: torch.Tensor, *_: Any) -> torch.Tensor:
-        byte = x.reshape(-1).view(torch.uint8).to(torch.int32)
-        return table.index_select(0, byte).view(*x.shape[:-1], x.shape[-1] * 2)
-
-    return run
-
-
-def _unpack_kernel_run(device: torch.device, out_dtype: torch.dtype, fn: Any) -> Callable[..., torch.Tensor]:
-    def run(x: torch.Tensor, *_: Any) -> torch.Tensor:
+        if x.numel() > UNPACK_KERNEL_MAX_BYTES:
+            return gather(x)
         shape = x.shape
         if len(shape) == 2:  # the common case, without the general case's views
             rows, cols = shape

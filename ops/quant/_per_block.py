@@ -208,7 +208,8 @@ def _plan_lossless(values: dict) -> Callable[..., tuple[torch.Tensor, torch.Tens
         if tokens:
             x_sf = sf if kind == "row" else (sf.T.view(torch.uint8) if kind == "ue8m0" else sf.T)  # kernel-side
             x_sf = aligned_input(x_sf)
-            fn(data if data.dtype == torch.int8 else data.view(torch.int8), x_sf if x_sf.dtype == torch.uint8 else x_sf.view(torch.uint8), out,
+            fn(data if data.dtype == torch.int8 else data.view(torch.int8),
+               x_sf if x_sf.dtype == torch.uint8 else x_sf.view(torch.uint8), out,
                raw if raw.dtype == torch.uint8 else raw.view(torch.uint8), *kinds)
         return out, layout.finish(raw, tokens)
 

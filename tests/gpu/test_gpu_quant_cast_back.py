@@ -201,3 +201,16 @@ def test_unpack_kernel_sizes_and_layouts(ops, rng, dtype, out_dtype):
     for view in (base[1:], base[:, 1:], base.t(), base.reshape(-1)[3:1000]):  # misaligned and strided
         quant_ref.assert_equal(ops.unpack_from_e2m1fn_x2(view, out_dtype), quant_ref.unpack_e2m1(view, out_dtype),
                                f"unpack view {tuple(view.shape)} strides {view.stride()}")
+
+
+def test_unpack_past_the_kernel_limit_takes_torch_ops(ops, rng, monkeypatch):
+    """x with more bytes than the kernel indexes (UNPACK_KERNEL_MAX_BYTES, lowered here to keep the
+    test small) is decoded by the torch path, with the same bits; smaller x still by the kernel."""
+    from tilebin.ops.quant import _cast_back
+
+    monkeypatch.setattr(_cast_back, "UNPACK_KERNEL_MAX_BYTES", 600)
+    for shape in ((3, 200), (3, 201), (2, 150)):  # 600 bytes: the kernel; 603: torch; 300: the kernel
+        x = torch.randint(0, 256, shape, device="cuda", dtype=torch.int32, generator=rng.gen).to(torch.uint8)
+        for out_dtype in (torch.float32, torch.bfloat16):
+            quant_ref.assert_equal(ops.unpack_from_e2m1fn_x2(x, out_dtype), quant_ref.unpack_e2m1(x, out_dtype),
+                                   f"unpack {shape} -> {out_dtype} around the kernel limit")
