@@ -191,6 +191,32 @@ def test_unpack_matches_the_reference(dtype, out_dtype):
     assert torch.signbit(cb.unpack_from_e2m1fn_x2(torch.tensor([8], dtype=dtype)))[0]  # -0.0
 
 
+def test_unpack_kernel_run_routes_by_size_and_layout(monkeypatch):
+    """The kernel path's launch (CPU tensors, a recording launch): a 2-D contiguous aligned x goes
+    as it is, any other rank as [rows, bytes] views, a strided x as a contiguous copy, an empty one
+    launches nothing, and x past UNPACK_KERNEL_MAX_BYTES takes the torch path (no launch)."""
+    launched, gathered = [], []
+
+    def gather(x, *_):
+        gathered.append(tuple(x.shape))
+        return quant_ref.unpack_e2m1(x, torch.bfloat16)
+
+    run = cb._unpack_kernel_run(torch.device("cpu"), torch.bfloat16, lambda x, out: launched.append((x, out)), gather)
+    x = torch.zeros(4, 32, dtype=torch.int8)
+    out = run(x)
+    assert launched[-1][0] is x and launched[-1][1] is out and out.shape == (4, 64) and out.dtype == torch.bfloat16
+    run(torch.zeros(2, 3, 32, dtype=torch.int8))
+    assert launched[-1][0].shape == (6, 32) and launched[-1][1].shape == (6, 64)
+    strided = torch.zeros(32, 8, dtype=torch.int8).t()
+    run(strided)
+    assert launched[-1][0].is_contiguous() and launched[-1][0].shape == (8, 32)
+    count = len(launched)
+    assert run(torch.zeros(0, 32, dtype=torch.int8)).shape == (0, 64) and len(launched) == count
+    monkeypatch.setattr(cb, "UNPACK_KERNEL_MAX_BYTES", 100)
+    assert run(torch.zeros(4, 26, dtype=torch.int8)).shape == (4, 52) and gathered == [(4, 26)]
+    assert len(launched) == count
+
+
 def test_unpack_bad_arguments():
     _raises("float32", cb.unpack_from_e2m1fn_x2, torch.zeros(4))
     _raises("at least 1 dimension", cb.unpack_from_e2m1fn_x2, torch.tensor(3, dtype=torch.int8))
