@@ -98,6 +98,46 @@ def _tma_launch(name: str, key: dict) -> Any:
 _META: dict[tuple[str, str], Any] = {}
 
 
+class ZeroedState:
+    """An int32 buffer of ``shape`` that a kernel finds all zero and leaves all zero (a ticket and
+    totals, instead of a fill launch per call): :meth:`get` gives the one of torch's current
+    stream on ``device``, made zeroed at its first use, so calls that could overlap (other
+    streams) never share one.  Under CUDA-graph capture it gives a fresh zeroed buffer instead:
+    the fill is then part of the graph, and graphs replayed at once on different streams never
+    share state either.  Not for fake tensors (ops pass a placeholder while tracing)."""
+
+    __slots__ = ("shape", "device", "by_stream", "stream", "capturing")
+
+    def __init__(self, shape: tuple, device: torch.device) -> None:
+        self.shape, self.device = shape, device
+        self.by_stream: dict[Any, torch.Tensor] = {}
+        if device.type == "cuda":
+            index = device.index if device.index is not None else torch.cuda.current_device()
+            raw = torch._C._cuda_getCurrentRawStream
+            self.stream = lambda: raw(index)
+            self.capturing = lambda: _capturing(index)
+        else:  # CPU tensors (the ops' stubbed tests): one stream
+            self.stream, self.capturing = (lambda: None), (lambda: False)
+
+    def get(self) -> torch.Tensor:
+        """The zeroed buffer to pass to this call's launch (see the class)."""
+        if self.capturing():
+            return torch.zeros(self.shape, dtype=torch.int32, device=self.device)
+        stream = self.stream()
+        state = self.by_stream.get(stream)
+        if state is None:
+            state = self.by_stream[stream] = torch.zeros(self.shape, dtype=torch.int32, device=self.device)
+        return state
+
+
+def _capturing(index: int) -> bool:
+    """Whether torch's current stream on device ``index`` is capturing a CUDA graph."""
+    if torch._C._cuda_getDevice() == index:
+        return torch._C._cuda_isCurrentStreamCapturing()
+    with torch.cuda.device(index):
+        return torch._C._cuda_isCurrentStreamCapturing()
+
+
 def kernel_meta(kernel: str, key: str) -> Any:
     """The constant ``key`` kernel ``kernel`` declares (``KernelDecl.meta``, from the manifest via
     :func:`tilebin.runtime.spec`; cached): tile widths and limits the ops size grids and check

@@ -1,11 +1,12 @@
-"""``moe.aux_fi(topk_idx, out, workspace, num_aux_topk)``: the load-balance frequency ``f_i`` per expert.
+"""``moe.aux_fi(topk_idx, out, state, num_aux_topk, num_sms)``: the load-balance frequency ``f_i`` per expert.
 
 topk_idx is ``[num_tokens, num_topk]`` int64 (contiguous), out ``[num_experts]`` float32 with
-``num_experts <= SHARED_BINS`` (the op launches ``moe.aux_fi_many_experts`` above that), workspace
-int32 ``[num_blocks, num_experts]`` (contents on entry do not matter; the grid is one block per
-row, at most ``MAX_BLOCKS``, and the op sizes it to be co-resident: ``BLOCKS_PER_SM`` per SM).
-Extents are runtime symbols, ``num_aux_topk`` (>= 1) a scalar.  With ``c[e]`` the number of
-entries equal to ``e`` (entries outside ``[0, num_experts)``, such as ``-1``, are not counted)::
+``num_experts <= SHARED_BINS`` (the op launches ``moe.aux_fi_many_experts`` above that).  state
+is int32 ``[2, num_experts]``: all zero on entry, and left all zero on exit (the op keeps one per
+stream and configuration, so calls that could overlap never share one; see the op).  Extents are
+runtime symbols; ``num_aux_topk`` (>= 1) and ``num_sms`` are scalars.  With ``c[e]`` the number
+of entries equal to ``e`` (entries outside ``[0, num_experts)``, such as ``-1``, are not
+counted)::
 
     out[e] = (float(c[e]) * float(num_experts)) * (1.0f / float(num_tokens * num_aux_topk))
 
@@ -15,13 +16,15 @@ float32 reciprocal); ``out[e] = 0`` where ``c[e] == 0`` (also for 0 tokens).  In
 the result exact and independent of the block and SM counts (tile_kernels adds per-block float
 partials with float atomics, whose order varies).
 
-Design.  Every block builds its histogram in shared memory (shared atomics) and writes the
-whole row ``workspace[block]`` (so nothing needs zeroing first); one ``T.sync_grid()``; then
-global warp ``g`` owns experts ``g, g + G, ...``: its lanes load the expert's column of the
-workspace (all rows at once, ``ROWS_PER_LANE`` per lane), a shuffle reduction sums it and lane
-0 writes ``out[e]``.  The ``single_block`` variant (a plain launch, ``workspace`` unused)
-converts straight from the shared histogram.  ``unroll``: the loads each thread has in flight
-per sweep of the grid.
+Design.  Every block builds its histogram in shared memory (shared atomics) over its share of
+the entries.  The ``single_block`` variant converts straight from it (``state`` unused).  The
+grid variant (a plain launch of ``grid_blocks`` blocks: no co-residency, no grid barrier) adds
+each non-zero bin to ``state[0]`` with a global atomic, then thread 0 takes a ticket
+(``state[1, 0]``, an acquire-release atomic after the block barrier, the pattern of a grid
+barrier's arrival); the block that draws the last ticket reads the totals (relaxed atomic loads
+after thread 0's acquire and a block barrier), writes ``out`` and zeroes ``state`` for the next
+call.  No block waits for another, and no fill launch is needed.  ``unroll``: the loads each
+thread has in flight per sweep of the grid.
 """
 
 # No ``from __future__ import annotations``: TileLang evaluates the PrimFunc's tensor
@@ -31,40 +34,42 @@ import tilelang.language as T
 from .._declare import KernelDecl
 
 THREADS = 256
-WARPS = THREADS // 32
 BLOCKS_PER_SM = 2
-MAX_BLOCKS = 512  # workspace rows a warp sums: 32 lanes x ROWS_PER_LANE
-ROWS_PER_LANE = MAX_BLOCKS // 32
+MAX_BLOCKS = 512  # the grid's cap (entries past 512 blocks' sweep take more sweeps)
 SHARED_BINS = 4096  # the largest num_experts (16 KB of shared memory)
-# unroll: flat entries each thread loads per sweep (the op sizes the grid to one sweep where it can)
+# unroll: flat entries each thread loads per sweep (the grid is one sweep where it can)
 VARIANTS = ({"single_block": False, "unroll": 4}, {"single_block": False, "unroll": 8},
             {"single_block": True, "unroll": 8})
 
 
+def grid_blocks(entries, num_sms, unroll: int):
+    """The grid variant's blocks: one per ``THREADS * unroll`` entries, at most ``BLOCKS_PER_SM``
+    per SM and ``MAX_BLOCKS``, at least 1."""
+    return T.max(1, T.min(T.min(num_sms * BLOCKS_PER_SM, MAX_BLOCKS), T.ceildiv(entries, THREADS * unroll)))
+
+
 def aux_fi(single_block: bool, unroll: int):
-    """Build the PrimFunc: one block (plain launch) or a cooperative grid of workspace-row blocks."""
+    """Build the PrimFunc: one block, or a grid whose last block to finish converts (a ticket)."""
     num_tokens, num_topk = T.dynamic("num_tokens"), T.dynamic("num_topk")
     num_experts = T.dynamic("num_experts")
-    ws_rows = T.dynamic("workspace_rows")
     entries = num_tokens * num_topk
-    nblocks = 1 if single_block else ws_rows
     sweep = THREADS * unroll
 
     @T.prim_func
     def main(
         topk_idx: T.Tensor((num_tokens, num_topk), "int64"),
         out: T.Tensor((num_experts,), "float32"),
-        workspace: T.Tensor((ws_rows, num_experts), "int32"),
+        state: T.Tensor((2, num_experts), "int32"),
         num_aux_topk: T.int32,
+        num_sms: T.int32,
     ):
-        with T.Kernel(nblocks, threads=THREADS) as bx:
-            T.annotate_min_blocks_per_sm(BLOCKS_PER_SM)  # the cooperative grid's residency
+        with T.Kernel(1 if single_block else grid_blocks(entries, num_sms, unroll), threads=THREADS) as bx:
+            T.annotate_min_blocks_per_sm(BLOCKS_PER_SM)
+            nblocks = 1 if single_block else grid_blocks(entries, num_sms, unroll)
             tid = T.get_thread_binding()
-            warp = tid // 32
-            lane = tid % 32
             hist = T.alloc_shared((SHARED_BINS,), "int32")
+            ticket = T.alloc_shared((1,), "int32")
             vals = T.alloc_local((unroll,), "int64")
-            rows = T.alloc_local((ROWS_PER_LANE,), "int32")
             inv = T.alloc_var("float32")
             count = T.alloc_var("int32")
             flat = T.Tensor((entries,), "int64", topk_idx.data)
@@ -82,36 +87,30 @@ def aux_fi(single_block: bool, unroll: int):
                         T.atomic_add(hist[T.Cast("int32", vals[u])], 1)
             T.sync_threads()
             inv = T.float32(1.0) / T.Cast("float32", T.Cast("int64", num_tokens) * T.Cast("int64", num_aux_topk))
-            if single_block:
+            if not single_block:  # add the block's counts to the totals, then take a ticket
                 for i in T.serial(T.ceildiv(num_experts, THREADS)):
                     if i * THREADS + tid < num_experts:
-                        count = hist[i * THREADS + tid]
+                        if hist[i * THREADS + tid] > 0:
+                            T.atomic_add(state[0, i * THREADS + tid], hist[i * THREADS + tid])
+                T.sync_threads()
+                if tid == 0:
+                    ticket[0] = T.atomic_add(state[1, 0], 1, memory_order="acq_rel", return_prev=True)
+                T.sync_threads()
+            if single_block or ticket[0] == nblocks - 1:  # the last block: every total is in
+                for i in T.serial(T.ceildiv(num_experts, THREADS)):
+                    if i * THREADS + tid < num_experts:
+                        if single_block:
+                            count = hist[i * THREADS + tid]
+                        else:
+                            count = T.atomic_load(state[0, i * THREADS + tid], memory_order="relaxed")
+                            T.atomic_store(state[0, i * THREADS + tid], 0, memory_order="relaxed")
                         if count > 0:
                             out[i * THREADS + tid] = T.Cast("float32", count) * T.Cast("float32", num_experts) * inv
                         else:
                             out[i * THREADS + tid] = T.float32(0)
-            else:
-                for i in T.serial(T.ceildiv(num_experts, THREADS)):
-                    if i * THREADS + tid < num_experts:
-                        workspace[bx, i * THREADS + tid] = hist[i * THREADS + tid]
-                T.sync_grid()
-                for it in T.serial(T.ceildiv(num_experts, nblocks * WARPS)):
-                    if (it * nblocks + bx) * WARPS + warp < num_experts:
-                        for r in T.unroll(ROWS_PER_LANE):
-                            rows[r] = 0
-                            if r * 32 + lane < nblocks:
-                                rows[r] = workspace[r * 32 + lane, (it * nblocks + bx) * WARPS + warp]
-                        count = 0
-                        for r in T.unroll(ROWS_PER_LANE):
-                            count = count + rows[r]
-                        for d in T.unroll(5):
-                            count = count + T.shfl_xor(count, 16 >> d)
-                        if lane == 0:
-                            if count > 0:
-                                out[(it * nblocks + bx) * WARPS + warp] = (
-                                    T.Cast("float32", count) * T.Cast("float32", num_experts) * inv)
-                            else:
-                                out[(it * nblocks + bx) * WARPS + warp] = T.float32(0)
+                if not single_block:
+                    if tid == 0:
+                        T.atomic_store(state[1, 0], 0, memory_order="relaxed")
 
     return main
 
@@ -120,13 +119,13 @@ KERNELS = (
     KernelDecl(
         name="moe.aux_fi",
         factory=aux_fi,
-        meta={"max_experts": SHARED_BINS, "max_blocks": MAX_BLOCKS},  # the op's limits
+        meta={"max_experts": SHARED_BINS},  # the op's limit
         grid=VARIANTS,
-        outputs=("out", "workspace"),
+        outputs=("out", "state"),
         align=4,  # element alignment is enough: no vector accesses
         doc="out[e] = count(topk_idx == e) * E / (tokens * num_aux_topk), float32, E <= 4096: per-block "
-            "histograms to a workspace, one grid barrier; cooperative unless single_block.",
+            "histograms added to a zeroed state with atomics; the last block (a ticket) converts and re-zeroes it.",
     ),
 )
 
-__all__ = ["KERNELS", "MAX_BLOCKS", "SHARED_BINS", "VARIANTS", "aux_fi"]
+__all__ = ["KERNELS", "MAX_BLOCKS", "SHARED_BINS", "VARIANTS", "aux_fi", "grid_blocks"]

@@ -8,8 +8,10 @@ Outputs are fresh tensors on the input's device with tile_kernels' dtypes and sh
 
 Token counts, top-k sizes and expert/group counts are all run-time values (one cubin each).
 ``aux_fi`` and ``group_count`` count in one block up to ``SINGLE_BLOCK_ENTRIES`` indices
-(decode batches: a plain launch) and otherwise in a cooperative grid sized by
-:func:`tilebin.ops.config.get_num_sms`; their counts are integers (bit-exact) and the results
+(decode batches: a plain launch) and otherwise in a grid sized by
+:func:`tilebin.ops.config.get_num_sms` (``group_count``: cooperative; ``aux_fi``: a plain launch
+whose last block converts, with totals and a ticket in a zeroed state kept per stream, see
+:class:`tilebin.ops._common.ZeroedState`); their counts are integers (bit-exact) and the results
 do not depend on the SM count.  ``aux_fi`` launches ``moe.aux_fi`` up to its ``max_experts``
 shared bins (4096) and ``moe.aux_fi_many_experts`` past them.  Index entries outside
 ``[0, num_experts)`` / ``[0, num_groups)`` are not counted (tile_kernels asserts on the device
@@ -22,7 +24,7 @@ from typing import Any, Callable
 
 import torch
 
-from .._common import check_int, fail, kernel_meta, launcher, specialised_launcher
+from .._common import TRACING, ZeroedState, check_int, fail, kernel_meta, launcher, specialised_launcher
 from .._spec import IntParam, OpSpec, TensorParam
 from ..config import get_num_sms
 
@@ -32,7 +34,7 @@ _INT32_MAX = 2**31 - 1
 _INT64 = (torch.int64,)
 _MASK_DTYPES = {torch.int64: "int64", torch.int32: "int32"}
 
-_AUX_FI = "moe.aux_fi"  # its meta: max_experts (its shared bins; more: moe.aux_fi_many_experts), max_blocks
+_AUX_FI = "moe.aux_fi"  # its meta: max_experts (its shared bins; more: moe.aux_fi_many_experts)
 _AUX_FI_WIDE = 65536  # above this many indices aux_fi's grid loads 8 per thread (fewer blocks), else 4
 
 
@@ -43,32 +45,33 @@ def _entries(name: str, dtypes: tuple = _INT64) -> TensorParam:
 
 def _plan_aux_fi(values: dict) -> Callable[..., torch.Tensor]:
     num_experts, num_aux_topk = values["num_experts"], values["num_aux_topk"]
-    wide = num_experts > kernel_meta(_AUX_FI, "max_experts")
-    # the launchers by (single block, unroll), looked up once per configuration
-    if wide:
-        fns = {(single, 8): launcher("moe.aux_fi_many_experts", single_block=single) for single in (True, False)}
-    else:
-        fns = {(single, unroll): launcher(_AUX_FI, single_block=single, unroll=unroll)
-               for single, unroll in ((True, 8), (False, 8), (False, 4))}
-    max_blocks = kernel_meta(_AUX_FI, "max_blocks")
     device = values["topk_idx"].device  # part of the configuration
-    # the single-block variant never touches its workspace: one per configuration, not an allocation per call
-    idle_workspace = torch.empty((1, num_experts), dtype=torch.int32, device=device)
+    if num_experts > kernel_meta(_AUX_FI, "max_experts"):
+        fns = {single: launcher("moe.aux_fi_many_experts", single_block=single) for single in (True, False)}
+
+        def run_wide(topk_idx: torch.Tensor, *_: Any) -> torch.Tensor:
+            out = torch.empty(num_experts, dtype=torch.float32, device=device)
+            single = bool(topk_idx.numel() <= SINGLE_BLOCK_ENTRIES)  # a plain bool: a symbolic size keys no dict
+            fns[single](topk_idx, out, num_aux_topk, 0 if single else get_num_sms(device))
+            return out
+
+        return run_wide
+    # the launchers by (single block, unroll), looked up once per configuration
+    fns = {(single, unroll): launcher(_AUX_FI, single_block=single, unroll=unroll)
+           for single, unroll in ((True, 8), (False, 8), (False, 4))}
+    # the single block never touches its state; the grid's totals and ticket: zeroed, one per stream
+    idle = torch.empty((2, num_experts), dtype=torch.int32, device=device)
+    states = None if TRACING.on else ZeroedState((2, num_experts), device)
 
     def run(topk_idx: torch.Tensor, *_: Any) -> torch.Tensor:
         out = torch.empty(num_experts, dtype=torch.float32, device=device)
         entries = topk_idx.numel()
-        single = bool(entries <= SINGLE_BLOCK_ENTRIES)  # a plain bool: a symbolic size (tracing) keys no dict
-        if wide:
-            fns[single, 8](topk_idx, out, num_aux_topk, 0 if single else get_num_sms(device))
-        elif single:
-            fns[True, 8](topk_idx, out, idle_workspace, num_aux_topk)
-        else:  # a co-resident grid (2 per SM at most) of one block per 256 x unroll entries, each with its
-            # workspace row (torch.empty: no fill kernel)
+        if bool(entries <= SINGLE_BLOCK_ENTRIES):
+            fns[True, 8](topk_idx, out, idle, num_aux_topk, 0)
+        else:  # one block per 256 x unroll entries, 2 per SM at most (the kernel sizes its grid)
             unroll = 8 if bool(entries > _AUX_FI_WIDE) else 4
-            blocks = max(1, min(2 * get_num_sms(device), max_blocks, -(-entries // (256 * unroll))))
-            workspace = torch.empty((blocks, num_experts), dtype=torch.int32, device=device)
-            fns[False, unroll](topk_idx, out, workspace, num_aux_topk)
+            fns[False, unroll](topk_idx, out, idle if states is None else states.get(), num_aux_topk,
+                               get_num_sms(device))
         return out
 
     return run

@@ -254,3 +254,22 @@ def test_ops_launch_declared_variants_with_matching_parameters(monkeypatch):
                 assert isinstance(arg, torch.Tensor), (name, param.name)
                 assert str(buf.dtype) == str(arg.dtype).removeprefix("torch."), (name, param.name, arg.dtype)
                 assert len(buf.shape) == arg.dim() and arg.is_contiguous(), (name, param.name)
+
+
+def test_zeroed_state_one_per_stream_and_fresh_under_capture():
+    """aux_fi's grid state (ops._common.ZeroedState): zeroed int32, the same buffer for a stream,
+    another for another stream, and a fresh one (not kept) while a CUDA graph is captured."""
+    from tilebin.ops._common import ZeroedState
+
+    state = ZeroedState((2, 4), torch.device("cpu"))
+    first = state.get()
+    assert first.dtype == torch.int32 and tuple(first.shape) == (2, 4) and not first.any()
+    assert state.get() is first
+    streams = iter((1, 2, 1))
+    state.stream = lambda: next(streams)
+    one, two, one_again = state.get(), state.get(), state.get()
+    assert one is one_again and one is not two and one is not first
+    state.capturing = lambda: True
+    captured = state.get()
+    assert not captured.any() and all(captured is not kept for kept in state.by_stream.values())
+    assert len(state.by_stream) == 3
