@@ -17,14 +17,23 @@ the result exact and independent of the block and SM counts (tile_kernels adds p
 partials with float atomics, whose order varies).
 
 Design.  Every block builds its histogram in shared memory (shared atomics) over its share of
-the entries.  The ``single_block`` variant converts straight from it (``state`` unused).  The
-grid variant (a plain launch of ``grid_blocks`` blocks: no co-residency, no grid barrier) adds
-each non-zero bin to ``state[0]`` with a global atomic, then thread 0 takes a ticket
-(``state[1, 0]``, an acquire-release atomic after the block barrier, the pattern of a grid
-barrier's arrival); the block that draws the last ticket reads the totals (relaxed atomic loads
-after thread 0's acquire and a block barrier), writes ``out`` and zeroes ``state`` for the next
-call.  No block waits for another, and no fill launch is needed.  ``unroll``: the loads each
-thread has in flight per sweep of the grid.
+the entries.  The ``single`` variant converts straight from it (``state`` unused).  The grid
+variants are a plain launch of ``grid_blocks`` blocks (no co-residency, no grid barrier), and
+their ``state`` is all zero on entry and left all zero:
+
+* ``arrivals`` (the op's choice up to ``ARRIVALS_MAX_EXPERTS`` experts): ``state`` is read as
+  uint64 ``[num_experts]``, one word per bin.  Every block adds ``2**32 + its count`` to every
+  bin's word with an atomic that returns the old value (atomics on one word are totally
+  ordered), so the block that sees ``nblocks - 1`` arrivals holds the bin's total: it writes
+  ``out[e]`` and zeroes the word.  No fence, no ticket, no second read: one atomic round trip
+  after the counting, as many atomics as blocks x bins.
+* ``ticket`` (more experts): each non-zero bin is added to ``state[0]`` with a global atomic,
+  then thread 0 takes a ticket (``state[1, 0]``, an acquire-release atomic after the block
+  barrier, the pattern of a grid barrier's arrival); the block that draws the last ticket
+  reads the totals (relaxed atomic loads after thread 0's acquire and a block barrier), writes
+  ``out`` and zeroes ``state``.
+
+``unroll``: the loads each thread has in flight per sweep of the grid.
 """
 
 # No ``from __future__ import annotations``: TileLang evaluates the PrimFunc's tensor
@@ -37,9 +46,11 @@ THREADS = 256
 BLOCKS_PER_SM = 2
 MAX_BLOCKS = 512  # the grid's cap (entries past 512 blocks' sweep take more sweeps)
 SHARED_BINS = 4096  # the largest num_experts (16 KB of shared memory)
-# unroll: flat entries each thread loads per sweep (the grid is one sweep where it can)
-VARIANTS = ({"single_block": False, "unroll": 4}, {"single_block": False, "unroll": 8},
-            {"single_block": True, "unroll": 8})
+ARRIVALS_MAX_EXPERTS = 1024  # the op's choice of "arrivals" over "ticket" (H200: faster up to 1024, slower at 4096)
+# mode: "single" (one block), "ticket" or "arrivals" (grids, see the module docstring); unroll: flat
+# entries each thread loads per sweep (a grid is one sweep where it can)
+VARIANTS = tuple({"mode": mode, "unroll": unroll} for mode in ("ticket", "arrivals") for unroll in (4, 8)) + (
+    {"mode": "single", "unroll": 8},)
 
 
 def grid_blocks(entries, num_sms, unroll: int):
@@ -48,8 +59,9 @@ def grid_blocks(entries, num_sms, unroll: int):
     return T.max(1, T.min(T.min(num_sms * BLOCKS_PER_SM, MAX_BLOCKS), T.ceildiv(entries, THREADS * unroll)))
 
 
-def aux_fi(single_block: bool, unroll: int):
-    """Build the PrimFunc: one block, or a grid whose last block to finish converts (a ticket)."""
+def aux_fi(mode: str, unroll: int):
+    """Build the PrimFunc: one block, or a grid whose last arrival converts (per grid or per bin)."""
+    single_block = mode == "single"
     num_tokens, num_topk = T.dynamic("num_tokens"), T.dynamic("num_topk")
     num_experts = T.dynamic("num_experts")
     entries = num_tokens * num_topk
@@ -72,6 +84,7 @@ def aux_fi(single_block: bool, unroll: int):
             vals = T.alloc_local((unroll,), "int64")
             inv = T.alloc_var("float32")
             count = T.alloc_var("int32")
+            seen = T.alloc_local((1,), "uint64")
             flat = T.Tensor((entries,), "int64", topk_idx.data)
             for i in T.serial(T.ceildiv(num_experts, THREADS)):
                 if i * THREADS + tid < num_experts:
@@ -87,7 +100,21 @@ def aux_fi(single_block: bool, unroll: int):
                         T.atomic_add(hist[T.Cast("int32", vals[u])], 1)
             T.sync_threads()
             inv = T.float32(1.0) / T.Cast("float32", T.Cast("int64", num_tokens) * T.Cast("int64", num_aux_topk))
-            if not single_block:  # add the block's counts to the totals, then take a ticket
+            if mode == "arrivals":  # per bin: add (one arrival, the count); the last arrival converts
+                words = T.Tensor((num_experts,), "uint64", state.data)
+                for i in T.serial(T.ceildiv(num_experts, THREADS)):
+                    if i * THREADS + tid < num_experts:
+                        seen[0] = T.atomic_add(words[i * THREADS + tid],
+                                               T.shift_left(T.uint64(1), T.uint64(32)) + T.Cast("uint64", hist[i * THREADS + tid]),
+                                               return_prev=True)
+                        if T.shift_right(seen[0], T.uint64(32)) == T.Cast("uint64", nblocks - 1):
+                            count = T.Cast("int32", T.bitwise_and(seen[0], T.uint64(0xFFFFFFFF))) + hist[i * THREADS + tid]
+                            T.atomic_store(words[i * THREADS + tid], T.uint64(0), memory_order="relaxed")
+                            if count > 0:
+                                out[i * THREADS + tid] = T.Cast("float32", count) * T.Cast("float32", num_experts) * inv
+                            else:
+                                out[i * THREADS + tid] = T.float32(0)
+            if mode == "ticket":  # add the block's counts to the totals, then take a ticket
                 for i in T.serial(T.ceildiv(num_experts, THREADS)):
                     if i * THREADS + tid < num_experts:
                         if hist[i * THREADS + tid] > 0:
@@ -96,7 +123,7 @@ def aux_fi(single_block: bool, unroll: int):
                 if tid == 0:
                     ticket[0] = T.atomic_add(state[1, 0], 1, memory_order="acq_rel", return_prev=True)
                 T.sync_threads()
-            if single_block or ticket[0] == nblocks - 1:  # the last block: every total is in
+            if single_block or (mode == "ticket" and ticket[0] == nblocks - 1):  # the last block: every total is in
                 for i in T.serial(T.ceildiv(num_experts, THREADS)):
                     if i * THREADS + tid < num_experts:
                         if single_block:
@@ -119,13 +146,14 @@ KERNELS = (
     KernelDecl(
         name="moe.aux_fi",
         factory=aux_fi,
-        meta={"max_experts": SHARED_BINS},  # the op's limit
+        meta={"max_experts": SHARED_BINS, "arrivals_max_experts": ARRIVALS_MAX_EXPERTS},  # the op's limits
         grid=VARIANTS,
         outputs=("out", "state"),
         align=4,  # element alignment is enough: no vector accesses
         doc="out[e] = count(topk_idx == e) * E / (tokens * num_aux_topk), float32, E <= 4096: per-block "
-            "histograms added to a zeroed state with atomics; the last block (a ticket) converts and re-zeroes it.",
+            "histograms added to a zeroed state with atomics; the last arrival (per bin, or a ticket) converts and "
+            "re-zeroes it.",
     ),
 )
 
-__all__ = ["KERNELS", "MAX_BLOCKS", "SHARED_BINS", "VARIANTS", "aux_fi", "grid_blocks"]
+__all__ = ["ARRIVALS_MAX_EXPERTS", "KERNELS", "MAX_BLOCKS", "SHARED_BINS", "VARIANTS", "aux_fi", "grid_blocks"]

@@ -10,7 +10,7 @@ Token counts, top-k sizes and expert/group counts are all run-time values (one c
 ``aux_fi`` and ``group_count`` count in one block up to ``SINGLE_BLOCK_ENTRIES`` indices
 (decode batches: a plain launch) and otherwise in a grid sized by
 :func:`tilebin.ops.config.get_num_sms` (``group_count``: cooperative; ``aux_fi``: a plain launch
-whose last block converts, with totals and a ticket in a zeroed state kept per stream, see
+whose last arrival converts, with totals in a zeroed state kept per stream, see
 :class:`tilebin.ops._common.ZeroedState`); their counts are integers (bit-exact) and the results
 do not depend on the SM count.  ``aux_fi`` launches ``moe.aux_fi`` up to its ``max_experts``
 shared bins (4096) and ``moe.aux_fi_many_experts`` past them.  Index entries outside
@@ -34,7 +34,7 @@ _INT32_MAX = 2**31 - 1
 _INT64 = (torch.int64,)
 _MASK_DTYPES = {torch.int64: "int64", torch.int32: "int32"}
 
-_AUX_FI = "moe.aux_fi"  # its meta: max_experts (its shared bins; more: moe.aux_fi_many_experts)
+_AUX_FI = "moe.aux_fi"  # its meta: max_experts (its shared bins; more: moe.aux_fi_many_experts), arrivals_max_experts
 _AUX_FI_WIDE = 65536  # above this many indices aux_fi's grid loads 8 per thread (fewer blocks), else 4
 
 
@@ -56,10 +56,11 @@ def _plan_aux_fi(values: dict) -> Callable[..., torch.Tensor]:
             return out
 
         return run_wide
-    # the launchers by (single block, unroll), looked up once per configuration
-    fns = {(single, unroll): launcher(_AUX_FI, single_block=single, unroll=unroll)
-           for single, unroll in ((True, 8), (False, 8), (False, 4))}
-    # the single block never touches its state; the grid's totals and ticket: zeroed, one per stream
+    # the launchers by unroll, looked up once per configuration; the grid's mode by the expert count
+    grid = "arrivals" if num_experts <= kernel_meta(_AUX_FI, "arrivals_max_experts") else "ticket"
+    one_block = launcher(_AUX_FI, mode="single", unroll=8)
+    fns = {unroll: launcher(_AUX_FI, mode=grid, unroll=unroll) for unroll in (4, 8)}
+    # the single block never touches its state; the grid's: zeroed, one per stream
     idle = torch.empty((2, num_experts), dtype=torch.int32, device=device)
     states = None if TRACING.on else ZeroedState((2, num_experts), device)
 
@@ -67,11 +68,10 @@ def _plan_aux_fi(values: dict) -> Callable[..., torch.Tensor]:
         out = torch.empty(num_experts, dtype=torch.float32, device=device)
         entries = topk_idx.numel()
         if bool(entries <= SINGLE_BLOCK_ENTRIES):
-            fns[True, 8](topk_idx, out, idle, num_aux_topk, 0)
+            one_block(topk_idx, out, idle, num_aux_topk, 0)
         else:  # one block per 256 x unroll entries, 2 per SM at most (the kernel sizes its grid)
-            unroll = 8 if bool(entries > _AUX_FI_WIDE) else 4
-            fns[False, unroll](topk_idx, out, idle if states is None else states.get(), num_aux_topk,
-                               get_num_sms(device))
+            fns[8 if bool(entries > _AUX_FI_WIDE) else 4](topk_idx, out, idle if states is None else states.get(),
+                                                         num_aux_topk, get_num_sms(device))
         return out
 
     return run

@@ -1,7 +1,7 @@
 """GPU tests of ``moe.aux_fi``'s grid path and its zeroed state (``ops._common.ZeroedState``).
 
-The grid's blocks add their counts to totals in a state buffer and the block that draws the
-last ticket converts them and zeroes the buffer again, so the op keeps one state per stream
+The grid's blocks add their counts to totals in a state buffer and the last arrival (per bin,
+or by a ticket: both modes run here, forced) converts them and zeroes the buffer again, so the op keeps one state per stream
 and gives a CUDA-graph capture its own.  These tests run the grid path (more than
 ``SINGLE_BLOCK_ENTRIES`` indices) bit-exact against ``moe_ref``:
 - repeated calls of different sizes and SM counts, and the state all zero after each;
@@ -47,19 +47,33 @@ def states(moe, monkeypatch):
     return made
 
 
+@pytest.fixture(params=("arrivals", "ticket"))
+def mode(request, monkeypatch):
+    """The grid mode, forced for every expert count (the op picks by ``arrivals_max_experts``)."""
+    from tilebin.ops.moe import _stats
+
+    real = _stats.kernel_meta
+    bound = (1 << 30) if request.param == "arrivals" else 0
+    monkeypatch.setattr(_stats, "kernel_meta", lambda k, key: bound if key == "arrivals_max_experts" else real(k, key))
+    monkeypatch.setattr(_stats.AUX_FI, "memo", {})
+    return request.param
+
+
 def _indices(tokens: int, topk: int) -> torch.Tensor:
     return topk_idx(tokens, topk, EXPERTS, 8)
 
 
-def test_state_is_zero_after_every_call(moe, states, sm_counts):
-    seed("aux_fi_state")
+@pytest.mark.parametrize("experts", (1, 32, 257, 4096))
+def test_state_is_zero_after_every_call(moe, states, mode, sm_counts, experts):
+    seed("aux_fi_state", experts)
     counts, set_num_sms = sm_counts
-    for tokens, topk in ((700, 8), (4001, 2), (4001, 9), (20000, 8)):
-        idx = _indices(tokens, topk)
-        want = stats_ref.aux_fi(idx, EXPERTS, topk)
+    for tokens, topk in ((700, 8), (4001, 2), (4001, 9), (20000, 8)):  # all past SINGLE_BLOCK_ENTRIES
+        idx = torch.randint(-1, experts, (tokens, topk), dtype=torch.int64, device="cuda")
+        want = stats_ref.aux_fi(idx, experts, topk)
         for sms in counts:
             set_num_sms(sms)
-            assert_bits_equal(moe.aux_fi(idx, EXPERTS, topk), want, f"aux_fi({tuple(idx.shape)}, {sms} SMs)")
+            assert_bits_equal(moe.aux_fi(idx, experts, topk), want,
+                              f"aux_fi({tuple(idx.shape)}, E={experts}, {mode}, {sms} SMs)")
             torch.cuda.synchronize()
             buffers = [b for s in states for b in s.by_stream.values()]
             assert buffers, "the grid path made no state (did the call take the grid path?)"
@@ -67,7 +81,7 @@ def test_state_is_zero_after_every_call(moe, states, sm_counts):
     set_num_sms(0)
 
 
-def test_streams_at_once(moe, states):
+def test_streams_at_once(moe, states, mode):
     seed("aux_fi_streams")
     streams = [torch.cuda.Stream() for _ in range(4)]
     inputs = [_indices(1000 + 700 * i, 2 + 2 * i) for i in range(4)]
@@ -92,7 +106,7 @@ def _fixed(rows: int, topk: int) -> torch.Tensor:
     return torch.randint(-1, EXPERTS, (rows, topk), dtype=torch.int64, device="cuda")
 
 
-def test_cuda_graphs(moe, states):
+def test_cuda_graphs(moe, states, mode):
     seed("aux_fi_graphs")
     static = [_fixed(3000, 6), _fixed(3000, 6)]
     graphs, outs = [], []

@@ -205,6 +205,7 @@ def _recorded_launches(monkeypatch) -> list:
     st.aux_fi(_idx(3, 2), 16, 2)
     st.aux_fi(_idx(4001, 8), 16, 2)
     st.aux_fi(_idx(40001, 2), 16, 2)
+    st.aux_fi(_idx(4001, 8), 1000, 2)
     st.aux_fi(_idx(3, 2), 5000, 2)
     st.aux_fi(_idx(4001, 8), 5000, 2)
     st.group_count(_idx(3, 2), 16)
@@ -227,9 +228,10 @@ def test_ops_launch_declared_variants_with_matching_parameters(monkeypatch):
 
     calls = _recorded_launches(monkeypatch)
     assert {(name, tuple(key.items())) for name, key, _ in calls} == {
-        ("moe.aux_fi", (("single_block", True), ("unroll", 8))),
-        ("moe.aux_fi", (("single_block", False), ("unroll", 4))),
-        ("moe.aux_fi", (("single_block", False), ("unroll", 8))),
+        ("moe.aux_fi", (("mode", "single"), ("unroll", 8))),
+        ("moe.aux_fi", (("mode", "arrivals"), ("unroll", 4))),
+        ("moe.aux_fi", (("mode", "arrivals"), ("unroll", 8))),
+        ("moe.aux_fi", (("mode", "ticket"), ("unroll", 4))),
         ("moe.aux_fi_many_experts", (("single_block", True),)),
         ("moe.aux_fi_many_experts", (("single_block", False),)),
         ("moe.group_count", (("single_block", True),)), ("moe.group_count", (("single_block", False),)),

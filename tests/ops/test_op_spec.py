@@ -56,8 +56,8 @@ def test_a_configuration_is_checked_once_then_replayed(ops, monkeypatch):
         st.aux_fi(_idx(tokens), 64, 2)
     assert checked == ["aux_fi"] and len(st.AUX_FI.memo) == 1
     launched = [(name, key) for name, key, _ in ops.launches]
-    assert launched[0] == ("moe.aux_fi", {"single_block": True, "unroll": 8})
-    assert launched[1][1]["single_block"] is False  # 4001 x 2 entries: the grid, decided per call
+    assert launched[0] == ("moe.aux_fi", {"mode": "single", "unroll": 8})
+    assert launched[1][1]["mode"] == "arrivals"  # 4001 x 2 entries: the grid, decided per call
     st.aux_fi(_idx(3, 4), 64, 2)  # another top-k: another configuration
     st.aux_fi(_idx(3), 64, np.int64(2))  # another scalar type: another configuration
     assert checked == ["aux_fi"] * 3 and len(st.AUX_FI.memo) == 3
