@@ -17,7 +17,7 @@ everything past the last expert) hold -1 in the three ``pos_to_*`` arrays; entri
 or out of range get ``token_topk_to_pos = -1``.  Slots at or past ``num_expanded_tokens`` are
 not written (the entry's ``token_topk_to_pos`` still names them): the caller sizes the buffer.
 
-Variants (``redundant``):
+Variants (``redundant``, ``unroll``):
 
 * ``True``: a plain launch of ``num_blocks`` blocks (no grid barrier) in which every block
   counts all entries and scans the experts itself (the op takes it for decode-sized inputs,
@@ -36,8 +36,11 @@ Variants (``redundant``):
 Then (both variants) every block scans the aligned totals over experts and adds its block and
 warp prefixes: each warp's first slot per expert.  Warps walk their runs in order, 32 entries at
 a time: ``__match_any_sync`` groups lanes with the same expert, the rank among lower lanes gives
-the slot, the group's first lane advances the base; the first 128 entries of each warp's run
-stay in registers between the count and the slot walk.  Padding is written by groups of
+the slot, the group's first lane advances the base; the first trip of each warp's run (``32 *
+unroll`` entries) stays in registers between the count and the slot walk.  ``unroll`` (4, or 1 for
+the cooperative variant): the entries a warp takes per trip, 32 each; a warp's run is a whole
+number of trips, so with 1 a small input's walk is spread over 4x the blocks (the op takes it
+when one 32-entry trip per warp fits the grid).  Padding is written by groups of
 ``2**gs`` lanes (the smallest power of two >= ``alignment - 1``, at most 32), one expert per
 group and consecutive slots per lane, so each store instruction covers whole sectors (one
 thread per expert would scatter 32 sectors per store, and one SM issues about one sector per
@@ -57,15 +60,17 @@ EXPERTS_PER_THREAD = MAX_EXPERTS // THREADS
 MAX_BLOCKS = 256  # workspace rows a warp scans: 32 lanes x BLOCKS_PER_LANE
 BLOCKS_PER_LANE = MAX_BLOCKS // 32
 FULL = 0xFFFFFFFF
-UNROLL = 4  # index loads each lane issues before using them
-STEP = 32 * UNROLL  # entries a warp takes per trip
+UNROLL = 4  # index loads each lane issues before using them (the default; variants also take 1)
 SMALL_E = 64  # up to this many experts the cooperative variant needs one grid barrier, not two
 QUAD = 4  # experts whose workspace columns a warp loads at once (then QUAD shuffle reductions)
-VARIANTS = ({"redundant": False}, {"redundant": True})
+# unroll 1: a warp takes 32 entries a trip, so small inputs spread their walk over 4x the blocks
+VARIANTS = ({"redundant": False, "unroll": 4}, {"redundant": False, "unroll": 1}, {"redundant": True, "unroll": 4})
 
 
-def get_fused_mapping(redundant: bool):
-    """Build the PrimFunc: blocks that each count every entry (plain launch) or a cooperative grid."""
+def get_fused_mapping(redundant: bool, unroll: int = UNROLL):
+    """Build the PrimFunc: blocks that each count every entry (plain launch) or a cooperative grid;
+    ``unroll``: the index loads each lane issues per trip (a warp takes ``32 * unroll`` entries a trip)."""
+    step = 32 * unroll
     num_tokens, num_topk = T.dynamic("num_tokens"), T.dynamic("num_topk")
     num_slots = T.dynamic("num_expanded_tokens")
     num_experts = T.dynamic("num_experts")
@@ -73,8 +78,8 @@ def get_fused_mapping(redundant: bool):
     numel = num_tokens * num_topk
     nblocks = ws_rows - 1
     counting = 1 if redundant else nblocks  # the blocks the runs are spread over
-    # entries per warp run: a multiple of STEP, so all lanes of a warp take the same trips
-    run = T.ceildiv(T.ceildiv(numel, counting * WARPS), STEP) * STEP
+    # entries per warp run: a multiple of step, so all lanes of a warp take the same trips
+    run = T.ceildiv(T.ceildiv(numel, counting * WARPS), step) * step
     per = T.ceildiv(num_experts, THREADS)  # experts each thread owns in the scan
     walkers = nblocks if redundant else 1  # redundant: warp w's run is walked by block w % nblocks
 
@@ -82,12 +87,12 @@ def get_fused_mapping(redundant: bool):
     def load_run(topk_idx, evs, first):
         """``evs[u]`` = the expert of flat entry ``first + 32 u`` as int32, -1 when the entry is
         past the end, -1 or out of range (all loads issued before any use)."""
-        e64 = T.alloc_local((UNROLL,), "int64")
-        for u in T.unroll(UNROLL):
+        e64 = T.alloc_local((unroll,), "int64")
+        for u in T.unroll(unroll):
             e64[u] = T.int64(-1)
             if first + u * 32 < numel:
                 e64[u] = T.Tensor((numel,), "int64", topk_idx.data)[first + u * 32]
-        for u in T.unroll(UNROLL):
+        for u in T.unroll(unroll):
             evs[u] = T.if_then_else(e64[u] >= T.int64(0) and e64[u] < T.Cast("int64", num_experts),
                                     T.Cast("int32", e64[u]), -1)
 
@@ -124,8 +129,8 @@ def get_fused_mapping(redundant: bool):
             vals = T.alloc_local((BLOCKS_PER_LANE,), "int32")
             tot = T.alloc_local((EXPERTS_PER_THREAD,), "int32")
             pre = T.alloc_local((EXPERTS_PER_THREAD,), "int32")
-            keep = T.alloc_local((UNROLL,), "int32")
-            evs = T.alloc_local((UNROLL,), "int32")
+            keep = T.alloc_local((unroll,), "int32")
+            evs = T.alloc_local((unroll,), "int32")
             acc = T.alloc_var("int32")
             run_sum = T.alloc_var("int32")
             incl = T.alloc_var("int32")
@@ -145,11 +150,11 @@ def get_fused_mapping(redundant: bool):
             T.sync_threads()
             base = T.alloc_var("int32")
             base = ((0 if redundant else bx) * WARPS + warp) * run
-            for u in T.unroll(UNROLL):
+            for u in T.unroll(unroll):
                 keep[u] = -1
-            for it in T.serial(run // STEP):
-                load_run(topk_idx, evs, base + it * STEP + lane)
-                for u in T.unroll(UNROLL):
+            for it in T.serial(run // step):
+                load_run(topk_idx, evs, base + it * step + lane)
+                for u in T.unroll(unroll):
                     if it == 0:
                         keep[u] = evs[u]
                     if evs[u] >= 0:
@@ -264,18 +269,18 @@ def get_fused_mapping(redundant: bool):
 
             # ---- phase 3b: slots of each warp's run, in order (redundant: warp w's by block w % nblocks)
             if warp % walkers == bx % walkers:
-                for it in T.serial(run // STEP):
+                for it in T.serial(run // step):
                     if it == 0:
-                        for u in T.unroll(UNROLL):
+                        for u in T.unroll(unroll):
                             evs[u] = keep[u]
                     else:
-                        load_run(topk_idx, evs, base + it * STEP + lane)
-                    for u in T.unroll(UNROLL):
+                        load_run(topk_idx, evs, base + it * step + lane)
+                    for u in T.unroll(unroll):
                         ex = evs[u]
                         mask = T.call_extern("uint32", "__match_any_sync", T.uint32(FULL), ex)
                         rank = T.Cast("int32", T.popcount(mask & ((T.uint32(1) << T.Cast("uint32", lane))
                                                                   - T.uint32(1))))
-                        flat = base + it * STEP + u * 32 + lane
+                        flat = base + it * step + u * 32 + lane
                         if ex >= 0:
                             pos = cnt[warp, ex] + rank
                             T.Tensor((numel,), "int32", token_topk_to_pos.data)[flat] = pos

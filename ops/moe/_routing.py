@@ -46,7 +46,8 @@ from ._routing_torch import (REDUCE_OUT_SCHEMA, mapping_syncs, mapping_to_public
 QuantTensor = tuple[torch.Tensor, torch.Tensor]
 
 _MAPPING = "moe.get_fused_mapping"  # its meta: max_experts (the op's limit), max_blocks (its grid cap)
-_ENTRIES_PER_BLOCK = 1024  # 8 warps x 128 entries: one trip per warp
+_ENTRIES_PER_BLOCK = 1024  # 8 warps x 128 entries: one trip per warp (unroll 4)
+_SHORT_RUNS_ENTRIES = 132 * 256  # up to this many entries (and one trip of 32 per warp on the grid): unroll 1
 _REDUNDANT_ENTRIES = 2048  # up to this many entries: the barrier-free (redundant) variant
 _REDUNDANT_BLOCKS = 32
 # Below _REDUCE_SPLIT_TOKENS tokens reduce_fused launches moe.reduce_fused_few_tokens (a token spread over
@@ -99,7 +100,8 @@ def _plan_mapping(values: dict) -> Callable[..., tuple]:
     num_experts, alignment = values["num_experts"], values["alignment"]
     sync_if_zero = not values["force_no_sync"]
     padding = (alignment - 1) * num_experts
-    fns = (launcher(_MAPPING, redundant=False), launcher(_MAPPING, redundant=True))
+    fns = {(redundant, unroll): launcher(_MAPPING, redundant=redundant, unroll=unroll)
+           for redundant, unroll in ((False, 4), (False, 1), (True, 4))}
     max_blocks = kernel_meta(_MAPPING, "max_blocks")
     dev = values["topk_idx"].device  # part of the configuration
 
@@ -112,8 +114,8 @@ def _plan_mapping(values: dict) -> Callable[..., tuple]:
         if should_sync:
             num_expanded_tokens = (numel + padding) // alignment * alignment
         cap = min(get_num_sms(dev), max_blocks)  # the device's own SM count, per call
-        blocks, redundant = _mapping_grid(numel, num_experts, num_expanded_tokens, cap)
-        return _fused_mapping(fns[redundant], topk_idx, (num_tokens, num_topk), dev, num_expanded_tokens, num_experts,
+        blocks, redundant, unroll = _mapping_grid(numel, num_experts, num_expanded_tokens, cap)
+        return _fused_mapping(fns[redundant, unroll], topk_idx, (num_tokens, num_topk), dev, num_expanded_tokens, num_experts,
                               blocks, alignment, should_sync)
 
     return run
@@ -141,16 +143,19 @@ def _fused_mapping(fn: Any, topk_idx: torch.Tensor, entries: tuple[int, int], de
             num_tokens_per_expert, counts)
 
 
-def _mapping_grid(numel: int, num_experts: int, slots: int, cap: int) -> tuple[int, bool]:
-    """(blocks, redundant) of moe.get_fused_mapping (``cap``: the SM count, at most its max_blocks): up to
-    _REDUNDANT_ENTRIES entries, a plain launch whose blocks each count everything (one per 128-entry warp
-    run to walk, one per 2048 slots to fill); else a cooperative grid of as few blocks as give the fewest
-    trips per warp, and at least one warp per expert for phase 2."""
+def _mapping_grid(numel: int, num_experts: int, slots: int, cap: int) -> tuple[int, bool, int]:
+    """(blocks, redundant, unroll) of moe.get_fused_mapping (``cap``: the SM count, at most its max_blocks):
+    up to _REDUNDANT_ENTRIES entries, a plain launch whose blocks each count everything (one per 128-entry
+    warp run to walk, one per 2048 slots to fill); up to _SHORT_RUNS_ENTRIES that fit one 32-entry trip per
+    warp on ``cap`` blocks, a cooperative grid of such warps (unroll 1: the walk spread over 4x the SMs);
+    else a cooperative grid of as few blocks as give the fewest 128-entry trips per warp.  Always at least
+    one warp per expert for phase 2."""
     if numel <= _REDUNDANT_ENTRIES:
-        return max(1, min(cap, _REDUNDANT_BLOCKS, max(_cdiv(numel, 128), _cdiv(slots, 2048)))), True
-    per_trip = cap * _ENTRIES_PER_BLOCK
-    blocks = _cdiv(numel, _cdiv(numel, per_trip) * _ENTRIES_PER_BLOCK)
-    return max(1, blocks, min(cap, _cdiv(num_experts, 8))), False
+        return max(1, min(cap, _REDUNDANT_BLOCKS, max(_cdiv(numel, 128), _cdiv(slots, 2048)))), True, 4
+    unroll = 1 if numel <= min(_SHORT_RUNS_ENTRIES, cap * 256) else 4
+    per_block = _ENTRIES_PER_BLOCK * unroll // 4
+    blocks = _cdiv(numel, _cdiv(numel, cap * per_block) * per_block)
+    return max(1, blocks, min(cap, _cdiv(num_experts, 8))), False, unroll
 
 
 GET_FUSED_MAPPING = OpSpec(

@@ -205,7 +205,7 @@ def _recorded_launches(monkeypatch) -> list:
     st.aux_fi(_idx(3, 2), 16, 2)
     st.aux_fi(_idx(4001, 8), 16, 2)
     st.aux_fi(_idx(40001, 2), 16, 2)
-    st.aux_fi(_idx(4001, 8), 1000, 2)
+    st.aux_fi(_idx(4001, 8), 2000, 2)
     st.aux_fi(_idx(3, 2), 5000, 2)
     st.aux_fi(_idx(4001, 8), 5000, 2)
     st.group_count(_idx(3, 2), 16)
