@@ -47,7 +47,7 @@ QuantTensor = tuple[torch.Tensor, torch.Tensor]
 
 _MAPPING = "moe.get_fused_mapping"  # its meta: max_experts (the op's limit), max_blocks (its grid cap)
 _ENTRIES_PER_BLOCK = 1024  # 8 warps x 128 entries: one trip per warp (unroll 4)
-_SHORT_RUNS_ENTRIES = 132 * 256  # up to this many entries (and one trip of 32 per warp on the grid): unroll 1
+_SHORT_RUN = 256  # 8 warps x one 32-entry trip: up to cap x this many entries, the unroll-1 variant
 _REDUNDANT_ENTRIES = 2048  # up to this many entries: the barrier-free (redundant) variant
 _REDUNDANT_BLOCKS = 32
 # Below _REDUCE_SPLIT_TOKENS tokens reduce_fused launches moe.reduce_fused_few_tokens (a token spread over
@@ -146,13 +146,13 @@ def _fused_mapping(fn: Any, topk_idx: torch.Tensor, entries: tuple[int, int], de
 def _mapping_grid(numel: int, num_experts: int, slots: int, cap: int) -> tuple[int, bool, int]:
     """(blocks, redundant, unroll) of moe.get_fused_mapping (``cap``: the SM count, at most its max_blocks):
     up to _REDUNDANT_ENTRIES entries, a plain launch whose blocks each count everything (one per 128-entry
-    warp run to walk, one per 2048 slots to fill); up to _SHORT_RUNS_ENTRIES that fit one 32-entry trip per
-    warp on ``cap`` blocks, a cooperative grid of such warps (unroll 1: the walk spread over 4x the SMs);
+    warp run to walk, one per 2048 slots to fill); up to ``cap * _SHORT_RUN``, one 32-entry trip per
+    warp on at most ``cap`` blocks, a cooperative grid of such warps (unroll 1: the walk spread over 4x the SMs);
     else a cooperative grid of as few blocks as give the fewest 128-entry trips per warp.  Always at least
     one warp per expert for phase 2."""
     if numel <= _REDUNDANT_ENTRIES:
         return max(1, min(cap, _REDUNDANT_BLOCKS, max(_cdiv(numel, 128), _cdiv(slots, 2048)))), True, 4
-    unroll = 1 if numel <= min(_SHORT_RUNS_ENTRIES, cap * 256) else 4
+    unroll = 1 if numel <= cap * _SHORT_RUN else 4
     per_block = _ENTRIES_PER_BLOCK * unroll // 4
     blocks = _cdiv(numel, _cdiv(numel, cap * per_block) * per_block)
     return max(1, blocks, min(cap, _cdiv(num_experts, 8))), False, unroll

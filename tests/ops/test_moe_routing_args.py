@@ -203,3 +203,16 @@ def test_reference_mapping_invariants_and_order(alignment):
         seg = p2tt[start[e]:start[e] + per[e]]
         seg = seg[seg >= 0]
         assert torch.equal(seg, torch.sort(seg).values)
+
+
+@pytest.mark.parametrize("numel, experts, cap, want", [
+    (2048, 256, 132, (17, True, 4)),  # decode sizes: the barrier-free variant (a block per 2048 slots)
+    (15000, 32, 132, (59, False, 1)),  # one 32-entry trip per warp fits 132 blocks: unroll 1
+    (132 * 256, 32, 132, (132, False, 1)),
+    (132 * 256 + 1, 32, 132, (34, False, 4)),  # past it: 128-entry trips, as few blocks as one trip needs
+    (106000, 32, 132, (104, False, 4)),
+    (15000, 32, 7, (5, False, 4)),  # few SMs: unroll 4, three 128-entry trips per warp on 5 blocks
+    (3000, 1024, 132, (128, False, 1)),  # at least one warp per expert for phase 2
+])
+def test_mapping_grid(numel, experts, cap, want):
+    assert rt._mapping_grid(numel, experts, numel + experts * 127, cap) == want
