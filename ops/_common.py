@@ -113,7 +113,8 @@ class ZeroedState:
         self.by_stream: dict[Any, torch.Tensor] = {}
         if device.type == "cuda":
             index = device.index if device.index is not None else torch.cuda.current_device()
-            raw = torch._C._cuda_getCurrentRawStream
+            raw = getattr(torch._C, "_cuda_getCurrentRawStream", None) or (
+                lambda i: torch.cuda.current_stream(i).cuda_stream)
             self.stream = lambda: raw(index)
             self.capturing = lambda: _capturing(index)
         else:  # CPU tensors (the ops' stubbed tests): one stream
@@ -132,10 +133,10 @@ class ZeroedState:
 
 def _capturing(index: int) -> bool:
     """Whether torch's current stream on device ``index`` is capturing a CUDA graph."""
-    if torch._C._cuda_getDevice() == index:
-        return torch._C._cuda_isCurrentStreamCapturing()
+    if torch.cuda.current_device() == index:
+        return torch.cuda.is_current_stream_capturing()
     with torch.cuda.device(index):
-        return torch._C._cuda_isCurrentStreamCapturing()
+        return torch.cuda.is_current_stream_capturing()
 
 
 def kernel_meta(kernel: str, key: str) -> Any:
