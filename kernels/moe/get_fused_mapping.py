@@ -30,8 +30,10 @@ Variants (``redundant``, ``unroll``):
   per-expert sums to ``workspace[block]``; ``T.sync_grid()``.  Phase 2: per expert, exclusive
   prefixes over blocks (a shuffle scan, written back in place) and the total to
   ``workspace[num_blocks]``, spread over all warps of the grid; ``T.sync_grid()``.  Up to
-  ``SMALL_E`` experts, phase 2 is instead done by every block for itself (each warp sums its
-  experts' workspace columns, all rows at once) and the second grid barrier is skipped.
+  ``SMALL_E`` experts, phase 2 is instead done by every block for itself (warp ``w`` sums rows
+  ``w, w + 8, ...`` whole, lanes over experts, so each block reads each workspace sector once,
+  all loads in flight; the warps' sums meet in shared memory) and the second grid barrier is
+  skipped.
 
 Then (both variants) every block scans the aligned totals over experts and adds its block and
 warp prefixes: each warp's first slot per expert.  Warps walk their runs in order, 32 entries at
@@ -62,7 +64,7 @@ BLOCKS_PER_LANE = MAX_BLOCKS // 32
 FULL = 0xFFFFFFFF
 UNROLL = 4  # index loads each lane issues before using them (the default; variants also take 1)
 SMALL_E = 64  # up to this many experts the cooperative variant needs one grid barrier, not two
-QUAD = 4  # experts whose workspace columns a warp loads at once (then QUAD shuffle reductions)
+ROWS_PER_WARP = MAX_BLOCKS // WARPS  # workspace rows each warp sums in the few-experts phase 2
 # unroll 1: a warp takes 32 entries a trip, so small inputs spread their walk over 4x the blocks
 VARIANTS = ({"redundant": False, "unroll": 4}, {"redundant": False, "unroll": 1}, {"redundant": True, "unroll": 4})
 
@@ -123,9 +125,8 @@ def get_fused_mapping(redundant: bool, unroll: int = UNROLL):
             s_pad = T.alloc_shared((MAX_EXPERTS,), "int32")  # first padding slot of each expert
             s_end = T.alloc_shared((MAX_EXPERTS,), "int32")  # end of each expert's slots
             warp_sum = T.alloc_shared((WARPS,), "int32")
-            s_tot = T.alloc_shared((SMALL_E,), "int32")  # few experts: totals and this block's prefixes
-            s_pre = T.alloc_shared((SMALL_E,), "int32")
-            cols = T.alloc_local((QUAD * BLOCKS_PER_LANE,), "int32")
+            part = T.alloc_shared((2, WARPS, SMALL_E), "int32")  # few experts: per-warp totals and prefixes
+            rows_c = T.alloc_local((ROWS_PER_WARP,), "int32")
             vals = T.alloc_local((BLOCKS_PER_LANE,), "int32")
             tot = T.alloc_local((EXPERTS_PER_THREAD,), "int32")
             pre = T.alloc_local((EXPERTS_PER_THREAD,), "int32")
@@ -176,33 +177,30 @@ def get_fused_mapping(redundant: bool, unroll: int = UNROLL):
             if not redundant:
                 T.sync_grid()
                 if num_experts <= SMALL_E:
-                    # ---- phase 2, few experts: every block sums each expert's column of the workspace
-                    # (warp w: experts w, w + WARPS, ..., QUAD at a time; lanes over rows) -- no 2nd barrier
-                    for c in T.serial(T.ceildiv(num_experts, WARPS * QUAD)):
-                        for q in T.unroll(QUAD):
-                            for r in T.unroll(BLOCKS_PER_LANE):
-                                cols[q * BLOCKS_PER_LANE + r] = 0
-                                if (c * QUAD + q) * WARPS + warp < num_experts and lane * BLOCKS_PER_LANE + r < nblocks:
-                                    cols[q * BLOCKS_PER_LANE + r] = workspace[lane * BLOCKS_PER_LANE + r,
-                                                                              (c * QUAD + q) * WARPS + warp]
-                        for q in T.unroll(QUAD):
-                            acc = 0
-                            run_sum = 0
-                            for r in T.unroll(BLOCKS_PER_LANE):
-                                acc = acc + cols[q * BLOCKS_PER_LANE + r]
-                                if lane * BLOCKS_PER_LANE + r < bx:
-                                    run_sum = run_sum + cols[q * BLOCKS_PER_LANE + r]
-                            for d in T.unroll(5):
-                                acc = acc + T.shfl_xor(acc, 16 >> d)
-                                run_sum = run_sum + T.shfl_xor(run_sum, 16 >> d)
-                            if lane == 0 and (c * QUAD + q) * WARPS + warp < num_experts:
-                                s_tot[(c * QUAD + q) * WARPS + warp] = acc
-                                s_pre[(c * QUAD + q) * WARPS + warp] = run_sum
+                    # ---- phase 2, few experts: every block sums the workspace itself -- no 2nd barrier.
+                    # Warp w reads rows w, w + WARPS, ... whole (lane l: experts l, l + 32; coalesced,
+                    # each row's sectors read once per block), all loads in flight; per-warp totals
+                    # and prefixes (rows < bx) meet in shared memory
+                    for c in T.unroll(SMALL_E // 32):
+                        for r in T.unroll(ROWS_PER_WARP):
+                            rows_c[r] = 0
+                            if r * WARPS + warp < nblocks and c * 32 + lane < num_experts:
+                                rows_c[r] = workspace[r * WARPS + warp, c * 32 + lane]
+                        acc = 0
+                        run_sum = 0
+                        for r in T.unroll(ROWS_PER_WARP):
+                            acc = acc + rows_c[r]
+                            if r * WARPS + warp < bx:
+                                run_sum = run_sum + rows_c[r]
+                        part[0, warp, c * 32 + lane] = acc
+                        part[1, warp, c * 32 + lane] = run_sum
                     T.sync_threads()
                     for j in T.unroll(EXPERTS_PER_THREAD):
                         if j < per and tid * per + j < num_experts:
-                            tot[j] = s_tot[tid * per + j]
-                            pre[j] = s_pre[tid * per + j]
+                            for w in T.unroll(WARPS):
+                                tot[j] = tot[j] + part[0, w, tid * per + j]
+                                pre[j] = pre[j] + part[1, w, tid * per + j]
+                    T.sync_threads()  # part's memory may be reused below (barriers are placed by hand)
                 else:
                     # ---- phase 2: per expert, exclusive prefixes over blocks (in place), the total
                     for it in T.serial(T.ceildiv(num_experts, nblocks * WARPS)):
