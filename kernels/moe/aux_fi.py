@@ -67,6 +67,14 @@ def aux_fi(mode: str, unroll: int):
     entries = num_tokens * num_topk
     sweep = THREADS * unroll
 
+    @T.macro
+    def convert(out, e, count, inv):
+        """out[e] from the bin's total: 0 for none (also when inv is inf: 0 tokens)."""
+        if count > 0:
+            out[e] = T.Cast("float32", count) * T.Cast("float32", num_experts) * inv
+        else:
+            out[e] = T.float32(0)
+
     @T.prim_func
     def main(
         topk_idx: T.Tensor((num_tokens, num_topk), "int64"),
@@ -110,10 +118,7 @@ def aux_fi(mode: str, unroll: int):
                         if T.shift_right(seen[0], T.uint64(32)) == T.Cast("uint64", nblocks - 1):
                             count = T.Cast("int32", T.bitwise_and(seen[0], T.uint64(0xFFFFFFFF))) + hist[i * THREADS + tid]
                             T.atomic_store(words[i * THREADS + tid], T.uint64(0), memory_order="relaxed")
-                            if count > 0:
-                                out[i * THREADS + tid] = T.Cast("float32", count) * T.Cast("float32", num_experts) * inv
-                            else:
-                                out[i * THREADS + tid] = T.float32(0)
+                            convert(out, i * THREADS + tid, count, inv)
             if mode == "ticket":  # add the block's counts to the totals, then take a ticket
                 for i in T.serial(T.ceildiv(num_experts, THREADS)):
                     if i * THREADS + tid < num_experts:
@@ -131,10 +136,7 @@ def aux_fi(mode: str, unroll: int):
                         else:
                             count = T.atomic_load(state[0, i * THREADS + tid], memory_order="relaxed")
                             T.atomic_store(state[0, i * THREADS + tid], 0, memory_order="relaxed")
-                        if count > 0:
-                            out[i * THREADS + tid] = T.Cast("float32", count) * T.Cast("float32", num_experts) * inv
-                        else:
-                            out[i * THREADS + tid] = T.float32(0)
+                        convert(out, i * THREADS + tid, count, inv)
                 if not single_block:
                     if tid == 0:
                         T.atomic_store(state[1, 0], 0, memory_order="relaxed")

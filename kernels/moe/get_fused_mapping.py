@@ -62,14 +62,13 @@ EXPERTS_PER_THREAD = MAX_EXPERTS // THREADS
 MAX_BLOCKS = 256  # workspace rows a warp scans: 32 lanes x BLOCKS_PER_LANE
 BLOCKS_PER_LANE = MAX_BLOCKS // 32
 FULL = 0xFFFFFFFF
-UNROLL = 4  # index loads each lane issues before using them (the default; variants also take 1)
 SMALL_E = 64  # up to this many experts the cooperative variant needs one grid barrier, not two
 ROWS_PER_WARP = MAX_BLOCKS // WARPS  # workspace rows each warp sums in the few-experts phase 2
 # unroll 1: a warp takes 32 entries a trip, so small inputs spread their walk over 4x the blocks
 VARIANTS = ({"redundant": False, "unroll": 4}, {"redundant": False, "unroll": 1}, {"redundant": True, "unroll": 4})
 
 
-def get_fused_mapping(redundant: bool, unroll: int = UNROLL):
+def get_fused_mapping(redundant: bool, unroll: int):
     """Build the PrimFunc: blocks that each count every entry (plain launch) or a cooperative grid;
     ``unroll``: the index loads each lane issues per trip (a warp takes ``32 * unroll`` entries a trip)."""
     step = 32 * unroll
