@@ -64,6 +64,7 @@ BLOCKS_PER_LANE = MAX_BLOCKS // 32
 FULL = 0xFFFFFFFF
 SMALL_E = 64  # up to this many experts the cooperative variant needs one grid barrier, not two
 ROWS_PER_WARP = MAX_BLOCKS // WARPS  # workspace rows each warp sums in the few-experts phase 2
+ROW_GROUP = 8  # ... in groups of this many, each skipped as a whole when past the grid
 # unroll 1: a warp takes 32 entries a trip, so small inputs spread their walk over 4x the blocks
 VARIANTS = ({"redundant": False, "unroll": 4}, {"redundant": False, "unroll": 1}, {"redundant": True, "unroll": 4})
 
@@ -129,6 +130,7 @@ def get_fused_mapping(redundant: bool, unroll: int):
             vals = T.alloc_local((BLOCKS_PER_LANE,), "int32")
             tot = T.alloc_local((EXPERTS_PER_THREAD,), "int32")
             pre = T.alloc_local((EXPERTS_PER_THREAD,), "int32")
+            aln = T.alloc_local((EXPERTS_PER_THREAD,), "int32")  # aligned totals
             keep = T.alloc_local((unroll,), "int32")
             evs = T.alloc_local((unroll,), "int32")
             acc = T.alloc_var("int32")
@@ -180,19 +182,28 @@ def get_fused_mapping(redundant: bool, unroll: int):
                     # Warp w reads rows w, w + WARPS, ... whole (lane l: experts l, l + 32; coalesced,
                     # each row's sectors read once per block), all loads in flight; per-warp totals
                     # and prefixes (rows < bx) meet in shared memory
+                    # This phase is issue-bound (8 warps on 4 schedulers, ~600 instructions each when
+                    # every row and chunk was unrolled): chunks of experts and groups of ROW_GROUP
+                    # rows past the grid are skipped by uniform branches
                     for c in T.unroll(SMALL_E // 32):
-                        for r in T.unroll(ROWS_PER_WARP):
-                            rows_c[r] = 0
-                            if r * WARPS + warp < nblocks and c * 32 + lane < num_experts:
-                                rows_c[r] = workspace[r * WARPS + warp, c * 32 + lane]
-                        acc = 0
-                        run_sum = 0
-                        for r in T.unroll(ROWS_PER_WARP):
-                            acc = acc + rows_c[r]
-                            if r * WARPS + warp < bx:
-                                run_sum = run_sum + rows_c[r]
-                        part[0, warp, c * 32 + lane] = acc
-                        part[1, warp, c * 32 + lane] = run_sum
+                        if c * 32 < num_experts:
+                            for g in T.unroll(ROWS_PER_WARP // ROW_GROUP):
+                                if g * ROW_GROUP * WARPS < nblocks:
+                                    for r in T.unroll(ROW_GROUP):
+                                        rows_c[g * ROW_GROUP + r] = 0
+                                        if (g * ROW_GROUP + r) * WARPS + warp < nblocks and c * 32 + lane < num_experts:
+                                            rows_c[g * ROW_GROUP + r] = workspace[(g * ROW_GROUP + r) * WARPS + warp,
+                                                                                  c * 32 + lane]
+                            acc = 0
+                            run_sum = 0
+                            for g in T.unroll(ROWS_PER_WARP // ROW_GROUP):
+                                if g * ROW_GROUP * WARPS < nblocks:
+                                    for r in T.unroll(ROW_GROUP):
+                                        acc = acc + rows_c[g * ROW_GROUP + r]
+                                        if (g * ROW_GROUP + r) * WARPS + warp < bx:
+                                            run_sum = run_sum + rows_c[g * ROW_GROUP + r]
+                            part[0, warp, c * 32 + lane] = acc
+                            part[1, warp, c * 32 + lane] = run_sum
                     T.sync_threads()
                     for j in T.unroll(EXPERTS_PER_THREAD):
                         if j < per and tid * per + j < num_experts:
@@ -233,7 +244,10 @@ def get_fused_mapping(redundant: bool, unroll: int):
             # ---- phase 3a: expert starts (scan over experts of the aligned totals), warp bases
             acc = 0
             for j in T.unroll(EXPERTS_PER_THREAD):
-                acc = acc + T.ceildiv(tot[j], alignment) * alignment
+                aln[j] = 0
+                if j < per:  # uniform: no division for the unused slots
+                    aln[j] = T.ceildiv(tot[j], alignment) * alignment
+                    acc = acc + aln[j]
             incl = acc
             for d in T.unroll(5):
                 up = T.shfl_up(incl, 1 << d)
@@ -249,7 +263,7 @@ def get_fused_mapping(redundant: bool, unroll: int):
             for j in T.unroll(EXPERTS_PER_THREAD):
                 if j < per and tid * per + j < num_experts:
                     ex = tid * per + j
-                    aligned = T.ceildiv(tot[j], alignment) * alignment
+                    aligned = aln[j]
                     if bx == 0:
                         expert_start[ex] = run_sum
                         expert_end[ex] = run_sum + aligned
