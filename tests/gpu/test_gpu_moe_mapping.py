@@ -47,6 +47,7 @@ MAP_CASES = (
     (4001, 9, 144, 1, 64),
     (4001, 8, 64, 4, 16),  # the cooperative variant's one-barrier path up to 64 experts, and just past it
     (3000, 4, 65, 1, 8),
+    (4125, 8, 64, 1, 16),  # 33,000 entries: the unroll-1 grid of 129 blocks (132 SMs), so phase 2's third row group
     (8001, 6, 256, 1, 16),
     (2000, 8, 1024, 1, 128),
 )
