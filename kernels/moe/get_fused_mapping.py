@@ -242,48 +242,40 @@ def get_fused_mapping(redundant: bool, unroll: int):
                             pre[j] = workspace[bx, tid * per + j]
 
             # ---- phase 3a: expert starts (scan over experts of the aligned totals), warp bases
-            # Warps that own no expert (warp * 32 * per >= num_experts: e.g. 7 of 8 at 32 experts)
-            # skip the scan by a uniform branch and count 0, so they take no issue slots from
-            # the warps that do the work
-            owns = warp * 32 * per < num_experts
-            if owns:
-                acc = 0
-                for j in T.unroll(EXPERTS_PER_THREAD):
-                    aln[j] = 0
-                    if j < per:  # uniform: no division for the unused slots
-                        aln[j] = T.ceildiv(tot[j], alignment) * alignment
-                        acc = acc + aln[j]
-                incl = acc
-                for d in T.unroll(5):
-                    up = T.shfl_up(incl, 1 << d)
-                    if lane >= (1 << d):
-                        incl = incl + up
-                if lane == 31:
-                    warp_sum[warp] = incl
-            elif lane == 0:
-                warp_sum[warp] = 0
+            acc = 0
+            for j in T.unroll(EXPERTS_PER_THREAD):
+                aln[j] = 0
+                if j < per:  # uniform: no division for the unused slots
+                    aln[j] = T.ceildiv(tot[j], alignment) * alignment
+                    acc = acc + aln[j]
+            incl = acc
+            for d in T.unroll(5):
+                up = T.shfl_up(incl, 1 << d)
+                if lane >= (1 << d):
+                    incl = incl + up
+            if lane == 31:
+                warp_sum[warp] = incl
             T.sync_threads()
-            if owns:
-                run_sum = incl - acc
-                for w in T.unroll(WARPS):
-                    if w < warp:
-                        run_sum = run_sum + warp_sum[w]
-                for j in T.unroll(EXPERTS_PER_THREAD):
-                    if j < per and tid * per + j < num_experts:
-                        ex = tid * per + j
-                        aligned = aln[j]
-                        if bx == 0:
-                            expert_start[ex] = run_sum
-                            expert_end[ex] = run_sum + aligned
-                            num_tokens_per_expert[ex] = aligned
-                        s_pad[ex] = run_sum + tot[j]
-                        s_end[ex] = run_sum + aligned
-                        acc = run_sum + pre[j]
-                        for w in T.unroll(WARPS):
-                            up = cnt[w, ex]
-                            cnt[w, ex] = acc
-                            acc = acc + up
-                        run_sum = run_sum + aligned
+            run_sum = incl - acc
+            for w in T.unroll(WARPS):
+                if w < warp:
+                    run_sum = run_sum + warp_sum[w]
+            for j in T.unroll(EXPERTS_PER_THREAD):
+                if j < per and tid * per + j < num_experts:
+                    ex = tid * per + j
+                    aligned = aln[j]
+                    if bx == 0:
+                        expert_start[ex] = run_sum
+                        expert_end[ex] = run_sum + aligned
+                        num_tokens_per_expert[ex] = aligned
+                    s_pad[ex] = run_sum + tot[j]
+                    s_end[ex] = run_sum + aligned
+                    acc = run_sum + pre[j]
+                    for w in T.unroll(WARPS):
+                        up = cnt[w, ex]
+                        cnt[w, ex] = acc
+                        acc = acc + up
+                    run_sum = run_sum + aligned
             T.sync_threads()
 
             # ---- phase 3b: slots of each warp's run, in order (redundant: warp w's by block w % nblocks)
