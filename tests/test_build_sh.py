@@ -64,6 +64,15 @@ def test_a_verified_wheel_replaces_the_previous_one(run_build):
     assert "verify_wheel.py" in verify_line and "dist-staging" in verify_line  # verified before the move
 
 
+def test_a_published_wheel_names_its_source(run_build):
+    res, wheels, _ = run_build()
+    assert res.returncode == 0, res.stdout + res.stderr
+    line = (run_build.dist / "BUILD_SOURCE").read_text()
+    assert line.startswith(f"{WHEEL} built ") and " from " in line and " sha256 " in line, line
+    res, _, _ = run_build(build_rc=1, previous=False)  # a failed build leaves the wheel and its line
+    assert res.returncode == 1 and (run_build.dist / "BUILD_SOURCE").read_text() == line
+
+
 def test_a_failed_build_keeps_the_previous_wheel(run_build):
     res, wheels, log = run_build(build_rc=1)
     assert res.returncode == 1

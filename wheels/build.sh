@@ -122,9 +122,20 @@ publish_verified() {
     return 1
   fi
   mkdir -p "$DIST"
-  rm -f "$DIST"/tilebin-*.whl
+  rm -f "$DIST"/tilebin-*.whl "$DIST/BUILD_SOURCE"
   mv "${wheels[0]}" "$DIST/" || return 1
   PUBLISHED="$DIST/$(basename "${wheels[0]}")"
+  record_source "$PUBLISHED" >"$DIST/BUILD_SOURCE"
+}
+
+# One line naming the source a wheel was built from (wheels/dist/BUILD_SOURCE, carried with the
+# wheel): the commit, "-dirty" when tracked files differ from it, and the wheel's sha256.  The
+# device tool's copy of the tree may keep an older .git, so gpu_check.sh reports this line.
+record_source() {
+  local rev sum
+  rev="$(git -C "$ROOT" describe --always --dirty --abbrev=12 2>/dev/null || echo "no git")"
+  sum="$(sha256sum "$1" | cut -c1-16)"
+  echo "$(basename "$1") built $(date -u +%FT%TZ) from $rev, sha256 $sum..."
 }
 
 main() {

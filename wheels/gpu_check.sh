@@ -76,7 +76,8 @@ record_env() {
   stamp "environment (stages:$STAGES budget ${BUDGET}s)"
   {
     echo "== date: $(date -u +%FT%TZ)  host: $(hostname)  kernel: $(uname -r)"
-    echo "== repo: $REPO  (git: $(git -C "$REPO" rev-parse --short HEAD 2>/dev/null || echo n/a))"
+    echo "== repo: $REPO  (the copy's git: $(git -C "$REPO" rev-parse --short HEAD 2>/dev/null || echo n/a); it can lag)"
+    echo "== wheel source: $(cat "$REPO/wheels/dist/BUILD_SOURCE" 2>/dev/null || echo "not recorded (a wheel from before build.sh wrote BUILD_SOURCE)")"
     echo "== nvidia-smi"; nvidia-smi 2>&1
     nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,clocks.mem,temperature.gpu,power.draw,pstate \
       --format=csv 2>&1
