@@ -32,6 +32,7 @@
 #   GPU_CHECK_ENGRAM_ARGS, GPU_CHECK_MHC_ARGS, GPU_CHECK_MOE_ARGS  extra arguments of bench_engram.py /
 #                          bench_mhc.py / bench_moe.py, e.g.
 #                          "--candidate" (adds the rows of a kernel candidate beside the current one)
+#   GPU_CHECK_TRANSPOSE_ARGS  extra arguments of bench_transpose.py, e.g. "--cand KERNEL --only bfloat16"
 #   GPU_CHECK_BASELINE_WHEEL  another tilebin wheel (e.g. main before a change): the host_ab bench
 #                          times eager host cost per op call of both, side by side (GPU_CHECK_AB_ROUNDS
 #                          ABBA rounds, default 6)
@@ -223,7 +224,7 @@ run_bench() {
   bench_one op_host 90 --profile
   bench_one op_budget 120
   bench_one launch 150
-  bench_one transpose 150
+  bench_one transpose 150 ${GPU_CHECK_TRANSPOSE_ARGS:-}
   bench_one host_parts 60
   local k summary=""
   for k in "${!RC[@]}"; do [[ $k == bench_* ]] && summary+=" ${k#bench_}=${RC[$k]}"; done
