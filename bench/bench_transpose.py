@@ -1,13 +1,15 @@
 #!/usr/bin/env python3
 """Device time and bandwidth of transpose.batched_transpose against torch, same run, same bytes.
 
-    PYTHONPATH=<site with the tilebin wheel> python3 bench/bench_transpose.py [--direct] [--small] [--cand KERNEL] [--only bfloat16,...] [--json F] [--md F]
+    PYTHONPATH=<site with the tilebin wheel> python3 bench/bench_transpose.py [--tiled] [--direct] [--small] [--cand KERNEL] [--only bfloat16,...] [--json F] [--md F]
 
 Per config: median device time (CUDA events around each call; each round queued behind a GPU
 sleep so no launch gap lands inside a timed region) of
 
-  tilebin   runtime.launch("transpose.batched_transpose", x, out)  (no key pinned: the dtype's
-            first variant, the 8-warp tiles; the 2-warp ``small`` ones serve decode-sized grids)
+  tilebin   runtime.launch(KERNEL, x, out), KERNEL the one tilebin.ops.transpose launches at these
+            sizes: "transpose.batched_transpose_warps" where rows and cols are multiples of 16
+            bytes' worth of elements, else "transpose.batched_transpose" (no key pinned: its 8-warp
+            tiles; the 2-warp ``small`` ones and the direct kernel serve decode-sized grids)
   copy      out.view(x.shape).copy_(x)  (the same bytes, no transpose: the bandwidth ceiling)
   torch_T   x.transpose(1, 2).contiguous()
 
@@ -25,7 +27,8 @@ import sys
 
 from _common import env_facts, env_markdown, markdown_table, time_device_ms, write_reports
 
-TRANSPOSE = "transpose.batched_transpose"
+TRANSPOSE = "transpose.batched_transpose"  # --tiled: timed beside the op's kernel at every config
+WARPS = "transpose.batched_transpose_warps"  # the op's kernel where rows and cols are 16-byte multiples
 DIRECT = "transpose.batched_transpose_direct"  # --direct: timed beside it at every config
 CONFIGS = [  # (dtype, batch, rows, cols)
     ("bfloat16", 1, 8192, 7168),
@@ -79,6 +82,8 @@ def _trials(rt, args, name: str) -> dict:
     """The speed-trial launches asked for (``--direct``, ``--small``, every ``--cand`` variant of
     dtype ``name``), by column label."""
     trials = {}
+    if args.tiled:
+        trials["tiled"] = lambda x, out: rt.launch(TRANSPOSE, x, out)
     if args.direct:
         trials["direct"] = lambda x, out: rt.launch(DIRECT, x, out)
     if args.small:
@@ -96,9 +101,11 @@ def bench_config(rt, cfg, args) -> dict:
     name, b, r, c = cfg
     dtype = getattr(torch, name)
     pairs, pair_bytes = _pairs(dtype, b, r, c, args.working_set_mb)
-    tb = [lambda x=x, out=out: rt.launch(TRANSPOSE, x, out) for x, out in pairs]
+    vec = 16 // pairs[0][0].element_size()
+    kernel = WARPS if r % vec == 0 and c % vec == 0 else TRANSPOSE
+    tb = [lambda x=x, out=out: rt.launch(kernel, x, out) for x, out in pairs]
     copy, trans = _torch_fns(pairs)
-    row = {"dtype": name, "shape": [b, r, c], "bytes_moved": pair_bytes, "buffers": len(pairs)}
+    row = {"dtype": name, "shape": [b, r, c], "bytes_moved": pair_bytes, "buffers": len(pairs), "kernel": kernel}
     timed = [("tilebin", tb), ("copy", copy), ("torch_T", trans)]
     trials = _trials(rt, args, name)  # label -> fn(x, out): the speed-trial columns, each timed and checked
     timed += [(label, [lambda x=x, out=out, fn=fn: fn(x, out) for x, out in pairs]) for label, fn in trials.items()]
@@ -112,7 +119,7 @@ def bench_config(rt, cfg, args) -> dict:
     row["speedup_vs_torch_T"] = row["torch_T"]["median"] / row["tilebin"]["median"]
     x, out = pairs[0]
     out.view(torch.uint8).fill_(255)
-    rt.launch(TRANSPOSE, x, out)
+    rt.launch(kernel, x, out)
     want = _int_view(x).transpose(1, 2).contiguous()
     row["bit_exact"] = bool(torch.equal(_int_view(out), want))
     for label, fn in trials.items():
@@ -125,18 +132,21 @@ def bench_config(rt, cfg, args) -> dict:
     return row
 
 
+_COLUMNS = ("tiled", "direct", "small")  # the optional trial columns, in table order
+
+
 def render(result: dict) -> str:
     rows = []
     for r in result["rows"]:
         if "error" in r:
-            rows.append([r["dtype"], "x".join(map(str, r["shape"])), "error", r["error"][:120], "", "", "", "", ""])
+            rows.append([r["dtype"], "x".join(map(str, r["shape"])), "", "error", r["error"][:120], "", "", "", "", ""])
             continue
-        rows.append([r["dtype"], "x".join(map(str, r["shape"])), f"{r['bytes_moved'] / 1e6:.0f}",
+        rows.append([r["dtype"], "x".join(map(str, r["shape"])), r["kernel"].split(".")[1], f"{r['bytes_moved'] / 1e6:.0f}",
                      f"{r['tilebin']['median'] * 1e3:.1f}", f"{r['tilebin']['GBps']:.0f}",
                      f"{r['copy']['GBps']:.0f}", f"{r['pct_of_copy']:.1f}",
                      f"{r['torch_T']['GBps']:.0f} ({r['speedup_vs_torch_T']:.2f}x)",
                      "yes" if r["bit_exact"] else "**NO**"]
-                    + [f"{r[k]['median'] * 1e3:.1f} ({r[k + '_speedup']:.2f}x)" for k in ("direct", "small") if k in r])
+                    + [f"{r[k]['median'] * 1e3:.1f} ({r[k + '_speedup']:.2f}x)" for k in _COLUMNS if k in r])
     extra = sorted({k for r in result["rows"] for k in r if k.startswith("cand ") and not k.endswith("_speedup")})
     cand_rows = [[r["dtype"], "x".join(map(str, r["shape"])), f"{r['tilebin']['median'] * 1e3:.1f}", k,
                   f"{r[k]['median'] * 1e3:.1f}", f"{r[k + '_speedup']:.3f}"]
@@ -145,9 +155,9 @@ def render(result: dict) -> str:
     verdict = "n/a" if head is None else f"{head:.1f} % (target >= 90 %: {'met' if head >= 90 else '**NOT met**'})"
     return "\n".join([
         "### Transpose bandwidth (device time, CUDA events, median)", "", env_markdown(result["env"]), "",
-        markdown_table(["dtype", "b x rows x cols", "MB moved", "tilebin µs", "tilebin GB/s", "copy_ GB/s",
+        markdown_table(["dtype", "b x rows x cols", "tilebin kernel", "MB moved", "tilebin µs", "tilebin GB/s", "copy_ GB/s",
                         "% of copy", "torch T.contiguous GB/s (tilebin speedup)", "bit-exact"]
-                       + [f"{k} µs (speedup)" for k in ("direct", "small") if any(k in r for r in result["rows"])], rows),
+                       + [f"{k} µs (speedup)" for k in _COLUMNS if any(k in r for r in result["rows"])], rows),
         "", f"Headline bf16 1x8192x7168: {verdict}",
     ] + (["", markdown_table(["dtype", "b x rows x cols", "shipped µs", "candidate", "µs", "speedup"], cand_rows)]
          if cand_rows else []))
@@ -159,6 +169,8 @@ def main() -> int:
     ap.add_argument("--per-round", type=int, default=20)
     ap.add_argument("--working-set-mb", type=int, default=1024)
     ap.add_argument("--only", help="comma-separated dtypes to keep, e.g. bfloat16")
+    ap.add_argument("--tiled", action="store_true",
+                    help=f"also time {TRANSPOSE} (8-warp tiles) at every config (a column; its output is checked too)")
     ap.add_argument("--direct", action="store_true",
                     help=f"also time {DIRECT} at every config (a column; its output is checked too)")
     ap.add_argument("--cand", metavar="KERNEL",

@@ -14,7 +14,7 @@ _MHC = Path(__file__).resolve().parent / "mhc"
 ALL_MODULES = (
     "tilebin.kernels.transpose.batched_transpose",
     "tilebin.kernels.transpose.batched_transpose_direct",
-    "tilebin.kernels.transpose._transpose_warps_candidate",
+    "tilebin.kernels.transpose.batched_transpose_warps",
     "tilebin.kernels.testing.gemm_nt",
     "tilebin.kernels.testing.coop_sum",
     "tilebin.kernels.testing.pdl_chain",

@@ -288,8 +288,8 @@ run_sanitizer() {
     return
   fi
   write_sanitize_script
-  local mem="transpose_bf16,transpose_f32,transpose_fp8,gemm_small,gemm_large,coop_sum,pdl_chain"
-  local race="${GPU_CHECK_RACECHECK_KINDS:-transpose_bf16,transpose_fp8,coop_sum}"
+  local mem="transpose_bf16,transpose_f32,transpose_fp8,transpose_warps_bf16,transpose_warps_fp8,gemm_small,gemm_large,coop_sum,pdl_chain"
+  local race="${GPU_CHECK_RACECHECK_KINDS:-transpose_bf16,transpose_fp8,transpose_warps_bf16,transpose_warps_fp8,coop_sum}"
   local cap tool kinds rc all=0
   for spec in "memcheck:$mem" "racecheck:$race"; do
     tool="${spec%%:*}" kinds="${spec#*:}"

@@ -100,7 +100,7 @@ def transpose_calls():
         for shape in ((1, 7168), (3, 7168), (33, 7168), (48, 7168), (64, 7168), (129, 257)):
             x = torch.randn(shape, device="cuda").to(dtype)
             yield f"transpose({'x'.join(map(str, shape))}, {name})", lambda x=x: tr.transpose(x)
-        # enough blocks for the 8-warp tiles, every edge tile partial but 16-byte aligned
+        # enough blocks for transpose.batched_transpose_warps, every edge tile partial but 16-byte aligned
         x = torch.randn(16, 208, 4112, device="cuda").to(dtype)
         yield f"batched_transpose(16x208x4112, {name})", lambda x=x: tr.batched_transpose(x)
 

@@ -5,8 +5,10 @@ x is ``[batch, rows, cols]``, out is ``[batch, cols, rows]``, both of the varian
 them may be 1 or odd.  A zero extent gives an empty grid, which the launcher must skip.
 The data pointers must be 16-byte aligned (the declaration's ``align``).  Two variants per
 dtype, both correct for every shape: ``small=False`` (8 warps per block) and ``small=True``
-(2 warps); ``tilebin.ops.transpose`` picks ``small`` when the 8-warp tiles would give fewer
-than two blocks per SM.  Dynamic shared memory: 32 KB (bf16), 16 KB (fp32), 64 KB (fp8, above
+(2 warps); ``tilebin.ops.transpose`` launches this kernel where rows or cols are not
+multiples of ``VEC`` (aligned shapes take ``transpose.batched_transpose_warps``, or
+``transpose.batched_transpose_direct`` at decode sizes), with ``small`` when the 8-warp tiles
+would give fewer than two blocks per SM.  Dynamic shared memory: 32 KB (bf16), 16 KB (fp32), 64 KB (fp8, above
 the 48 KB default); a quarter of that with ``small``.
 
 Measured on an H200 (µs; ``bench/compare_peer.py``, tile_kernels' time in brackets):

@@ -1,15 +1,17 @@
-"""``transpose`` and ``batched_transpose``: ``out[b] = x[b].T`` on ``transpose.batched_transpose``
-(``transpose.batched_transpose_direct`` for decode sizes).
+"""``transpose`` and ``batched_transpose``: ``out[b] = x[b].T`` on ``transpose.batched_transpose_warps``
+(``transpose.batched_transpose_direct`` for decode sizes, ``transpose.batched_transpose`` for rows or
+columns that are not multiples of 16 bytes' worth of elements).
 
 Same names, signatures and outputs as ``tile_kernels.transpose`` 1.0.0: the result is a new
 contiguous tensor ``[n, m]`` (``[b, n, m]``) of x's dtype on x's device.  Beyond tile_kernels:
 
-* any ``m`` and ``n`` (tile_kernels needs multiples of 64): the kernel serves every size, with
-  vector loads and bulk stores for every tile when ``m`` and ``n`` are multiples of 16 bytes'
-  worth of elements, and bounds-checked element stores otherwise; where the 8-warp tiles would give
-  fewer than two blocks per SM (decode sizes) it takes ``transpose.batched_transpose_direct``
-  (register transposes stored straight to global memory) when ``m`` and ``n`` are multiples of 16
-  bytes' worth of elements, else the kernel's 2-warp variants (``small``);
+* any ``m`` and ``n`` (tile_kernels needs multiples of 64).  Where ``m`` and ``n`` are multiples of
+  16 bytes' worth of elements (``VEC``: 8 bf16, 4 fp32, 16 fp8): ``transpose.batched_transpose_warps``
+  (many warps, 16-byte loads and stores), or, where ``transpose.batched_transpose``'s 8-warp tiles
+  would give fewer than two blocks per SM (decode sizes), ``transpose.batched_transpose_direct``
+  (register transposes stored straight to global memory).  Otherwise ``transpose.batched_transpose``
+  (vector loads, bounds-checked element stores), with its 2-warp variants (``small``) at decode
+  sizes;
 * any strides: a non-contiguous x, or one whose data pointer is not 16-byte aligned (the
   kernel's vector loads need it), costs one contiguous copy first;
 * an empty x (any extent 0) returns its empty output and launches nothing;
@@ -40,6 +42,7 @@ from ..config import get_num_sms
 
 _KERNEL = "transpose.batched_transpose"
 _DIRECT = "transpose.batched_transpose_direct"  # decode grids of aligned rows and cols
+_WARPS = "transpose.batched_transpose_warps"  # every other grid of aligned rows and cols
 # element size in bytes -> (the kernel variant's dtype key, the torch dtype x is viewed as)
 _VARIANT_BY_SIZE = {1: ("float8_e4m3fn", torch.float8_e4m3fn), 2: ("bfloat16", torch.bfloat16),
                     4: ("float32", torch.float32)}
@@ -59,13 +62,14 @@ def _plan(op: str, ndim: int) -> Callable[[dict], Callable[[torch.Tensor], torch
         key, view_dtype = _VARIANT_BY_SIZE[size]
         view = view_dtype if x.dtype != view_dtype else None
         vec, tile = _ALIGN // size, 256 // size  # tile: the 8-warp tile's side (128 bf16, 64 fp32, 256 fp8)
-        # the direct kernel needs rows and cols multiples of vec: cols (and a batched x's rows) are
-        # in the memo key, decided here; a 2-D x's rows (the token count) per call
-        direct = vec if not x.shape[-1] % vec and (ndim == 2 or not x.shape[-2] % vec) else 0
-        # (kernel name, small) -> launcher; the direct kernel serves small grids only
+        # the direct and warps kernels need rows and cols multiples of vec: cols (and a batched x's
+        # rows) are in the memo key, decided here; a 2-D x's rows (the token count) per call
+        aligned = vec if not x.shape[-1] % vec and (ndim == 2 or not x.shape[-2] % vec) else 0
+        # (kernel name, small) -> launcher: direct for small aligned grids, warps for the other aligned ones
         fns = {(_KERNEL, small): launcher(_KERNEL, dtype=key, small=small) for small in (False, True)}
-        if direct:
+        if aligned:
             fns[_DIRECT, True] = launcher(_DIRECT, dtype=key)
+            fns[_WARPS, False] = launcher(_WARPS, dtype=key)
 
         def run(x: torch.Tensor) -> torch.Tensor:
             shape = x.shape
@@ -79,7 +83,7 @@ def _plan(op: str, ndim: int) -> Callable[[dict], Callable[[torch.Tensor], torch
                 # decode sizes: fewer than 2 blocks per SM of 8-warp tiles (so the batch is within one chunk)
                 # (a plain bool: under dynamic fake shapes a SymBool would key the launcher dict)
                 small = bool(b * -(-r // tile) * -(-c // tile) < 2 * get_num_sms(x3.device))
-                name = _DIRECT if small and direct and not r % direct else _KERNEL
+                name = (_DIRECT if small else _WARPS) if aligned and not r % aligned else _KERNEL
                 _launch(op, name, fns[name, small], x3, out3)
             return out
 

@@ -14,6 +14,7 @@ from _gpu_util import (Rng, assert_bits_equal, assert_close, count_mismatches, p
                        reference_fn)
 
 TRANSPOSE = "transpose.batched_transpose"
+TRANSPOSE_WARPS = "transpose.batched_transpose_warps"
 GEMM = "testing.gemm_nt"
 COOP_SUM = "testing.coop_sum"
 PDL_CHAIN = "testing.pdl_chain"
@@ -79,6 +80,12 @@ class TransposeCase(Case):
 
     def mismatches(self) -> torch.Tensor:
         return count_mismatches(self.out, ref_transpose(self.x))
+
+
+class TransposeWarpsCase(TransposeCase):
+    """``transpose.batched_transpose_warps`` (the op's kernel for aligned grids of 2+ blocks per SM)."""
+
+    kernel = TRANSPOSE_WARPS
 
 
 # ---------------------------------------------------------------- gemm
@@ -231,6 +238,10 @@ def make_case(kind: str, rng: Rng, rt) -> Case:
         return TransposeCase(rng, torch.float32, (2, 100, 37))
     if kind == "transpose_fp8":
         return TransposeCase(rng, torch.float8_e4m3fn, (2, 65, 190))
+    if kind == "transpose_warps_bf16":  # rows and cols multiples of 8, partial tiles on both axes
+        return TransposeWarpsCase(rng, torch.bfloat16, (3, 136, 264))
+    if kind == "transpose_warps_fp8":  # multiples of 16, partial tiles on both axes
+        return TransposeWarpsCase(rng, torch.float8_e4m3fn, (2, 144, 272))
     if kind == "gemm_small":
         return GemmCase(rng, 127, 1024, 1024)
     if kind == "gemm_large":
@@ -243,5 +254,6 @@ def make_case(kind: str, rng: Rng, rt) -> Case:
 
 
 CASE_KERNEL = {"transpose_bf16": TRANSPOSE, "transpose_f32": TRANSPOSE, "transpose_fp8": TRANSPOSE,
+               "transpose_warps_bf16": TRANSPOSE_WARPS, "transpose_warps_fp8": TRANSPOSE_WARPS,
                "gemm_small": GEMM, "gemm_large": GEMM, "coop_sum": COOP_SUM, "pdl_chain": PDL_CHAIN}
 CASE_KINDS = tuple(CASE_KERNEL)

@@ -1,7 +1,9 @@
 """GPU tests of ``transpose.batched_transpose_direct`` (issue 12, shipped after the 15:24 UTC H200 run
-of 2026-12-02): the kernel launched directly on every shape, and ``tilebin.ops.transpose``'s default
-path, which launches it for decode grids whose rows and cols are multiples of 16 bytes' worth of
-elements and ``transpose.batched_transpose`` for everything else.
+of 2026-12-02) and ``transpose.batched_transpose_warps`` (shipped after the 02:27 UTC H200 run of
+2026-12-03): each kernel launched directly on every shape, and ``tilebin.ops.transpose``'s default
+path, which launches them for grids whose rows and cols are multiples of 16 bytes' worth of
+elements (direct below 2 blocks per SM of the 8-warp tiles, warps from there on) and
+``transpose.batched_transpose`` for everything else.
 
 Every result is compared bit for bit with torch's ``x.t().contiguous()`` / ``x.transpose(1, 2)``
 (on an integer view of the bits) and, for the op, with the shipped ``transpose.batched_transpose``
@@ -21,12 +23,14 @@ from _moe_util import poison_cache
 from test_gpu_transpose_ops import KERNEL, _name, check, random_bits
 
 DIRECT = "transpose.batched_transpose_direct"
+WARPS = "transpose.batched_transpose_warps"
 DTYPES = (torch.bfloat16, torch.float32, torch.float8_e4m3fn)
 _VIEW = {1: torch.float8_e4m3fn, 2: torch.bfloat16, 4: torch.float32}
 SHAPES_2D = [(0, 7168), (1, 7168), (1, 1), (3, 17), (4, 7168), (16, 7168), (17, 7168), (64, 7168), (128, 7168),
              (200, 7168), (7168, 64), (64, 64), (72, 136), (192, 256), (264, 520), (129, 257), (1000, 1001),
              (4001, 7168), (8192, 7168)]
-SHAPES_3D = [(1, 64, 7168), (3, 40, 136), (5, 17, 33), (8, 128, 128), (2, 4096, 7168), (8, 4096, 4096)]
+SHAPES_3D = [(1, 64, 7168), (3, 40, 136), (5, 17, 33), (8, 128, 128), (2, 4096, 7168), (8, 4096, 4096),
+             (3, 144, 272), (2, 4112, 208)]
 _id = lambda s: "x".join(map(str, s))  # noqa: E731
 
 
@@ -42,14 +46,15 @@ def _launch_kernel(name: str, x: torch.Tensor, **key) -> torch.Tensor:
     return out
 
 
+@pytest.mark.parametrize("kernel", (DIRECT, WARPS), ids=lambda k: k.split("_")[-1])
 @pytest.mark.parametrize("dtype", DTYPES, ids=_name)
 @pytest.mark.parametrize("shape", [(1, *s) for s in SHAPES_2D] + SHAPES_3D, ids=_id)
-def test_kernel_bit_exact(require, rng, dtype, shape):
-    """The kernel is correct for every shape (the op launches it on aligned decode grids only)."""
-    require(DIRECT)
+def test_kernel_bit_exact(require, rng, kernel, dtype, shape):
+    """Each kernel is correct for every shape (the op launches them on aligned grids only)."""
+    require(kernel)
     x = random_bits(shape, dtype, rng.gen)
     poison_cache(2 * x.numel() * x.element_size())
-    check(_launch_kernel(DIRECT, x), x, f"{DIRECT} {shape} {_name(dtype)} seed={rng.seed}")
+    check(_launch_kernel(kernel, x), x, f"{kernel} {shape} {_name(dtype)} seed={rng.seed}")
 
 
 @pytest.fixture()
@@ -58,7 +63,7 @@ def T(require):
     from tilebin.ops import transpose
     from tilebin.ops.transpose import _transpose
 
-    for name in (KERNEL, DIRECT):
+    for name in (KERNEL, DIRECT, WARPS):
         require(name)
     for spec in _transpose.SPECS:
         spec.memo.clear()
@@ -100,8 +105,9 @@ def test_op_batched_transpose(T, rng, dtype, shape):
     ("shape", "dtype", "kernel"),
     [((1, 7168), torch.bfloat16, KERNEL), ((4, 7168), torch.bfloat16, KERNEL),  # rows not a multiple of 8
      ((16, 7168), torch.bfloat16, DIRECT), ((64, 7168), torch.bfloat16, DIRECT), ((128, 7168), torch.bfloat16, DIRECT),
-     ((8192, 7168), torch.bfloat16, KERNEL), ((8192, 7168), torch.float32, KERNEL),
-     ((8192, 7168), torch.float8_e4m3fn, KERNEL), ((8, 4096, 4096), torch.bfloat16, KERNEL)],
+     ((8192, 7168), torch.bfloat16, WARPS), ((8192, 7168), torch.float32, WARPS),
+     ((8192, 7168), torch.float8_e4m3fn, WARPS), ((8, 4096, 4096), torch.bfloat16, WARPS),
+     ((4001, 7168), torch.bfloat16, KERNEL), ((4096, 7170), torch.bfloat16, KERNEL)],  # rows, cols not % 8
     ids=lambda v: _id(v) if isinstance(v, tuple) else _name(v) if isinstance(v, torch.dtype) else v.split(".")[1],
 )
 def test_op_picks(T, rng, monkeypatch, shape, dtype, kernel):

@@ -70,21 +70,23 @@ def test_batched_transpose_output_layout_and_launch(stub, dtype, shape):
 
 
 DIRECT = "transpose.batched_transpose_direct"
+WARPS = "transpose.batched_transpose_warps"
 
 
 @pytest.mark.parametrize("dtype,shape,name,small", [
-    (torch.bfloat16, (128, 7168), DIRECT, None), (torch.bfloat16, (640, 7168), KERNEL, False),  # 56 / 280 blocks
+    (torch.bfloat16, (128, 7168), DIRECT, None), (torch.bfloat16, (640, 7168), WARPS, None),  # 56 / 280 blocks
     (torch.bfloat16, (129, 7168), KERNEL, True), (torch.bfloat16, (1, 7168), KERNEL, True),  # rows not % 8
     (torch.float8_e4m3fn, (256, 7168), DIRECT, None), (torch.float8_e4m3fn, (248, 7168), KERNEL, True),
-    (torch.float32, (320, 3328), DIRECT, None), (torch.float32, (320, 3392), KERNEL, False),
+    (torch.float32, (320, 3328), DIRECT, None), (torch.float32, (320, 3392), WARPS, None),
     (torch.float32, (320, 3326), KERNEL, True),  # cols not % 4
     (torch.int16, (263, 1, 1), KERNEL, True), (torch.int16, (264, 1, 1), KERNEL, False),
     (torch.int8, (264, 1, 1), KERNEL, False), (torch.int16, (263, 8, 8), DIRECT, None),
-    (torch.int16, (264, 8, 8), KERNEL, False), (torch.int16, (3, 9, 16), KERNEL, True),
+    (torch.int16, (264, 8, 8), WARPS, None), (torch.int16, (3, 9, 16), KERNEL, True),
 ], ids=str)
-def test_decode_grids_take_the_direct_kernel_when_aligned_else_small_tiles(stub, dtype, shape, name, small):
-    """Fewer than 2 blocks per SM of the 8-warp tiles (132 SMs here): ``transpose.batched_transpose_direct``
-    when rows and cols are multiples of 16 bytes' worth of elements, else the 2-warp tiles (``small``)."""
+def test_aligned_grids_take_the_direct_or_warps_kernel_else_the_tiles(stub, dtype, shape, name, small):
+    """Rows and cols multiples of 16 bytes' worth of elements: ``transpose.batched_transpose_direct``
+    below 2 blocks per SM of the 8-warp tiles (132 SMs here), ``transpose.batched_transpose_warps``
+    from there on; otherwise ``transpose.batched_transpose``, its 2-warp tiles (``small``) below."""
     x = torch.zeros(shape, dtype=dtype)
     (T.transpose if x.dim() == 2 else T.batched_transpose)(x)
     [(launched, key, _)] = stub.launches
@@ -98,7 +100,7 @@ def test_the_token_count_picks_per_call_under_one_memo_key(stub, monkeypatch):
     for rows in (64, 65, 64, 640, 1):
         T.transpose(torch.zeros((rows, 7168), dtype=torch.bfloat16))
     assert [(n, k.get("small")) for n, k, _ in stub.launches] == [
-        (DIRECT, None), (KERNEL, True), (DIRECT, None), (KERNEL, False), (KERNEL, True)]
+        (DIRECT, None), (KERNEL, True), (DIRECT, None), (WARPS, None), (KERNEL, True)]
     assert len(impl.TRANSPOSE.memo) == 1
 
 

@@ -1,8 +1,23 @@
-"""Speed trial (issue 12, transpose round 6): ``out[b] = x[b].T`` with many warps and a little
-per thread.  Same parameters and bits as ``transpose.batched_transpose``; measured with
-``bench/bench_transpose.py --cand transpose._transpose_warps_candidate``.
+"""``transpose.batched_transpose_warps(x, out)``: ``out[b] = x[b].T`` like
+``transpose.batched_transpose`` (same parameters, same bits), with many warps and a little per
+thread; the kernel ``tilebin.ops.transpose`` launches for every grid of at least 2 blocks per SM
+(of ``transpose.batched_transpose``'s 8-warp tiles) whose rows and cols are multiples of ``VEC``
+(``VEC = 16 // element size``).  Decode grids take ``transpose.batched_transpose_direct``, other
+shapes ``transpose.batched_transpose``.
 
-Round 4 worked it out on paper (kernels/README.md): tile_kernels' blocks hold 16 KB per SM yet reach
+x is ``[batch, rows, cols]``, out is ``[batch, cols, rows]`` (contiguous, data pointers 16-byte
+aligned), batch, rows and cols runtime symbols; one variant per ``dtype`` (bfloat16, float32,
+float8_e4m3fn), each correct for every shape but fast only for ``rows % VEC == cols % VEC == 0``
+(otherwise an element-by-element path).  Partial tiles load zeros past the end and store only
+whole valid 16-byte chunks (a chunk covers ``VEC`` rows of x, so it is all valid or all not).
+
+Measured on an H200 (02:27 UTC 2026-12-03, ``bench/bench_transpose.py --cand``, CUDA events; µs,
+``transpose.batched_transpose`` -> this kernel as the candidate of round 6, cubins of the variants
+below byte-identical): 8192 x 7168 bf16 64.6 -> 61.7, fp32 120.4 -> 118.8, fp8 36.6 -> 33.8;
+8 x 4096 x 4096 bf16 138.7 -> 134.4, fp32 264.8 -> 263.2, fp8 72.3 -> 69.6.  kernels/README.md,
+"transpose round 6", has the why.
+
+Design (worked out on paper in round 4): tile_kernels' blocks hold 16 KB per SM yet reach
 full bandwidth, because 32 warps per SM overlap their load, barrier and store phases; ours hold
 128 KB in 8-16 warps.  This kernel is of the many-warps class and keeps our register transpose:
 
@@ -17,9 +32,8 @@ full bandwidth, because 32 warps per SM overlap their load, barrier and store ph
   the chunk index is XORed with ``(out row // (W V)) % 8`` so its 8 lanes hit 8 different bank
   groups; the reads undo it.
 * One barrier, then plain coalesced 16-byte stores: 8 lanes write one out row's 128 bytes.
-
-Fast only for ``rows % VEC == cols % VEC == 0`` (``VEC = 16 // element size``); otherwise an
-element-by-element path (correct, slow).
+* Row tiles on ``blockIdx.x``, column tiles on ``blockIdx.y`` (at most 65535: 8.4 million
+  columns), the batch on ``blockIdx.z`` (at most 65535; the op launches larger batches in chunks).
 """
 
 # No ``from __future__ import annotations``: TileLang evaluates the PrimFunc's tensor
@@ -52,8 +66,15 @@ def _square(win, wout, rb, wi, v: int):
         wout[wi, 3, rb] = _perm(hi01, hi23, 0x7632)
 
 
-def transpose_warps(dtype: str, w: int, min_blocks: int):
-    """The trial kernel: ``w`` words per lane per row, ``min_blocks`` resident blocks per SM (caps registers)."""
+def batched_transpose_warps(dtype: str):
+    """The PrimFunc for one dtype (torch naming), with the measured words per lane and residency."""
+    if dtype not in _DTYPES:
+        raise ValueError(f"batched_transpose_warps: dtype must be one of {sorted(_DTYPES)} (got {dtype!r})")
+    return tiled_transpose_warps(dtype, *_CONFIG[dtype])
+
+
+def tiled_transpose_warps(dtype: str, w: int, min_blocks: int):
+    """``w`` words per lane per row (4-, 8- or 16-byte loads), ``min_blocks`` resident blocks per SM (caps registers)."""
     tl_dtype, eb = _DTYPES[dtype]
     vec = 16 // eb
     v = 4 // eb
@@ -111,20 +132,18 @@ def transpose_warps(dtype: str, w: int, min_blocks: int):
     return main
 
 
-_TRIALS = {  # dtype -> ((w, min_blocks), ...)
-    "bfloat16": ((2, 4), (2, 6), (1, 6), (4, 4)),
-    "float8_e4m3fn": ((1, 4), (1, 6), (2, 4)),
-    "float32": ((4, 4), (4, 6)),
-}
+# dtype -> (words per lane, blocks per SM).  Round 6 (H200) also timed bf16 (2, 6), (1, 6), (4, 4),
+# fp8 (1, 6), (2, 4) and fp32 (4, 6): each within 1 % of the chosen one (kernels/README.md).
+_CONFIG = {"bfloat16": (2, 4), "float8_e4m3fn": (1, 4), "float32": (4, 4)}
 
 KERNELS = (
     KernelDecl(
-        name="transpose._transpose_warps_candidate",
-        factory=transpose_warps,
-        grid=tuple({"dtype": d, "w": w, "min_blocks": m} for d, cfgs in _TRIALS.items() for w, m in cfgs),
+        name="transpose.batched_transpose_warps",
+        factory=batched_transpose_warps,
+        grid=tuple({"dtype": d} for d in ("bfloat16", "float32", "float8_e4m3fn")),
         outputs=("out",),
-        doc="Speed trial: 8 warps, 4 row blocks x W words per thread, swizzled staged out tile, 16-byte stores.",
+        doc="out[b] = x[b].T with 8 warps of 4 row blocks x W words per thread, a swizzled staged tile, 16-byte stores.",
     ),
 )
 
-__all__ = ["KERNELS", "transpose_warps"]
+__all__ = ["KERNELS", "batched_transpose_warps", "tiled_transpose_warps"]
