@@ -24,7 +24,6 @@ ALL_MODULES = (
     "tilebin.kernels.quant.per_block_cast_lossless",
     "tilebin.kernels.quant.per_channel_cast_fused",
     "tilebin.kernels.quant.per_channel_cast_bf16",
-    "tilebin.kernels.quant._per_channel_cast_bf16_candidate",
     "tilebin.kernels.quant.per_channel_cast_and_transpose",
     "tilebin.kernels.quant.swiglu_forward_and_per_token_cast",
     "tilebin.kernels.quant.swiglu_backward_and_per_token_cast",

@@ -23,8 +23,6 @@ checked (it would need a device sync): the values of ``pos_to_token``; a positio
 
 from __future__ import annotations
 
-import os
-
 from typing import Any, Callable, Optional, Union
 
 import torch
@@ -121,9 +119,6 @@ def _plan_fused(values: dict) -> Callable[..., QuantTensor]:
     data = x[0] if pair else x
     if not pair and pos is None and data.dtype == torch.bfloat16:
         fn = launcher(_PLAIN_BF16, in_dtype="bfloat16", expand=False)
-        trial = os.environ.get("TILEBIN_CANDIDATE_PER_CHANNEL_CAST")  # speed trial (issue 12): a, b, c
-        if trial:
-            fn = launcher("quant._per_channel_cast_bf16_candidate", shape="a" if trial == "1" else trial)
     else:
         fn = launcher(_FUSED, in_dtype=_DTYPE_KEY[data.dtype], expand=pos is not None)
     round_sf, device = int(values["round_sf"]), data.device  # the device: part of the configuration
