@@ -2,7 +2,7 @@
 """tilebin against tile_kernels 1.0.0, side by side: the same call on the same inputs, one process.
 
     PYTHONPATH=<site with the tilebin wheel>[:<folder with tile_kernels + tilelang>] \\
-        python3 bench/compare_peer.py [--families quant,moe,transpose] [--quick] [--candidates] [--events] [--ops a,b] [--flush write|read] [--json F] [--md F]
+        python3 bench/compare_peer.py [--families quant,moe,transpose] [--quick] [--candidates] [--events] [--ops a,b] [--flush write|read] [--peer-first] [--json F] [--md F]
 
 Per case (``compare_peer_cases.py``: the shapes of the speed-parity issue, decode sizes of 1-128
 tokens, the transpose ops): device time of tilebin's op and of tile_kernels' op of the same name
@@ -169,8 +169,9 @@ def bit_equal(ours: Any, peer: Any) -> str:
     return "yes, strides differ" if strides else "yes"
 
 
-def run_case(case: Case, ours_mod: Any, peer_mod: Any, timer: Timer) -> dict:
-    """Time both sides on the same inputs and compare their outputs; errors are recorded per side."""
+def run_case(case: Case, ours_mod: Any, peer_mod: Any, timer: Timer, peer_first: bool = False) -> dict:
+    """Time both sides on the same inputs and compare their outputs; errors are recorded per side.
+    Ours is measured first unless ``peer_first``."""
     torch = _t()
     row: dict[str, Any] = {"family": case.family, "op": case.op, "case": case.label}
     try:
@@ -178,8 +179,9 @@ def run_case(case: Case, ours_mod: Any, peer_mod: Any, timer: Timer) -> dict:
     except Exception as exc:  # noqa: BLE001 - the inputs (made with tilebin ops) failed: a tilebin failure
         row["ours_error"] = f"inputs: {exc!r}"[:200]
         return row
+    sides = (("ours", ours_mod), ("peer", peer_mod))
     results = {side: _measure(row, side, mod, case.op, args, kwargs, timer)
-               for side, mod in (("ours", ours_mod), ("peer", peer_mod)) if mod is not None}
+               for side, mod in (sides[::-1] if peer_first else sides) if mod is not None}
     if "ours_us" in row and "peer_us" in row:  # both ran (and returned the outputs compared here)
         row["ratio"] = row["peer_us"] / row["ours_us"] if row["ours_us"] > 0 else math.nan
         row["bit_equal"] = bit_equal(results["ours"], results["peer"])
@@ -204,7 +206,7 @@ def _measure(row: dict, side: str, mod: Any, op: str, args: tuple, kwargs: dict,
 
 
 def run_family(family: str, quick: bool, reps: int, events: bool = False, ops: frozenset = frozenset(),
-               flush: str = "write") -> list[dict]:
+               flush: str = "write", peer_first: bool = False) -> list[dict]:
     ours = importlib.import_module(f"tilebin.ops.{family}")
     peer = None
     if load_peer() is not None:  # sets up tile_kernels' import on TileLang 0.1.15
@@ -217,7 +219,7 @@ def run_family(family: str, quick: bool, reps: int, events: bool = False, ops: f
     for case in all_cases(family, quick):
         if ops and case.op not in ops:
             continue
-        rows.append(run_case(case, ours, peer, timer))
+        rows.append(run_case(case, ours, peer, timer, peer_first))
         print(" | ".join(_cells(rows[-1])), flush=True)
         if any(lost in rows[-1].get(f"{side}_error", "") for side in ("ours", "peer") for lost in _CONTEXT_LOST):
             rows.append({"family": family, "op": "(the rest)", "case": "not run",
@@ -263,7 +265,8 @@ def report(rows: list[dict], facts: dict, ns: argparse.Namespace, failed: list[s
     md = "### tilebin vs tile_kernels 1.0.0 (bench/compare_peer.py)\n\n" + env_markdown(facts) + "\n\n"
     md += (f"tile_kernels {facts['tile_kernels']}, tilelang {facts['tilelang']}; device time = median CUPTI "
            f"kernel time of {ns.reps} calls, L2 flushed before each by a 256 MiB "
-           f"{'read' if ns.flush == 'read' else 'rewrite'} (\"(events)\": CUDA events).\n\n")
+           f"{'read' if ns.flush == 'read' else 'rewrite'} (\"(events)\": CUDA events); "
+           f"{'tile_kernels' if ns.peer_first else 'tilebin'} measured first in every case.\n\n")
     md += markdown_table(headers, [_cells(r) for r in rows]) + "\n\n"
     md += markdown_table(["family", "geomean peer/ours", "lowest case", "cases"],
                          [[f, f"{m['geomean']:.3f}", f"{m['min']:.2f}", m["cases"]] for f, m in means.items()])
@@ -305,7 +308,7 @@ def _children(ns: argparse.Namespace, families: list[str]) -> tuple[list[dict], 
                 cmd = [sys.executable, os.path.abspath(__file__), "--families", family, "--reps", str(ns.reps),
                        "--rows-only", path] + (["--quick"] if ns.quick else []) \
                     + (["--events"] if ns.events else []) + (["--ops", ns.ops] if ns.ops else []) \
-                    + ["--flush", ns.flush]
+                    + ["--flush", ns.flush] + (["--peer-first"] if ns.peer_first else [])
                 rc = subprocess.run(cmd, env={**os.environ, **switches}).returncode
                 if os.path.exists(path):
                     with open(path) as fh:
@@ -328,6 +331,8 @@ def main() -> int:
                     help="time with CUDA events around each call (end to end, launch gaps included) "
                          "instead of summed CUPTI kernel durations, which count a PDL overlap twice")
     ap.add_argument("--ops", default="", help="comma-separated op names: only their cases")
+    ap.add_argument("--peer-first", action="store_true",
+                    help="measure tile_kernels before tilebin in every case (default: tilebin first)")
     ap.add_argument("--flush", choices=("write", "read"), default="write",
                     help="how the L2 is flushed before each call: rewrite 256 MiB (dirty lines left, the default) "
                          "or read it (clean lines, as ncu's --cache-control all)")
@@ -348,13 +353,13 @@ def main() -> int:
         return 0
     ops = frozenset(o for o in ns.ops.split(",") if o)
     if ns.rows_only:
-        rows = [r for f in families for r in run_family(f, ns.quick, ns.reps, ns.events, ops, ns.flush)]
+        rows = [r for f in families for r in run_family(f, ns.quick, ns.reps, ns.events, ops, ns.flush, ns.peer_first)]
         with open(ns.rows_only, "w") as fh:
             json.dump(rows, fh)
         return 0
     facts = {**env_facts(), "tile_kernels": _pkg_version("tile-kernels"), "tilelang": _pkg_version("tilelang")}
     if len(families) == 1 and not ns.candidates:
-        rows, failed = run_family(families[0], ns.quick, ns.reps, ns.events, ops, ns.flush), []
+        rows, failed = run_family(families[0], ns.quick, ns.reps, ns.events, ops, ns.flush, ns.peer_first), []
     else:
         rows, failed = _children(ns, families)
     report(rows, facts, ns, failed)

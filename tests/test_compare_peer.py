@@ -153,14 +153,42 @@ def test_cases_run_and_report_with_a_stand_in_peer(cpu_cases, tmp_path, monkeypa
     for row in rows:
         assert row.get("ours_us") == row.get("peer_us") == 2.0 and row["ratio"] == 1.0, row
         assert "bit_equal" in row
-    ns = argparse.Namespace(reps=3, json=str(tmp_path / "r.json"), md=str(tmp_path / "r.md"), flush="write")
+    ns = argparse.Namespace(reps=3, json=str(tmp_path / "r.json"), md=str(tmp_path / "r.md"), flush="write",
+                            peer_first=False)
     facts = {"tile_kernels": "1.0.0", "tilelang": "0.1.15"}
     cp.report(rows, facts, ns, failed=["quant: child process exited with 1"])
     saved = json.loads((tmp_path / "r.json").read_text())
     assert saved["geomean"]["moe"]["geomean"] == pytest.approx(1.0) and len(saved["rows"]) == 7
     assert "| moe | topk_gate |" in saved["markdown"] and "failed: quant" in saved["markdown"]
     assert "flushed before each by a 256 MiB rewrite" in saved["markdown"]
+    assert "tilebin measured first in every case" in saved["markdown"]
     assert (tmp_path / "r.md").read_text().strip() == saved["markdown"].strip()
+
+
+@pytest.mark.parametrize("peer_first", (False, True))
+def test_the_measuring_order_of_the_two_sides(cpu_cases, monkeypatch, peer_first):
+    """Ours first by default; ``--peer-first`` measures tile_kernels first in every case."""
+    from tilebin.ops import transpose
+
+    order = []
+
+    class Side:
+        def __init__(self, name):
+            self.name = name
+
+        def __getattr__(self, op):
+            return lambda *a, **k: (order.append(self.name), getattr(transpose, op)(*a, **k))[1]
+
+    class FixedTimer:
+        def kernel_us(self, fn):
+            return 2.0, "cupti"
+
+    monkeypatch.setattr(cp, "_t", lambda: torch)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    case = next(c for c in cases.all_cases("transpose", quick=True) if c.label.startswith("bf16 4x"))
+    cp.run_case(case, Side("ours"), Side("peer"), FixedTimer(), peer_first)
+    assert order == (["peer", "ours"] if peer_first else ["ours", "peer"])
 
 
 class _Event:
