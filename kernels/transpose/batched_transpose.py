@@ -88,6 +88,14 @@ def _view(buf, shape, dtype: str):
     return T.Tensor(shape, dtype, buf.data)
 
 
+def word_shapes(vec: int):
+    """``(batch, rows, cols, xw_shape, ow_shape)``: the size symbols and the shapes of x's and out's
+    32-bit word views, whose row lengths ``cols // vec * 4`` / ``rows // vec * 4`` words prove 16-byte
+    aligned rows to TileLang (the true lengths where a kernel's aligned path uses them)."""
+    batch, rows, cols = T.dynamic("batch"), T.dynamic("rows"), T.dynamic("cols")
+    return batch, rows, cols, (batch, rows, cols // vec * 4), (batch, cols, rows // vec * 4)
+
+
 def _bulk_store(gmem_ptr, smem_ptr, nbytes: int):
     """``cp.async.bulk.global.shared::cta`` (TileLang's ``tl.tma_store`` with a plain pointer)."""
     return tirx.call_intrin("handle", tirx.op.Op.get("tl.tma_store"), gmem_ptr, smem_ptr, T.uint32(nbytes), 0, 0)
@@ -150,9 +158,7 @@ def tiled_transpose(dtype: str, warps_r: int, warps_c: int, min_blocks: int):
     seg_words = tile_r * elem_bytes // 4  # one staged out row: the tile's rows of x, in words
     per_word = 4 // elem_bytes
     int_dtype = _INT_OF_SIZE[elem_bytes]
-    batch, rows, cols = T.dynamic("batch"), T.dynamic("rows"), T.dynamic("cols")
-    xw_shape = (batch, rows, cols // vec * 4)
-    ow_shape = (batch, cols, rows // vec * 4)
+    batch, rows, cols, xw_shape, ow_shape = word_shapes(vec)
 
     @T.prim_func
     def main(
@@ -231,4 +237,4 @@ KERNELS = (
     ),
 )
 
-__all__ = ["KERNELS", "batched_transpose", "tiled_transpose"]
+__all__ = ["KERNELS", "batched_transpose", "tiled_transpose", "word_shapes"]

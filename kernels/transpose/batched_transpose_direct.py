@@ -38,7 +38,7 @@ multiples of ``VEC`` and keep the shipped kernel (2.1-2.3).
 import tilelang.language as T
 
 from .._declare import KernelDecl
-from .batched_transpose import _DTYPES, LANES_C, LANES_R, _load_block, _transpose_words, _view
+from .batched_transpose import _DTYPES, LANES_C, LANES_R, _load_block, _transpose_words, _view, word_shapes
 
 _DIRECT_WARPS = 2  # along the columns; one warp (8 row blocks) along the rows
 
@@ -60,9 +60,7 @@ def batched_transpose_direct(dtype: str):
     vec = 16 // elem_bytes
     blocks_r, blocks_c = LANES_R, LANES_C * _DIRECT_WARPS
     tile_r, tile_c = blocks_r * vec, blocks_c * vec
-    batch, rows, cols = T.dynamic("batch"), T.dynamic("rows"), T.dynamic("cols")
-    xw_shape = (batch, rows, cols // vec * 4)
-    ow_shape = (batch, cols, rows // vec * 4)
+    batch, rows, cols, xw_shape, ow_shape = word_shapes(vec)
 
     @T.prim_func
     def main(

@@ -41,7 +41,7 @@ full bandwidth, because 32 warps per SM overlap their load, barrier and store ph
 import tilelang.language as T
 
 from .._declare import KernelDecl
-from .batched_transpose import _DTYPES, _perm, _view
+from .batched_transpose import _DTYPES, _perm, _view, word_shapes
 
 WARPS = 8
 R = 4  # row blocks per thread: 4 words = one 16-byte chunk of an out row
@@ -81,9 +81,7 @@ def tiled_transpose_warps(dtype: str, w: int, min_blocks: int):
     tile_r, tile_c = WARPS * R * v, 32 * w * v
     threads = 32 * WARPS
     rounds = tile_c * WARPS // threads  # 16-byte chunks of the out tile per thread
-    batch, rows, cols = T.dynamic("batch"), T.dynamic("rows"), T.dynamic("cols")
-    xw_shape = (batch, rows, cols // vec * 4)
-    ow_shape = (batch, cols, rows // vec * 4)
+    batch, rows, cols, xw_shape, ow_shape = word_shapes(vec)
 
     @T.prim_func
     def main(
