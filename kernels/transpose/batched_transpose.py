@@ -129,6 +129,15 @@ def _transpose_words(w_in, w_out, elem_bytes: int):
 
 
 @T.macro
+def _elementwise(x, out, bb, r0, c0, nr: int, nc: int, rows, cols):
+    """``out[bb, c, r] = x[bb, r, c]`` for the ``nr x nc`` block at ``(r0, c0)``, bounds-checked."""
+    for i in T.serial(nr):
+        for j in T.serial(nc):
+            if r0 + i < rows and c0 + j < cols:
+                out[bb, c0 + j, r0 + i] = x[bb, r0 + i, c0 + j]
+
+
+@T.macro
 def _load_block(x, xw_shape, w_in, bb, rv, cv, vec: int, rows, cols, check: bool):
     """``w_in[i, :]`` = the 16-byte vector ``cv`` of row ``rv * vec + i`` of x (zeros past the end)."""
     for i in T.unroll(vec):
@@ -219,10 +228,7 @@ def tiled_transpose(dtype: str, warps_r: int, warps_c: int, min_blocks: int):
                             int_dtype, stage[t, e // per_word] >> T.Cast("uint32", (e % per_word) * (8 * elem_bytes))
                         )
             else:
-                for i in T.serial(vec):
-                    for j in T.serial(vec):
-                        if rv * vec + i < rows and cv * vec + j < cols:
-                            out[bb, cv * vec + j, rv * vec + i] = x[bb, rv * vec + i, cv * vec + j]
+                _elementwise(x, out, bb, rv * vec, cv * vec, vec, vec, rows, cols)
 
     return main
 

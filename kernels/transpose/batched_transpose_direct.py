@@ -38,18 +38,10 @@ multiples of ``VEC`` and keep the shipped kernel (2.1-2.3).
 import tilelang.language as T
 
 from .._declare import KernelDecl
-from .batched_transpose import _DTYPES, LANES_C, LANES_R, _load_block, _transpose_words, _view, word_shapes
+from .batched_transpose import (_DTYPES, LANES_C, LANES_R, _elementwise, _load_block, _transpose_words, _view,
+                                word_shapes)
 
 _DIRECT_WARPS = 2  # along the columns; one warp (8 row blocks) along the rows
-
-
-@T.macro
-def _elementwise(x, out, bb, r0, c0, nr: int, nc: int, rows, cols):
-    """``out[bb, c, r] = x[bb, r, c]`` for the ``nr x nc`` block at ``(r0, c0)``, bounds-checked."""
-    for i in T.serial(nr):
-        for j in T.serial(nc):
-            if r0 + i < rows and c0 + j < cols:
-                out[bb, c0 + j, r0 + i] = x[bb, r0 + i, c0 + j]
 
 
 def batched_transpose_direct(dtype: str):

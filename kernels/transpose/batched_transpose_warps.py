@@ -41,7 +41,7 @@ full bandwidth, because 32 warps per SM overlap their load, barrier and store ph
 import tilelang.language as T
 
 from .._declare import KernelDecl
-from .batched_transpose import _DTYPES, _perm, _view, word_shapes
+from .batched_transpose import _DTYPES, _elementwise, _perm, _view, word_shapes
 
 WARPS = 8
 R = 4  # row blocks per thread: 4 words = one 16-byte chunk of an out row
@@ -122,10 +122,7 @@ def tiled_transpose_warps(dtype: str, w: int, min_blocks: int):
                             _view(out, ow_shape, "uint32")[bb, bc * tile_c + c, (br * tile_r + ch * (R * v)) // v + k] = \
                                 stage[c, T.bitwise_xor(ch, (c // (w * v)) % 8) * 4 + k]
             else:
-                for rb in T.serial(R * v):
-                    for j in T.serial(w * v):
-                        if r0 + rb < rows and cw * v + j < cols:
-                            out[bb, cw * v + j, r0 + rb] = x[bb, r0 + rb, cw * v + j]
+                _elementwise(x, out, bb, r0, cw * v, R * v, w * v, rows, cols)
 
     return main
 
