@@ -40,6 +40,14 @@ def rows(rt) -> list[tuple[str, float]]:
         "plan.run(args)", "twin.run(args)", "prepared()", "unchecked(x, out)",
         "rt.launch('transpose.batched_transpose', x, out)",
     ]
+    # the torch calls an op's run makes around its launch (a decode-size bf16 [4, 7168] y): allocation forms, views
+    g.update(y=torch.empty(4, 7168, device="cuda", dtype=torch.bfloat16), d8=torch.float8_e4m3fn, dev=x.device,
+             E=torch.empty, s=(4, 7168))
+    exprs += ["torch.empty((4, 7168), dtype=d8, device=y.device)", "torch.empty(s, dtype=d8, device=dev)",
+              "torch.empty(4, 7168, dtype=d8, device=dev)", "E(4, 7168, dtype=d8, device=dev)",
+              "y.new_empty((4, 7168), dtype=d8)", "torch.empty_like(y)", "y.unbind(0)", "y[0]", "y.unsqueeze(0)",
+              "y.view(1, 4, 7168)", "y.view(torch.int16)", "y.T", "y.is_contiguous()", "y.shape[0]", "y.numel()",
+              "torch.cuda.is_current_stream_capturing()", "torch.cuda.current_device()"]
     if rt.launch is not getattr(rt, "_launch_python", rt.launch):  # the compiled front, and the function it fronts
         exprs.append("rt._launch_python('transpose.batched_transpose', x, out)")
     result = []

@@ -75,9 +75,9 @@ def _plan_fwd(values: dict) -> Callable[..., tuple]:
 
     def run(hidden_states: torch.Tensor, k: torch.Tensor, v: torch.Tensor, weight_fused: torch.Tensor, *_: Any):
         num_tokens = hidden_states.shape[0]
-        output = torch.empty((num_tokens, hc, hidden), dtype=_BF16, device=device)
+        output = torch.empty(num_tokens, hc, hidden, dtype=_BF16, device=device)
         # four fp32 [num_tokens, hc] views of one allocation; [0, hc]: the kernel writes no statistics
-        stats = torch.empty((4, num_tokens if save else 0, hc), dtype=_F32, device=device).unbind(0)
+        stats = torch.empty(4, num_tokens if save else 0, hc, dtype=_F32, device=device).unbind(0)
         if num_tokens:
             fn(hidden_states, k, v, weight_fused, output, *stats, *scalars)
         return (output, *stats) if save else (output, None, None, None, None)
@@ -167,10 +167,10 @@ def _plan_bwd(values: dict) -> Callable[..., tuple]:
         if not aligned(dot, gate_score, rstd_x, rstd_k):
             dot, gate_score, rstd_x, rstd_k = (aligned_input(t) for t in (dot, gate_score, rstd_x, rstd_k))
         num_tokens = hidden_states.shape[0]
-        grad_x = torch.empty((num_tokens, hc, hidden), dtype=_BF16, device=device)
-        grad_k = torch.empty((num_tokens, hc, hidden), dtype=_BF16, device=device)
-        grad_v = torch.empty((num_tokens, hidden), dtype=_BF16, device=device)
-        grad_w_partial = torch.empty((get_num_sms(device), hc, hidden), dtype=_F32, device=device)
+        grad_x = torch.empty(num_tokens, hc, hidden, dtype=_BF16, device=device)
+        grad_k = torch.empty(num_tokens, hc, hidden, dtype=_BF16, device=device)
+        grad_v = torch.empty(num_tokens, hidden, dtype=_BF16, device=device)
+        grad_w_partial = torch.empty(get_num_sms(device), hc, hidden, dtype=_F32, device=device)
         fn(grad_out, hidden_states, k, v, weight_fused, dot, gate_score, rstd_x, rstd_k,
            grad_x, grad_k, grad_v, grad_w_partial, *scalars)
         return grad_x, grad_k, grad_v, grad_w_partial

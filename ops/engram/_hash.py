@@ -73,7 +73,7 @@ def _plan_hash(values: dict) -> Callable[..., torch.Tensor]:
     def run(ngram_token_ids: torch.Tensor, multipliers: torch.Tensor, vocab_sizes: torch.Tensor,
             offsets: torch.Tensor) -> torch.Tensor:
         num_tokens = ngram_token_ids.shape[0]
-        output = torch.empty((layers, num_tokens, cols), dtype=torch.int32, device=device)
+        output = torch.empty(layers, num_tokens, cols, dtype=torch.int32, device=device)
         if num_tokens:
             fn(ngram_token_ids, multipliers, vocab_sizes, offsets, output)
         return output
@@ -129,7 +129,7 @@ def _plan_fused(values: dict) -> Callable[..., torch.Tensor]:
     fn = launcher("engram.fused_weight") if shape[0] else None
 
     def run(weight_hidden: torch.Tensor, weight_embed: torch.Tensor) -> torch.Tensor:
-        out = torch.empty(shape, dtype=torch.float32, device=device)
+        out = torch.empty(*shape, dtype=torch.float32, device=device)
         if fn is not None:
             fn(weight_hidden, weight_embed, out)
         return out

@@ -53,9 +53,9 @@ def _placeholders(device: torch.device) -> tuple[torch.Tensor, ...]:
     if p is None:
         p = (
             torch.zeros(1, dtype=torch.bool, device=device),
-            torch.zeros((1, 1), dtype=torch.int32, device=device),
+            torch.zeros(1, 1, dtype=torch.int32, device=device),
             torch.ones(1, dtype=torch.int32, device=device),
-            torch.zeros((1, 1), dtype=torch.int64, device=device),
+            torch.zeros(1, 1, dtype=torch.int64, device=device),
         )
         if not TRACING.on:
             _PLACEHOLDERS[device] = p
@@ -102,7 +102,7 @@ def _plan_topk(values: dict) -> Callable[..., torch.Tensor]:
 
     def run(scores: torch.Tensor, *_: Any) -> torch.Tensor:
         num_tokens = scores.shape[0]
-        topk_idx = torch.empty((num_tokens, num_topk), dtype=torch.int64, device=device)
+        topk_idx = torch.empty(num_tokens, num_topk, dtype=torch.int64, device=device)
         if num_tokens and num_topk:
             fn(scores, topk_idx)
         return topk_idx
@@ -146,7 +146,7 @@ def _plan_group(values: dict) -> Callable[..., torch.Tensor]:
 
     def run(scores: torch.Tensor, *_: Any) -> torch.Tensor:
         num_tokens = scores.shape[0]
-        group_idx = torch.empty((num_tokens, num_topk_groups), dtype=torch.int64, device=device)
+        group_idx = torch.empty(num_tokens, num_topk_groups, dtype=torch.int64, device=device)
         if num_tokens and num_topk_groups:
             fn(scores, group_idx, num_topk_sum)
         return group_idx
@@ -231,8 +231,8 @@ def _plan_top2(values: dict) -> Callable[..., tuple[torch.Tensor, torch.Tensor]]
     def run(logits: torch.Tensor, bias: torch.Tensor, *rest: Any) -> tuple[torch.Tensor, torch.Tensor]:
         mask, fix, phys, count, unmapped = rest[11:]
         num_tokens = logits.shape[0]
-        topk_idx = torch.empty((num_tokens, num_out), dtype=torch.int64, device=device)
-        topk_weights = torch.empty((num_tokens, num_out), dtype=torch.float32, device=device)
+        topk_idx = torch.empty(num_tokens, num_out, dtype=torch.int64, device=device)
+        topk_weights = torch.empty(num_tokens, num_out, dtype=torch.float32, device=device)
         if num_tokens:
             fn(logits, bias, ph[0] if mask is None else mask if mask.dim() == 1 else mask.view(-1),
                ph[0] if fix is None else fix, ph[1] if phys is None else phys, ph[2] if count is None else count,

@@ -1,6 +1,6 @@
 """How the fused MoE routing ops (``_routing``) map onto their ``tilebin::<op>`` custom ops where
 the public signature does not map one to one (``ops/_torch.py``'s ``TorchOp`` conversions):
-get_fused_mapping's aliased outputs and its data-sized form, the ``(data, sf)`` pairs, and
+get_fused_mapping's counts list and its data-sized form, the ``(data, sf)`` pairs, and
 reduce_fused's optional ``out`` (its own op, ``reduce_fused_out``, which mutates out)."""
 
 from __future__ import annotations
@@ -17,22 +17,12 @@ REDUCE_OUT_SCHEMA = ("(Tensor x, Tensor? x_sf, Tensor? topk_weights, Tensor toke
 
 
 def mapping_to_schema(result: tuple) -> tuple:
-    """get_fused_mapping's outputs without aliases: the three slot maps are rows of one [3, n]
-    tensor and the per-expert vectors rows of one [3, num_experts] tensor (a custom op's outputs
-    may not alias each other): return those two."""
-    return _rows_base(result[0], 3), result[3], _rows_base(result[4], 3)
-
-
-def _rows_base(first: torch.Tensor, rows: int) -> torch.Tensor:
-    """The ``[rows, n]`` tensor whose first row is ``first`` (rows of one contiguous allocation;
-    ``first._base`` is not kept inside a fake implementation)."""
-    n = first.shape[0]
-    return first.as_strided((rows, n), (n, 1), first.storage_offset())
+    """get_fused_mapping's seven tensors (each its own allocation), without the counts list."""
+    return result[:7]
 
 
 def mapping_to_public(outputs: tuple) -> tuple:
-    slots, token_topk_to_pos, per_expert = outputs
-    return (*slots.unbind(0), token_topk_to_pos, *per_expert.unbind(0), [])
+    return (*outputs, [])
 
 
 def mapping_syncs(topk_idx: Any, num_experts: Any, num_expanded_tokens: Any, alignment: Any,

@@ -61,7 +61,7 @@ def _plan_aux_fi(values: dict) -> Callable[..., torch.Tensor]:
     one_block = launcher(_AUX_FI, mode="single", unroll=8)
     fns = {unroll: launcher(_AUX_FI, mode=grid, unroll=unroll) for unroll in (4, 8)}
     # the single block never touches its state; the grid's: zeroed, one per stream
-    idle = torch.empty((2, num_experts), dtype=torch.int32, device=device)
+    idle = torch.empty(2, num_experts, dtype=torch.int32, device=device)
     states = None if TRACING.on else ZeroedState((2, num_experts), device)
 
     def run(topk_idx: torch.Tensor, *_: Any) -> torch.Tensor:
@@ -127,8 +127,8 @@ def _plan_normalize_weight(values: dict) -> Callable[..., tuple[torch.Tensor, to
     def run(topk_weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         num_tokens, num_topk = topk_weights.shape
         device = topk_weights.device
-        denominator = torch.empty((num_tokens,), dtype=torch.float32, device=device)
-        normalized = torch.empty((num_tokens, num_topk), dtype=torch.float32, device=device)
+        denominator = torch.empty(num_tokens, dtype=torch.float32, device=device)
+        normalized = torch.empty(num_tokens, num_topk, dtype=torch.float32, device=device)
         if num_tokens:
             fn(topk_weights, denominator, normalized)
         return denominator, normalized
@@ -168,7 +168,7 @@ def _plan_mask(values: dict) -> Callable[..., torch.Tensor]:
     fn = launcher("moe.mask_indices_by_tp", dtype=_MASK_DTYPES[values["indices"].dtype])
 
     def run(indices: torch.Tensor, *_: Any) -> torch.Tensor:
-        masked = torch.empty_like(indices, memory_format=torch.contiguous_format)
+        masked = torch.empty_like(indices)  # contiguous (checked): so is the copy
         if indices.numel():
             fn(indices, masked, per_gpu, num_tp_ranks * per_gpu, num_tp_ranks, tp_rank)
         return masked

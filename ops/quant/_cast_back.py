@@ -220,7 +220,7 @@ def _plan(block_of: Callable[[dict], tuple]) -> Callable[[dict], Callable[..., t
         def run(x: QuantTensor, *_: Any) -> torch.Tensor:
             data, sf = x
             tokens = data.shape[0]
-            out = torch.empty((tokens, hidden), dtype=out_dtype, device=data.device)
+            out = torch.empty(tokens, hidden, dtype=out_dtype, device=data.device)
             if tokens:
                 if col:  # as input_sf: the kernel reads the transpose (packed UE8M0: its bytes)
                     sf = sf.T.view(torch.uint8) if packed else sf.T
@@ -345,12 +345,12 @@ def _unpack_kernel_run(device: torch.device, out_dtype: torch.dtype, fn: Any,
         shape = x.shape
         if len(shape) == 2:  # the common case, without the general case's views
             rows, cols = shape
-            out = torch.empty((rows, 2 * cols), dtype=out_dtype, device=device)
+            out = torch.empty(rows, 2 * cols, dtype=out_dtype, device=device)
             if rows and cols:
                 fn(x if x.is_contiguous() and not ptr(x) & 15 else _prepare_data(x), out)
             return out
         cols = shape[-1]
-        out = torch.empty((*shape[:-1], 2 * cols), dtype=out_dtype, device=device)
+        out = torch.empty(*shape[:-1], 2 * cols, dtype=out_dtype, device=device)
         if out.numel():  # [..., cols] as [rows, cols] (views of contiguous tensors)
             fn(_prepare_data(x).view(-1, cols), out.view(-1, 2 * cols))
         return out

@@ -113,7 +113,7 @@ def plan(x: torch.Tensor, col: Any, rnd: Any, packed: Any) -> Callable[..., Quan
         tokens = x.shape[0]
         _check_elements(tokens, hidden)  # per call: the token count is not part of the configuration
         device = x.device
-        out = torch.empty((tokens, cols), dtype=torch.uint8, device=device)
+        out = torch.empty(tokens, cols, dtype=torch.uint8, device=device)
         raw_sf = alloc(tokens, hidden, device)
         if tokens:
             fn(_kernel_input(x), out, raw_sf, round_sf, per_block)

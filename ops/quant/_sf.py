@@ -80,9 +80,9 @@ class SfLayout:
         """An uninitialised kernel-side tensor (col-major kinds: padded inner dim, sliced)."""
         d0, d1 = self.shape(rows, cols)
         if not self.col_major:
-            return torch.empty((d0, d1), dtype=self.dtype, device=device)
+            return torch.empty(d0, d1, dtype=self.dtype, device=device)
         padded = _align(d1, 16 if self.packed_ue8m0 else 4)
-        return torch.empty((d0, padded), dtype=self.dtype, device=device)[:, :d1]
+        return torch.empty(d0, padded, dtype=self.dtype, device=device)[:, :d1]
 
     def finish(self, raw: torch.Tensor, rows: int) -> torch.Tensor:
         """The tensor the op returns for kernel-side ``raw`` (from :meth:`alloc`) of an input with
@@ -91,7 +91,7 @@ class SfLayout:
             return raw
         if self.packed_ue8m0:
             if rows == 0:
-                return torch.empty((raw.shape[0], 0), dtype=torch.int32, device=raw.device).T
+                return torch.empty(raw.shape[0], 0, dtype=torch.int32, device=raw.device).T
             return raw.view(torch.int32).T
         return raw.T
 

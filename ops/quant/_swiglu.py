@@ -98,7 +98,7 @@ def _plan_fwd(values: dict) -> Callable[..., QuantTensor]:
     def run(x: torch.Tensor, _fmt: Any, _npc: Any, ptt: Any, weights: Any, p2e: Any, _col: Any, _round: Any,
             _packed: Any, _clamp: Any, clamped_count: Any, _sf_min: Any) -> QuantTensor:
         rows, dev = x.shape[0], x.device
-        out = torch.empty((rows, hidden), dtype=_E4M3, device=dev)
+        out = torch.empty(rows, hidden, dtype=_E4M3, device=dev)
         raw_sf, out_sf = scales(rows, dev)
         if rows > 0:
             needed = rows if group is None else -(-rows * group // _UNITS_PER_BLOCK)
@@ -122,7 +122,7 @@ def _scales(layout: SfLayout, hidden: int) -> Callable[[int, torch.device], tupl
         groups = layout.shape(1, hidden)[1]
 
         def row(rows: int, dev: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-            raw = torch.empty((rows, groups), dtype=torch.float32, device=dev)
+            raw = torch.empty(rows, groups, dtype=torch.float32, device=dev)
             return raw, raw
 
         return row
@@ -132,10 +132,10 @@ def _scales(layout: SfLayout, hidden: int) -> Callable[[int, torch.device], tupl
 
     def col(rows: int, dev: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         n = rows * per_row
-        raw = torch.empty((groups, -(-n // pad) * pad), dtype=dtype, device=dev)[:, :n]
+        raw = torch.empty(groups, -(-n // pad) * pad, dtype=dtype, device=dev)[:, :n]
         if not packed:
             return raw, raw.T
-        return raw, (raw.view(torch.int32).T if rows else torch.empty((groups, 0), dtype=torch.int32, device=dev).T)
+        return raw, (raw.view(torch.int32).T if rows else torch.empty(groups, 0, dtype=torch.int32, device=dev).T)
 
     return col
 
@@ -209,11 +209,11 @@ def _plan_bwd(values: dict) -> Callable[..., Any]:
         # sf, the index maps and weights are read as the manifest declares them (16-byte aligned): a
         # view that starts inside a tensor (a later chunk of tokens) is copied, never refused
         sf, weight, ptt, ttp = aligned_input(sf), aligned_input(weight), aligned_input(ptt), aligned_input(ttp)
-        out = torch.empty((rows, hidden), dtype=torch.bfloat16, device=dev)
-        x_grad_fp8 = torch.empty((rows, width), dtype=_E4M3, device=dev)
-        x_grad_sf = torch.empty((rows, width // npc), dtype=torch.float32, device=dev)
-        x_grad = torch.empty((rows, width), dtype=torch.bfloat16, device=dev)
-        weight_grad = torch.empty(weight.shape, dtype=torch.float32, device=dev)
+        out = torch.empty(rows, hidden, dtype=torch.bfloat16, device=dev)
+        x_grad_fp8 = torch.empty(rows, width, dtype=_E4M3, device=dev)
+        x_grad_sf = torch.empty(rows, width // npc, dtype=torch.float32, device=dev)
+        x_grad = torch.empty(rows, width, dtype=torch.bfloat16, device=dev)
+        weight_grad = torch.empty(*weight.shape, dtype=torch.float32, device=dev)
         if rows > 0 or weight.numel() > 0:
             if data.dim() != 2:  # [..., width] as [rows, width] (a view: per_call checked it contiguous)
                 data = data.view(rows, width)
@@ -278,7 +278,7 @@ def _plan_channel(values: dict) -> Callable[..., QuantTensor]:
         tokens, width = x.shape
         hidden = width // 2
         out = torch.empty((hidden, tokens) if transpose else (tokens, hidden), dtype=_E4M3, device=x.device)
-        out_sf = torch.empty((tokens // npt, hidden), dtype=torch.float32, device=x.device)
+        out_sf = torch.empty(tokens // npt, hidden, dtype=torch.float32, device=x.device)
         if tokens > 0 and hidden > 0:
             fn(x, out, out_sf, *scalars)
         return out, out_sf

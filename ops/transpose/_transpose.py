@@ -73,7 +73,7 @@ def _plan(op: str, ndim: int) -> Callable[[dict], Callable[[torch.Tensor], torch
 
         def run(x: torch.Tensor) -> torch.Tensor:
             shape = x.shape
-            out = torch.empty((*shape[:-2], shape[-1], shape[-2]), dtype=x.dtype, device=x.device)
+            out = torch.empty(*shape[:-2], shape[-1], shape[-2], dtype=x.dtype, device=x.device)
             if out.numel():
                 x3, out3 = (x, out) if ndim == 3 else (x.unsqueeze(0), out.unsqueeze(0))
                 x3 = _kernel_input(x3)

@@ -35,10 +35,12 @@ def ops(monkeypatch):
     return stub
 
 
-# the TorchOp schema strings of these ops before their OpSpecs (tilebin::<op> must not change)
+# the TorchOp schema strings of these ops before their OpSpecs (tilebin::<op> must not change), but for
+# get_fused_mapping's result: seven tensors since its outputs are separate allocations (they were rows of
+# two [3, n] tensors, which the custom op returned)
 SCHEMAS = {
     "get_fused_mapping": "(Tensor topk_idx, int num_experts, int num_expanded_tokens, int alignment, "
-                         "bool force_no_sync=False) -> (Tensor, Tensor, Tensor)",
+                         "bool force_no_sync=False) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)",
     "expand_to_fused": "(Tensor x, Tensor token_topk_to_pos, Tensor pos_to_expert) -> Tensor",
     "expand_to_fused_with_sf": "(Tensor x, Tensor x_sf, int num_per_channels, Tensor token_topk_to_pos, "
                                "Tensor pos_to_expert, bool use_tma_aligned_col_major_sf=False) -> (Tensor, Tensor)",

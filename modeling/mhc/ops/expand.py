@@ -45,7 +45,7 @@ def _plan(values: dict):
     def run(hidden: torch.Tensor, _: Any, out: Any) -> torch.Tensor:
         *lead, h = hidden.shape
         if out is None:
-            out = torch.empty((*lead, mhc, h), dtype=torch.bfloat16, device=hidden.device)
+            out = torch.empty(*lead, mhc, h, dtype=torch.bfloat16, device=hidden.device)
         if hidden.numel():
             fn(aligned_input(hidden).view(-1, h), out.view(-1, mhc, h))
         return out
@@ -58,7 +58,7 @@ def _plan_bwd(values: dict):
 
     def run(out_grad: torch.Tensor) -> torch.Tensor:
         *lead, mhc, h = out_grad.shape
-        grad = torch.empty((*lead, h), dtype=torch.bfloat16, device=out_grad.device)
+        grad = torch.empty(*lead, h, dtype=torch.bfloat16, device=out_grad.device)
         if out_grad.numel():  # autograd may hand an expanded or offset view
             fn(aligned_input(out_grad.contiguous()).view(-1, mhc, h), grad.view(-1, h))
         return grad

@@ -72,7 +72,7 @@ def _plan_bwd(values: dict):
         new = torch.empty if input_mix.numel() else torch.zeros
         grad_scale, grad_base = new((1,), dtype=torch.float32, device=dev), new((mhc,), dtype=torch.float32, device=dev)
         if input_mix.numel():  # 0 tokens: nothing to launch, the sums are zeros
-            partial = torch.empty((parts, max_mhc + 1), dtype=torch.float32, device=dev)
+            partial = torch.empty(parts, max_mhc + 1, dtype=torch.float32, device=dev)
             fn(small_input(grad).view(-1, mhc), small_input(input_mix).view(-1, mhc), small_input(mhc_scale),
                small_input(mhc_base), grad_input.view(-1, mhc), partial, grad_scale, grad_base)
         return grad_input, grad_scale, grad_base

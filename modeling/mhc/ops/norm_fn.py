@@ -119,7 +119,7 @@ def _main_grad_of(param: torch.Tensor, name: str) -> torch.Tensor | None:
 def prep_fn(fn: torch.Tensor, norm_weight: torch.Tensor | None) -> torch.Tensor:
     """``tf32(fn * norm_weight)`` (or ``tf32(fn)``): the fn the GEMM kernels read."""
     n, k = fn.shape
-    fn_eff = torch.empty((n, k), dtype=torch.float32, device=fn.device)
+    fn_eff = torch.empty(n, k, dtype=torch.float32, device=fn.device)
     w = norm_weight if norm_weight is not None else fn.new_empty((0,))
     launcher("mhc.norm_fn_prep")(fn, w, fn_eff, 1 if norm_weight is not None else 0)
     return fn_eff
@@ -131,8 +131,8 @@ def forward_partials(x: torch.Tensor, fn_eff: torch.Tensor, mult: int, n_splits:
     t, k = x.shape
     n = fn_eff.shape[0]
     s = num_splits(t, k, n_splits)
-    part_mul = torch.empty((s, t, n), dtype=torch.float32, device=x.device)
-    part_sq = torch.empty((s, t), dtype=torch.float32, device=x.device)
+    part_mul = torch.empty(s, t, n, dtype=torch.float32, device=x.device)
+    part_sq = torch.empty(s, t, dtype=torch.float32, device=x.device)
     launcher("mhc.norm_fn_fwd_mul", mhc_mult=mult)(x, fn_eff, part_mul, part_sq)
     return part_mul, part_sq
 
@@ -145,8 +145,8 @@ def _plan_fwd(values: dict):
         x, dev = aligned_input(residual.view(-1, k)), residual.device
         t = x.shape[0]
         fn_eff = prep_fn(aligned_input(fn), aligned_input(norm_weight))
-        out, out_mul = (torch.empty((t, n), dtype=torch.float32, device=dev) for _ in range(2))
-        sqrsum = torch.empty((t,), dtype=torch.float32, device=dev)
+        out, out_mul = (torch.empty(t, n, dtype=torch.float32, device=dev) for _ in range(2))
+        sqrsum = torch.empty(t, dtype=torch.float32, device=dev)
         if t:
             part_mul, part_sq = forward_partials(x, fn_eff, mult, splits)
             launcher("mhc.norm_fn_fwd_norm", mhc_mult=mult)(part_mul, part_sq, out, out_mul, sqrsum, k, eps)
@@ -163,9 +163,9 @@ def _plan_bwd(values: dict):
             grad_acc) -> None:
         x, dev = aligned_input(residual.view(-1, k)), residual.device
         t = x.shape[0]
-        part = torch.empty((num_token_splits(t, k), n, k), dtype=torch.float32, device=dev)
-        g_mul = torch.empty((t, n), dtype=torch.float32, device=dev)
-        g_sq = torch.empty((t,), dtype=torch.float32, device=dev)
+        part = torch.empty(num_token_splits(t, k), n, k, dtype=torch.float32, device=dev)
+        g_mul = torch.empty(t, n, dtype=torch.float32, device=dev)
+        g_sq = torch.empty(t, dtype=torch.float32, device=dev)
         # the read-only inputs as the kernels read them: contiguous, 16-byte aligned (copied if not); the
         # written ones (x_grad, fn_grad, w_grad) are checked aligned by their parameters
         fn, fn_eff, norm_weight = aligned_input(fn), aligned_input(fn_eff), aligned_input(norm_weight)

@@ -57,7 +57,7 @@ def _plan_fwd(values: dict):
 
     def run(x: torch.Tensor, mix: torch.Tensor, out: Any) -> torch.Tensor:
         if out is None:
-            out = torch.empty((*x.shape[:-2], hidden), dtype=torch.bfloat16, device=x.device)
+            out = torch.empty(*x.shape[:-2], hidden, dtype=torch.bfloat16, device=x.device)
         if x.numel():
             fn(aligned_input(x).view(-1, mhc, hidden), small_input(mix).view(-1, mhc), out.view(-1, hidden))
         return out

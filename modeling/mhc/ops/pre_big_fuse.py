@@ -46,9 +46,9 @@ def _plan(values: dict):
         outer, dev = residual.shape[:-2], residual.device
         x = aligned_input(residual.view(-1, mult, hidden))
         t = x.shape[0]
-        post_mix = torch.empty((*outer, mult, 1), dtype=torch.float32, device=dev)
-        comb_mix = torch.empty((*outer, mult, mult), dtype=torch.float32, device=dev)
-        layer_input = torch.empty((*outer, hidden), dtype=torch.bfloat16, device=dev)
+        post_mix = torch.empty(*outer, mult, 1, dtype=torch.float32, device=dev)
+        comb_mix = torch.empty(*outer, mult, mult, dtype=torch.float32, device=dev)
+        layer_input = torch.empty(*outer, hidden, dtype=torch.bfloat16, device=dev)
         if t:
             fn_eff = prep_fn(aligned_input(fn), None)
             part_mul, part_sq = forward_partials(x.view(t, mult * hidden), fn_eff, mult, splits)

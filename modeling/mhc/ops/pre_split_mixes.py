@@ -65,9 +65,9 @@ def _plan_fwd(values: dict):
 
     def run(input_mixes, mhc_scale, mhc_base, *_):
         lead, dev = input_mixes.shape[:-1], input_mixes.device
-        pre = torch.empty((*lead, m, 1), dtype=torch.float32, device=dev)
-        post = torch.empty((*lead, m, 1), dtype=torch.float32, device=dev)
-        comb = torch.empty((*lead, m, m), dtype=torch.float32, device=dev)
+        pre = torch.empty(*lead, m, 1, dtype=torch.float32, device=dev)
+        post = torch.empty(*lead, m, 1, dtype=torch.float32, device=dev)
+        comb = torch.empty(*lead, m, m, dtype=torch.float32, device=dev)
         if input_mixes.numel():
             fn(aligned_input(input_mixes.contiguous()).view(-1, k), aligned_input(mhc_scale.contiguous()),
                aligned_input(mhc_base.contiguous()), pre.view(-1, m), post.view(-1, m), comb.view(-1, m, m),
@@ -87,7 +87,7 @@ def _plan_bwd(values: dict):
             return (torch.zeros(input_mixes.shape, dtype=torch.float32, device=dev),
                     torch.zeros(3, device=dev), torch.zeros(k, device=dev))
         grad_mixes = torch.empty(input_mixes.shape, dtype=torch.float32, device=dev)
-        partial = torch.empty((min(-(-n // THREADS), get_num_sms(dev)), k + 3), dtype=torch.float32, device=dev)
+        partial = torch.empty(min(-(-n // THREADS), get_num_sms(dev)), k + 3, dtype=torch.float32, device=dev)
         gp, gq, gc = (aligned_input(g.to(torch.float32).contiguous()) for g in (grad_pre, grad_post, grad_comb))
         fn(gp.view(n, m), gq.view(n, m), gc.view(n, m, m), aligned_input(input_mixes.contiguous()).view(n, k),
            aligned_input(mhc_scale.contiguous()), aligned_input(mhc_base.contiguous()), grad_mixes.view(n, k),

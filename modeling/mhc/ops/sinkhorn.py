@@ -69,7 +69,7 @@ def _plan_bwd(values: dict):
         grad_in = torch.empty(x.shape, dtype=torch.float32, device=x.device)
         n = x.numel() // (m * m)
         if n:
-            work = torch.empty((2 * repeat - 1, n, m), dtype=torch.float32, device=x.device)
+            work = torch.empty(2 * repeat - 1, n, m, dtype=torch.float32, device=x.device)
             fn(aligned_input(grad_out.to(torch.float32).contiguous()).view(n, m, m),
                aligned_input(x.contiguous()).view(n, m, m), grad_in.view(n, m, m), work, eps)
         return grad_in
