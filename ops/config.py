@@ -14,6 +14,9 @@ import torch
 from tilebin.runtime import ArgumentError
 
 _override = [0]
+# [torch.device -> get_num_sms(device)]: the ops' per-call lookup.  set_num_sms sets the override, then
+# puts a new dict here: a call that read the old dict stores into the old dict, never a stale count into the new
+_BY_DEVICE: list = [{}]
 
 
 @functools.lru_cache(maxsize=None)
@@ -36,11 +39,19 @@ def set_num_sms(num_sms: int) -> None:
         raise ArgumentError(f"set_num_sms: {num_sms} SMs requested but the device has {get_device_num_sms()}; "
                             "pass at most that (or 0 for all)")
     _override[0] = num_sms
+    _BY_DEVICE[0] = {}
 
 
 def get_num_sms(device: torch.device | int | None = None) -> int:
     """The SM count ops use on ``device`` (None: the current device): :func:`set_num_sms`'s value
     (at most the device's own count), else the device's.  Ops pass their tensors' device, so a
-    call on ``cuda:1`` is sized by ``cuda:1`` whatever the current device."""
-    sms = get_device_num_sms(device)
-    return min(_override[0], sms) if _override[0] else sms
+    call on ``cuda:1`` is sized by ``cuda:1`` whatever the current device.  An indexed
+    ``torch.device``'s count is remembered until the next :func:`set_num_sms` (the ops ask per call)."""
+    known = _BY_DEVICE[0]
+    sms = known.get(device) if type(device) is torch.device else None
+    if sms is None:
+        sms = get_device_num_sms(device)
+        sms = min(_override[0], sms) if _override[0] else sms
+        if type(device) is torch.device and device.index is not None:
+            known[device] = sms
+    return sms

@@ -72,33 +72,38 @@ def _plan_fwd(values: dict) -> Callable[..., tuple]:
     scalars = (eps, clamp_value, hidden ** -0.5, int(save))
     device = values["hidden_states"].device  # every tensor's device is part of the configuration
     fn = launcher("engram.engram_gate_fwd")
+    no_stats = None if save else torch.empty(0, hc, dtype=_F32, device=device)  # read by no kernel
 
     def run(hidden_states: torch.Tensor, k: torch.Tensor, v: torch.Tensor, weight_fused: torch.Tensor, *_: Any):
         num_tokens = hidden_states.shape[0]
         output = torch.empty(num_tokens, hc, hidden, dtype=_BF16, device=device)
-        # four fp32 [num_tokens, hc] views of one allocation; [0, hc]: the kernel writes no statistics
-        stats = torch.empty(4, num_tokens if save else 0, hc, dtype=_F32, device=device).unbind(0)
+        if not save:  # [0, hc] statistics: the kernel writes none (nothing to allocate per call)
+            if num_tokens:
+                fn(hidden_states, k, v, weight_fused, output, no_stats, no_stats, no_stats, no_stats, *scalars)
+            return output, None, None, None, None
+        # four fp32 [num_tokens, hc] tensors, each its own allocation (as tile_kernels' are)
+        dot, gate_score = (torch.empty(num_tokens, hc, dtype=_F32, device=device),
+                           torch.empty(num_tokens, hc, dtype=_F32, device=device))
+        rstd_x, rstd_k = (torch.empty(num_tokens, hc, dtype=_F32, device=device),
+                          torch.empty(num_tokens, hc, dtype=_F32, device=device))
         if num_tokens:
-            fn(hidden_states, k, v, weight_fused, output, *stats, *scalars)
-        return (output, *stats) if save else (output, None, None, None, None)
+            fn(hidden_states, k, v, weight_fused, output, dot, gate_score, rstd_x, rstd_k, *scalars)
+        return output, dot, gate_score, rstd_x, rstd_k
 
     return run
 
 
 def _fwd_result(result: Any) -> tuple:
-    """engram_gate_fwd's result as the schema's ``(out, stats)``: the saved ``dot, gate_score,
-    rstd_x, rstd_k`` are rows of one ``[4, tokens, hc]`` tensor (a custom op's outputs may not
-    alias each other), empty ``[4, 0, 0]`` when not saved."""
+    """engram_gate_fwd's result as the schema's five tensors: the saved ``dot, gate_score, rstd_x,
+    rstd_k``, or four distinct empty ``[0, 0]`` tensors when not saved (a saved one is ``[tokens,
+    hc_mult >= 1]``; a custom op's outputs may not alias each other)."""
     if result[1] is None:
-        return result[0], result[0].new_empty((4, 0, 0), dtype=torch.float32)
-    dot = result[1]  # the first of four contiguous [tokens, hc] rows of one allocation
-    tokens, hc = dot.shape
-    return result[0], dot.as_strided((4, tokens, hc), (tokens * hc, hc, 1), dot.storage_offset())
+        return result[0], *(result[0].new_empty(0, 0, dtype=torch.float32) for _ in range(4))
+    return result
 
 
 def _fwd_public(outputs: tuple) -> tuple:
-    out, stats = outputs
-    return (out, *stats.unbind(0)) if stats.shape[1:] != (0, 0) else (out, None, None, None, None)
+    return outputs if outputs[1].shape != (0, 0) else (outputs[0], None, None, None, None)
 
 
 def _bf16(name: str, ndim: int) -> TensorParam:
@@ -109,7 +114,7 @@ ENGRAM_GATE_FWD = OpSpec(
     "engram_gate_fwd",
     (_bf16("hidden_states", 3), _bf16("k", 3), _bf16("v", 2), TensorParam("weight_fused", FP32, 2, rows_vary=False),
      float_param("eps"), float_param("clamp_value"), bool_param("save_for_backward", "True")),
-    "(Tensor, Tensor)", _plan_fwd, relations=_fwd_relations, per_call=_fwd_per_call,
+    "(Tensor, Tensor, Tensor, Tensor, Tensor)", _plan_fwd, relations=_fwd_relations, per_call=_fwd_per_call,
     torch=dict(result_to_schema=_fwd_result, result_to_public=_fwd_public))
 
 
@@ -123,7 +128,7 @@ def engram_gate_fwd(hidden_states: torch.Tensor, k: torch.Tensor, v: torch.Tenso
     ``rstd_k`` likewise and ``s = d * rstd_x * rstd_k / sqrt(hidden)``: gate =
     ``sigmoid(sign(s) * sqrt(max(|s|, clamp_value)))``.  Returns ``(output, dot, gate_score,
     rstd_x, rstd_k)``: output bf16 like hidden_states; with ``save_for_backward`` the raw ``d``,
-    the gate and both rstds as fp32 ``[num_tokens, hc_mult]`` (views of one buffer), else four
+    the gate and both rstds as fp32 ``[num_tokens, hc_mult]`` (four allocations), else four
     ``None``.  fp32 math; the sums' order differs from torch's (tolerance, not bit-exact).
     """
     return ENGRAM_GATE_FWD(hidden_states, k, v, weight_fused, eps, clamp_value, save_for_backward)

@@ -29,7 +29,7 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from .._common import TRACING, aligned_input, check_cuda, launcher, typed_key
+from .._common import TRACING, aligned_input, check_cuda, launcher, ptr, typed_key
 from .._spec import FlagParam, OpSpec, Param, TensorParam
 from .._torch import pair_to_public, pair_to_schema
 from ..config import get_num_sms
@@ -208,7 +208,8 @@ def _plan_bwd(values: dict) -> Callable[..., Any]:
         rows, hidden, dev = data.numel() // width, width // 2, data.device
         # sf, the index maps and weights are read as the manifest declares them (16-byte aligned): a
         # view that starts inside a tensor (a later chunk of tokens) is copied, never refused
-        sf, weight, ptt, ttp = aligned_input(sf), aligned_input(weight), aligned_input(ptt), aligned_input(ttp)
+        if (ptr(sf) | ptr(weight) | ptr(ptt) | ptr(ttp)) % 16:
+            sf, weight, ptt, ttp = aligned_input(sf), aligned_input(weight), aligned_input(ptt), aligned_input(ttp)
         out = torch.empty(rows, hidden, dtype=torch.bfloat16, device=dev)
         x_grad_fp8 = torch.empty(rows, width, dtype=_E4M3, device=dev)
         x_grad_sf = torch.empty(rows, width // npc, dtype=torch.float32, device=dev)

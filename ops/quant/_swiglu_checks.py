@@ -15,7 +15,7 @@ import torch
 
 from tilebin.runtime._record import record
 
-from .._common import check_aligned, check_float32, check_tensor, fail, ptr
+from .._common import TRACING, check_aligned, check_float32, check_tensor, fail, ptr
 from .._spec import IntParam, Param, TensorParam
 from ._sf import SfLayout, check_fmt, output_layout
 
@@ -192,8 +192,32 @@ class PairParam(Param):
 def bwd_per_call(op: str, args: tuple) -> None:
     """What varies per call, in the op's order: data contiguous with ``2 * hidden`` channels, sf fp32
     ``[rows, 2 * hidden / npc]`` row-major, grad_out ``rows * hidden`` values, the index maps and
-    weights contiguous and matching (their dtypes and ranks checked already)."""
-    (data, sf), grad_out, weight, pos_to_token_topk, token_topk_to_pos, npc = args[:6]
+    weights contiguous and matching (their dtypes and ranks checked already).  A call for which
+    :func:`_bwd_plain` holds passes every one of them; any other takes :func:`_bwd_checks`."""
+    if not _bwd_plain(*args[:6]):
+        _bwd_checks(op, *args[:6])
+
+
+def _bwd_plain(x: Any, grad_out: Any, weight: Any, ptt: Any, ttp: Any, npc: int) -> bool:
+    """Per call, in one expression: every check of :func:`_bwd_checks` passes, for non-empty real
+    tensors (stricter: an empty one, a fake one or a non-tensor sf is left to the checks)."""
+    data, sf = x
+    width = data.shape[-1]
+    if TRACING.on or not width or width % (2 * npc) or not isinstance(sf, torch.Tensor):
+        return False
+    rows = data.numel() // width
+    return (sf.dtype is torch.float32 and sf.shape == (rows, width // npc) and sf.is_contiguous()
+            and grad_out.numel() == rows * (width // 2) and data.is_contiguous() and grad_out.is_contiguous()
+            and ttp.is_contiguous() and weight.is_contiguous() and ptt.is_contiguous()
+            and weight.shape == ttp.shape and ptt.shape[0] == rows and ttp.numel() > 0 and rows > 0
+            and not (data.data_ptr() | grad_out.data_ptr()) % 16
+            and not (ttp.data_ptr() | weight.data_ptr() | ptt.data_ptr()) % 4)
+
+
+def _bwd_checks(op: str, x: Any, grad_out: Any, weight: Any, pos_to_token_topk: Any, token_topk_to_pos: Any,
+                npc: int) -> None:
+    """:func:`bwd_per_call`'s checks, in order (each raises with its own message)."""
+    data, sf = x
     check_contiguous(op, "x[0] (data)", data)
     width = data.size(-1)
     if width == 0 or width % (2 * npc):

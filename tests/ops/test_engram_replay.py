@@ -24,12 +24,14 @@ def ops(monkeypatch):
     return StubbedOps(monkeypatch)
 
 
-# the TorchOp schema strings of these ops before their OpSpecs (tilebin::<op> must not change)
+# the TorchOp schema strings of these ops before their OpSpecs (tilebin::<op> must not change), but for
+# engram_gate_fwd's result: five tensors since its statistics are separate allocations (they were rows of one
+# [4, tokens, hc] tensor, which the custom op returned)
 SCHEMAS = {
     "engram_hash": "(Tensor ngram_token_ids, Tensor multipliers, Tensor vocab_sizes, Tensor offsets) -> Tensor",
     "fused_weight": "(Tensor weight_hidden, Tensor weight_embed) -> Tensor",
     "engram_gate_fwd": "(Tensor hidden_states, Tensor k, Tensor v, Tensor weight_fused, float eps, "
-                       "float clamp_value, bool save_for_backward=True) -> (Tensor, Tensor)",
+                       "float clamp_value, bool save_for_backward=True) -> (Tensor, Tensor, Tensor, Tensor, Tensor)",
     "engram_gate_bwd": "(Tensor grad_out, Tensor hidden_states, Tensor k, Tensor v, Tensor weight_fused, "
                        "Tensor dot, Tensor gate_score, Tensor rstd_x, Tensor rstd_k, float clamp_value) "
                        "-> (Tensor, Tensor, Tensor, Tensor)",

@@ -19,6 +19,7 @@ def two_devices(monkeypatch):
             self.multi_processor_count = SMS[index]
 
     config._device_sms.cache_clear()
+    config._BY_DEVICE[0] = {}
     monkeypatch.setattr(torch.cuda, "get_device_properties", Props)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     yield
@@ -40,6 +41,17 @@ def test_an_override_never_exceeds_a_devices_count(two_devices):
     assert config.get_num_sms(torch.device("cuda", 1)) == 114
     config.set_num_sms(0)
     assert config.get_num_sms(1) == 114
+
+
+def test_a_remembered_count_follows_set_num_sms(two_devices):
+    dev1 = torch.device("cuda", 1)
+    assert config.get_num_sms(dev1) == 114
+    assert config._BY_DEVICE[0] == {dev1: 114}  # remembered: the ops ask on every call
+    config.set_num_sms(100)
+    assert config.get_num_sms(dev1) == 100
+    assert config.get_num_sms(dev1) == 100
+    config.set_num_sms(0)
+    assert config.get_num_sms(dev1) == 114
 
 
 @pytest.mark.parametrize("bad", [-1, True, 1.0, "8", 133])
