@@ -84,10 +84,12 @@ def _plan_cast(sf_only: bool) -> Callable[[dict], Callable[..., Any]]:
             return _row_major_run(fn, scalars, out_dtype, out_cols, device, layout.block[0],
                                   layout.shape(0, hidden)[1])
         alloc, finish, byte_view = layout.alloc, layout.finish, layout.dtype != torch.uint8
+        # sf_only: the kernel's out argument, which its sf_only variant never writes (one per configuration)
+        unwritten = torch.empty(1, 16, dtype=out_dtype, device=device) if sf_only else None
 
         def run(x: torch.Tensor, *_: Any) -> Any:
             tokens = x.shape[0]
-            out = torch.empty((1, 16) if sf_only else (tokens, out_cols), dtype=out_dtype, device=device)
+            out = unwritten if sf_only else torch.empty(tokens, out_cols, dtype=out_dtype, device=device)
             raw = alloc(tokens, hidden, device)
             if tokens:
                 fn(x, out, raw.view(torch.uint8) if byte_view else raw, *scalars)

@@ -71,18 +71,21 @@ def _plan(op: str, ndim: int) -> Callable[[dict], Callable[[torch.Tensor], torch
             fns[_DIRECT, True] = launcher(_DIRECT, dtype=key)
             fns[_WARPS, False] = launcher(_WARPS, dtype=key)
 
+        dtype, device = x.dtype, x.device  # part of the configuration
+
         def run(x: torch.Tensor) -> torch.Tensor:
             shape = x.shape
-            out = torch.empty(*shape[:-2], shape[-1], shape[-2], dtype=x.dtype, device=x.device)
+            out = torch.empty(*shape[:-2], shape[-1], shape[-2], dtype=dtype, device=device)
             if out.numel():
-                x3, out3 = (x, out) if ndim == 3 else (x.unsqueeze(0), out.unsqueeze(0))
-                x3 = _kernel_input(x3)
+                x3, out3 = (x, out) if ndim == 3 else (x[None], out[None])
+                if not x3.is_contiguous() or ptr(x3) % _ALIGN:  # a copy the vector loads can read
+                    x3 = x3.clone(memory_format=torch.contiguous_format)
                 if view is not None:
                     x3, out3 = x3.view(view), out3.view(view)
                 b, r, c = x3.shape
                 # decode sizes: fewer than 2 blocks per SM of 8-warp tiles (so the batch is within one chunk)
                 # (a plain bool: under dynamic fake shapes a SymBool would key the launcher dict)
-                small = bool(b * -(-r // tile) * -(-c // tile) < 2 * get_num_sms(x3.device))
+                small = bool(b * -(-r // tile) * -(-c // tile) < 2 * get_num_sms(device))
                 name = (_DIRECT if small else _WARPS) if aligned and not r % aligned else _KERNEL
                 _launch(op, name, fns[name, small], x3, out3)
             return out
@@ -106,13 +109,6 @@ def transpose(x: torch.Tensor) -> torch.Tensor:
 def batched_transpose(x: torch.Tensor) -> torch.Tensor:
     """``x[i].T`` for every i as a new contiguous tensor: x ``[b, m, n]`` -> ``[b, n, m]``."""
     return BATCHED_TRANSPOSE(x)
-
-
-def _kernel_input(x: torch.Tensor) -> torch.Tensor:
-    """``x`` when contiguous and 16-byte aligned, else a contiguous copy (fresh, hence aligned)."""
-    if x.is_contiguous() and not ptr(x) % _ALIGN:
-        return x
-    return x.clone(memory_format=torch.contiguous_format)
 
 
 def _launch(op: str, name: str, fn: Any, x: torch.Tensor, out: torch.Tensor) -> None:
