@@ -18,7 +18,8 @@ it launches; everything else about the op comes from it.
   tracing dispatch (:meth:`OpSpec.__call__` under ``torch.compile``) records that custom op.
 
 An op module declares ``SPEC = OpSpec(...)`` and a public function with tile_kernels' signature
-whose body is ``return SPEC(arg1, arg2, ...)``.  ``ops/README.md`` shows one.
+whose body is ``return SPEC.call(arg1, arg2, ...)`` (``SPEC(...)`` is the same, one frame more).
+``ops/README.md`` shows one.
 """
 
 from __future__ import annotations

@@ -130,11 +130,15 @@ def _transpose_words(w_in, w_out, elem_bytes: int):
 
 @T.macro
 def _elementwise(x, out, bb, r0, c0, nr: int, nc: int, rows, cols):
-    """``out[bb, c, r] = x[bb, r, c]`` for the ``nr x nc`` block at ``(r0, c0)``, bounds-checked."""
+    """``out[bb, c, r] = x[bb, r, c]`` for the ``nr x nc`` block at ``(r0, c0)``, bounds-checked
+    (``out[c, r] = x[r, c]`` for 2-D buffers: the direct kernel's rank-2 variant)."""
     for i in T.serial(nr):
         for j in T.serial(nc):
             if r0 + i < rows and c0 + j < cols:
-                out[bb, c0 + j, r0 + i] = x[bb, r0 + i, c0 + j]
+                if len(x.shape) == 2:
+                    out[c0 + j, r0 + i] = x[r0 + i, c0 + j]
+                else:
+                    out[bb, c0 + j, r0 + i] = x[bb, r0 + i, c0 + j]
 
 
 @T.macro

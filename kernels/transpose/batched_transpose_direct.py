@@ -44,20 +44,26 @@ from .batched_transpose import (_DTYPES, LANES_C, LANES_R, _elementwise, _load_b
 _DIRECT_WARPS = 2  # along the columns; one warp (8 row blocks) along the rows
 
 
-def batched_transpose_direct(dtype: str):
-    """The kernel for one dtype (torch naming): register transposes, direct 16-byte stores."""
+def batched_transpose_direct(dtype: str, rank: int = 3):
+    """The kernel for one dtype (torch naming): register transposes, direct 16-byte stores.
+    ``rank=2`` (``transpose.transpose_direct``): x ``[rows, cols]`` and out ``[cols, rows]``, one
+    batch (the op then passes a 2-D x as it is, without a ``[1, rows, cols]`` view per call)."""
     if dtype not in _DTYPES:
         raise ValueError(f"batched_transpose_direct: dtype must be one of {sorted(_DTYPES)} (got {dtype!r})")
+    if rank not in (2, 3):
+        raise ValueError(f"batched_transpose_direct: rank must be 2 or 3 (got {rank!r})")
     tl_dtype, elem_bytes = _DTYPES[dtype]
     vec = 16 // elem_bytes
     blocks_r, blocks_c = LANES_R, LANES_C * _DIRECT_WARPS
     tile_r, tile_c = blocks_r * vec, blocks_c * vec
     batch, rows, cols, xw_shape, ow_shape = word_shapes(vec)
+    if rank == 2:  # one batch: the word views keep their leading 1
+        batch, xw_shape, ow_shape = 1, (1, *xw_shape[1:]), (1, *ow_shape[1:])
 
     @T.prim_func
     def main(
-        x: T.Tensor((batch, rows, cols), tl_dtype),
-        out: T.Tensor((batch, cols, rows), tl_dtype),
+        x: T.Tensor((batch, rows, cols)[3 - rank:], tl_dtype),
+        out: T.Tensor((batch, cols, rows)[3 - rank:], tl_dtype),
     ):
         with T.Kernel(T.ceildiv(rows, tile_r), T.ceildiv(cols, tile_c), batch, threads=32 * _DIRECT_WARPS) as (
             br, bc, bb
@@ -87,6 +93,11 @@ def batched_transpose_direct(dtype: str):
     return main
 
 
+def transpose_direct(dtype: str):
+    """:func:`batched_transpose_direct` of 2-D x ``[rows, cols]`` and out ``[cols, rows]``."""
+    return batched_transpose_direct(dtype, rank=2)
+
+
 KERNELS = (
     KernelDecl(
         name="transpose.batched_transpose_direct",
@@ -95,6 +106,13 @@ KERNELS = (
         outputs=("out",),
         doc="out[b] = x[b].T for decode-sized grids: register transposes stored straight to global memory.",
     ),
+    KernelDecl(
+        name="transpose.transpose_direct",
+        factory=transpose_direct,
+        grid=tuple({"dtype": d} for d in ("bfloat16", "float32", "float8_e4m3fn")),
+        outputs=("out",),
+        doc="out = x.T (2-D) for decode-sized grids: batched_transpose_direct's kernel with one batch.",
+    ),
 )
 
-__all__ = ["KERNELS", "batched_transpose_direct"]
+__all__ = ["KERNELS", "batched_transpose_direct", "transpose_direct"]

@@ -131,7 +131,7 @@ def engram_gate_fwd(hidden_states: torch.Tensor, k: torch.Tensor, v: torch.Tenso
     the gate and both rstds as fp32 ``[num_tokens, hc_mult]`` (four allocations), else four
     ``None``.  fp32 math; the sums' order differs from torch's (tolerance, not bit-exact).
     """
-    return ENGRAM_GATE_FWD(hidden_states, k, v, weight_fused, eps, clamp_value, save_for_backward)
+    return ENGRAM_GATE_FWD.call(hidden_states, k, v, weight_fused, eps, clamp_value, save_for_backward)
 
 
 _STATS = ("dot", "gate_score", "rstd_x", "rstd_k")
@@ -203,7 +203,8 @@ def engram_gate_bwd(grad_out: torch.Tensor, hidden_states: torch.Tensor, k: torc
     token range, zeros where a range is empty) for :func:`grad_w_reduce`.  ``num_sms`` is
     :func:`tilebin.ops.config.get_num_sms`; the results do not depend on it beyond summation order.
     """
-    return ENGRAM_GATE_BWD(grad_out, hidden_states, k, v, weight_fused, dot, gate_score, rstd_x, rstd_k, clamp_value)
+    return ENGRAM_GATE_BWD.call(grad_out, hidden_states, k, v, weight_fused, dot, gate_score, rstd_x, rstd_k,
+                                clamp_value)
 
 
 def _reduce_checks(op: str, grad_w_partial, weight_hidden, weight_embed, grad_weight_hidden, grad_weight_embed) -> None:
@@ -284,7 +285,7 @@ def grad_w_reduce(grad_w_partial: torch.Tensor, weight_hidden: torch.Tensor, wei
     grad_weight_embed: fp32 ``[hc_mult, hidden]`` (e.g. a parameter's ``main_grad``), separate
     memory.  All contiguous.  Deterministic fixed-order fp32 sums.
     """
-    return GRAD_W_REDUCE(grad_w_partial, weight_hidden, weight_embed, grad_weight_hidden, grad_weight_embed)
+    return GRAD_W_REDUCE.call(grad_w_partial, weight_hidden, weight_embed, grad_weight_hidden, grad_weight_embed)
 
 
 SPECS = (ENGRAM_GATE_FWD, ENGRAM_GATE_BWD, GRAD_W_REDUCE)

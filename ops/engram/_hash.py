@@ -100,7 +100,7 @@ def engram_hash(ngram_token_ids: torch.Tensor, multipliers: torch.Tensor, vocab_
     ``int64(id[t, i]) * multipliers[l, i]`` over ``i <= j`` (int64 wrap-around, int32 result
     wrapping like torch's).  Bit-exact with the torch reference; any n, layer and table count.
     """
-    return ENGRAM_HASH(ngram_token_ids, multipliers, vocab_sizes, offsets)
+    return ENGRAM_HASH.call(ngram_token_ids, multipliers, vocab_sizes, offsets)
 
 
 def _fused_checks(op: str, weight_hidden, weight_embed) -> None:
@@ -149,7 +149,7 @@ def fused_weight(weight_hidden: torch.Tensor, weight_embed: torch.Tensor) -> tor
     Both bf16 ``[hc_mult, hidden]``, contiguous, hidden a multiple of 8 (any size; tile_kernels
     needs a multiple of 256).  Exact (bf16 products are exact in fp32).
     """
-    return FUSED_WEIGHT(weight_hidden, weight_embed)
+    return FUSED_WEIGHT.call(weight_hidden, weight_embed)
 
 
 SPECS = (ENGRAM_HASH, FUSED_WEIGHT)

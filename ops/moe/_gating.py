@@ -112,7 +112,6 @@ def _plan_topk(values: dict) -> Callable[..., torch.Tensor]:
 
 TOPK_GATE = OpSpec("topk_gate", (TensorParam("scores", _F32, 2), _StrictInt("num_topk")), "Tensor", _plan_topk,
                    relations=_topk_relations, per_call=_scores_contiguous)
-_topk_gate = TOPK_GATE.__call__  # bound once: calling the spec object looks __call__ up on its type each call
 
 
 def topk_gate(scores: torch.Tensor, num_topk: int) -> torch.Tensor:
@@ -122,7 +121,7 @@ def topk_gate(scores: torch.Tensor, num_topk: int) -> torch.Tensor:
     ``0 <= num_topk <= num_experts``.  Descending order; equal scores by lower index (stable),
     NaN first.  Raises ArgumentError for anything else.
     """
-    return _topk_gate(scores, num_topk)
+    return TOPK_GATE.call(scores, num_topk)
 
 
 # ---------------------------------------------------------------- topk_sum_and_topk_group_idx
@@ -158,7 +157,6 @@ TOPK_SUM_AND_TOPK_GROUP_IDX = OpSpec(
     "topk_sum_and_topk_group_idx",
     (TensorParam("scores", _F32, 3), _StrictInt("num_topk_sum"), _StrictInt("num_topk_groups")),
     "Tensor", _plan_group, relations=_group_relations, per_call=_scores_contiguous)
-_topk_sum = TOPK_SUM_AND_TOPK_GROUP_IDX.__call__
 
 
 def topk_sum_and_topk_group_idx(scores: torch.Tensor, num_topk_sum: int, num_topk_groups: int) -> torch.Tensor:
@@ -168,7 +166,7 @@ def topk_sum_and_topk_group_idx(scores: torch.Tensor, num_topk_sum: int, num_top
     ``1 <= num_groups <= 32``; ``num_topk_sum`` 1 or 2 and ``<= experts_per_group``;
     ``0 <= num_topk_groups <= num_groups``.  Descending group score, ties by lower group.
     """
-    return _topk_sum(scores, num_topk_sum, num_topk_groups)
+    return TOPK_SUM_AND_TOPK_GROUP_IDX.call(scores, num_topk_sum, num_topk_groups)
 
 
 # ---------------------------------------------------------------- top2_sum_gate
@@ -258,7 +256,6 @@ TOP2_SUM_GATE = OpSpec(
      _optional("logical_count", (torch.int32,), 1, rows_vary=False),
      _optional("unmapped_topk_idx", (torch.int64,), 2, mutated=True)),
     "(Tensor, Tensor)", _plan_top2, relations=_top2_relations, per_call=_top2_per_call)
-_top2_sum_gate = TOP2_SUM_GATE.__call__
 
 
 def top2_sum_gate(
@@ -287,7 +284,7 @@ def top2_sum_gate(
     ``kernels/moe/top2_sum_gate.py`` (tile_kernels 1.0.0's).  ``unmapped_topk_idx`` is
     written in place (and read for tokens whose ``fix_routing_mask`` is True).
     """
-    return _top2_sum_gate(logits, bias, num_topk, num_topk_groups, num_groups, use_shared_as_routed,
+    return TOP2_SUM_GATE.call(logits, bias, num_topk, num_topk_groups, num_groups, use_shared_as_routed,
                           num_shared_experts, routed_scaling_factor, ep_rank, num_ep_ranks, tp_rank, num_tp_ranks,
                           scoring_func, mask, fix_routing_mask, to_physical_map, logical_count, unmapped_topk_idx)
 

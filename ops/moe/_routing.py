@@ -190,7 +190,7 @@ def get_fused_mapping(
     sizes the buffers to fit; unless ``force_no_sync``, it then reads the counts back (a host
     sync), trims the slot maps to their sum and returns the counts as a list (else ``[]``).
     """
-    return GET_FUSED_MAPPING(topk_idx, num_experts, num_expanded_tokens, alignment, force_no_sync)
+    return GET_FUSED_MAPPING.call(topk_idx, num_experts, num_expanded_tokens, alignment, force_no_sync)
 
 
 # ---------------------------------------------------------------- expand_to_fused
@@ -224,7 +224,7 @@ def expand_to_fused(x: torch.Tensor, token_topk_to_pos: torch.Tensor, pos_to_exp
     """Copy row ``t`` of ``x`` (bf16 / fp32 / e4m3 ``[num_tokens, hidden]``, contiguous) to row
     ``token_topk_to_pos[t, k]`` of a new ``[len(pos_to_expert), hidden]`` tensor for every slot
     ``>= 0``; rows whose ``pos_to_expert`` is negative are zeros."""
-    return EXPAND_TO_FUSED(x, token_topk_to_pos, pos_to_expert)
+    return EXPAND_TO_FUSED.call(x, token_topk_to_pos, pos_to_expert)
 
 
 def _expand_sf_relations(op: str, values: dict) -> None:
@@ -284,7 +284,8 @@ def expand_to_fused_with_sf(
     ``use_tma_aligned_col_major_sf``); ``num_per_channels`` 32 or 128.  Returns ``(out, out_sf)``;
     out_sf is row-major ``[slots, sf_cols]``, or with ``use_tma_aligned_col_major_sf`` the same
     shape with strides ``(1, align(slots, 4))``; padding rows of both are zeros."""
-    return EXPAND_TO_FUSED_WITH_SF(x, num_per_channels, token_topk_to_pos, pos_to_expert, use_tma_aligned_col_major_sf)
+    return EXPAND_TO_FUSED_WITH_SF.call(x, num_per_channels, token_topk_to_pos, pos_to_expert,
+                                        use_tma_aligned_col_major_sf)
 
 
 # ---------------------------------------------------------------- reduce_fused
@@ -395,7 +396,7 @@ def reduce_fused(
     if out is not None and is_compiling() and not TRACING.on:  # the spec records tilebin::reduce_fused only
         traced("reduce_fused_out", x, topk_weights, token_topk_to_pos, fp8_format, sf, out)
         return out
-    return REDUCE_FUSED(x, topk_weights, token_topk_to_pos, fp8_format, sf, out)
+    return REDUCE_FUSED.call(x, topk_weights, token_topk_to_pos, fp8_format, sf, out)
 
 
 SPECS = (GET_FUSED_MAPPING, EXPAND_TO_FUSED, EXPAND_TO_FUSED_WITH_SF, REDUCE_FUSED)

@@ -89,7 +89,7 @@ def aux_fi(topk_idx: torch.Tensor, num_experts: int, num_aux_topk: int) -> torch
     ``-1`` marks an empty slot.  Bit-exact with torch's float32 evaluation of that formula on
     CUDA (the division by the scalar is a multiplication by its float32 reciprocal there).
     """
-    return AUX_FI(topk_idx, num_experts, num_aux_topk)
+    return AUX_FI.call(topk_idx, num_experts, num_aux_topk)
 
 
 def _plan_group_count(values: dict) -> Callable[..., torch.Tensor]:
@@ -114,7 +114,7 @@ GROUP_COUNT = OpSpec("group_count", (_entries("group_idx"), IntParam("num_groups
 def group_count(group_idx: torch.Tensor, num_groups: int) -> torch.Tensor:
     """How many entries of ``group_idx`` (int64 ``[num_tokens, num_topk]``, contiguous) equal each
     group: int32 ``[num_groups]``.  Negative entries (``-1``: empty slot) are not counted."""
-    return GROUP_COUNT(group_idx, num_groups)
+    return GROUP_COUNT.call(group_idx, num_groups)
 
 
 def _plan_normalize_weight(values: dict) -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:
@@ -148,7 +148,7 @@ def normalize_weight(topk_weights: torch.Tensor) -> tuple[torch.Tensor, torch.Te
     to right) of shape ``[num_tokens]`` and ``normalized_weights = w / denominator[:, None]``,
     bit-exact with the same torch expression.
     """
-    return NORMALIZE_WEIGHT(topk_weights)
+    return NORMALIZE_WEIGHT.call(topk_weights)
 
 
 def _mask_relations(op: str, values: dict) -> None:
@@ -193,7 +193,7 @@ def mask_indices_by_tp(indices: torch.Tensor, n: int, num_ep_ranks: int, tp_rank
     per_gpu)) * (num_tp_ranks - 1) * per_gpu`` with ``w = v - tp_rank * per_gpu``.  Negative
     entries stay ``-1``.  Returns a new tensor of indices' dtype and shape.
     """
-    return MASK_INDICES_BY_TP(indices, n, num_ep_ranks, tp_rank, num_tp_ranks)
+    return MASK_INDICES_BY_TP.call(indices, n, num_ep_ranks, tp_rank, num_tp_ranks)
 
 
 def _plan_unique(values: dict) -> Callable[..., None]:
@@ -219,7 +219,7 @@ def inplace_unique_group_indices(group_indices: torch.Tensor, num_groups: int) -
     ``num_groups`` (>= 1) is checked but not needed: any values are deduplicated (tile_kernels
     requires ``num_groups <= 128`` and group ids below it).
     """
-    return INPLACE_UNIQUE_GROUP_INDICES(group_indices, num_groups)
+    return INPLACE_UNIQUE_GROUP_INDICES.call(group_indices, num_groups)
 
 
 SPECS = (AUX_FI, GROUP_COUNT, NORMALIZE_WEIGHT, MASK_INDICES_BY_TP, INPLACE_UNIQUE_GROUP_INDICES)

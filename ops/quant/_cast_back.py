@@ -217,14 +217,18 @@ def _plan(block_of: Callable[[dict], tuple]) -> Callable[[dict], Callable[..., t
             fn = launcher("quant.cast_back", in_fmt=in_fmt, out_dtype=out_key, sf_kind=layout.kind)
         col, packed = layout.col_major, layout.packed_ue8m0
 
+        device = values["x"][0].device  # part of the configuration
+
         def run(x: QuantTensor, *_: Any) -> torch.Tensor:
             data, sf = x
             tokens = data.shape[0]
-            out = torch.empty(tokens, hidden, dtype=out_dtype, device=data.device)
+            out = torch.empty(tokens, hidden, dtype=out_dtype, device=device)
             if tokens:
                 if col:  # as input_sf: the kernel reads the transpose (packed UE8M0: its bytes)
                     sf = sf.T.view(torch.uint8) if packed else sf.T
-                fn(_prepare_data(data), aligned_input(sf), out, shift_t, shift_c)
+                if not data.is_contiguous() or (ptr(data) | ptr(sf)) % 16:
+                    data, sf = _prepare_data(data), aligned_input(sf)
+                fn(data, sf, out, shift_t, shift_c)
             return out
 
         return run
@@ -270,7 +274,7 @@ def cast_back(
     device and orientation; fmt; x_block_size with its types; x_special_fmt) skips them: per
     call only the sf's rows against the token count, the 32-bit element limit and (a token block
     that is not a power of two) the token count against the block are checked."""
-    return CAST_BACK(x, fmt, x_block_size, x_special_fmt)
+    return CAST_BACK.call(x, fmt, x_block_size, x_special_fmt)
 
 
 def per_token_cast_back(
@@ -280,7 +284,7 @@ def per_token_cast_back(
     x_special_fmt: Optional[str] = None,
 ) -> torch.Tensor:
     """``cast_back(x, fmt, (1, num_per_channels), x_special_fmt)``: one scale per token and group."""
-    return PER_TOKEN_CAST_BACK(x, fmt, num_per_channels, x_special_fmt)
+    return PER_TOKEN_CAST_BACK.call(x, fmt, num_per_channels, x_special_fmt)
 
 
 # --------------------------------------------------------------------------- unpack_from_e2m1fn_x2
@@ -368,7 +372,7 @@ def unpack_from_e2m1fn_x2(x: torch.Tensor, out_dtype: torch.dtype = torch.float3
     """Decode packed e2m1 bytes (int8 / uint8 ``[..., k]``, low nibble first) into ``out_dtype``
     values ``[..., 2 k]`` (contiguous) on ``x``'s device; code 8 gives -0.0.  One kernel on a CUDA
     device for fp32 / bf16 / fp16 outputs, torch ops otherwise (any device, any dtype ``.to`` takes)."""
-    return UNPACK_FROM_E2M1FN_X2(x, out_dtype)
+    return UNPACK_FROM_E2M1FN_X2.call(x, out_dtype)
 
 
 SPECS = (CAST_BACK, PER_TOKEN_CAST_BACK, UNPACK_FROM_E2M1FN_X2)

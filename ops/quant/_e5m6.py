@@ -147,7 +147,7 @@ def per_token_cast_to_e5m6(
 ) -> QuantTensor:
     """Cast 2-D bf16/fp32 ``x`` to packed E5M6 with one scale per token; returns ``(data, sf)``
     (see the module docstring for layouts and rules)."""
-    return E5M6(x, num_per_channels, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0)
+    return E5M6.call(x, num_per_channels, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0)
 
 
 # the tilebin::<op> declaration (ops/_torch.py), registered through ops/quant/_torch_ops.py

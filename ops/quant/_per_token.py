@@ -200,12 +200,15 @@ def _plan_sf_only(values: dict) -> Callable[..., torch.Tensor]:
     scalars = (cfg.group_shift, int(cfg.whole_row), int(cfg.rnd), int(layout.col_major),
                1 if cfg.whole_row else _cdiv(hidden, _chunk(cfg.key_in)))
 
+    device, alloc, finish, col = values["x"].device, layout.alloc, layout.finish, layout.col_major
+
     def run(x: torch.Tensor, *_: Any) -> torch.Tensor:
         tokens = x.shape[0]
-        raw_sf = layout.alloc(tokens, hidden, x.device)
+        raw_sf = alloc(tokens, hidden, device)
         if tokens and hidden:
-            fn(_kernel_input(x), raw_sf, *scalars)
-        return layout.finish(raw_sf, tokens)
+            # contiguous and 16-byte aligned: what _kernel_input passes through as is (hidden % 16 == 0)
+            fn(x if x.is_contiguous() and not ptr(x) % 16 else _kernel_input(x), raw_sf, *scalars)
+        return finish(raw_sf, tokens) if col else raw_sf
 
     return run
 
@@ -218,12 +221,19 @@ def _plan_precomputed(values: dict) -> Callable[..., torch.Tensor]:
     fn = launcher(_KERNEL["precomputed"], **_kernel_key(cfg, "precomputed")) if hidden else None
     scalars = (cfg.group_shift, int(col), _cdiv(hidden, _chunk(cfg.key_in)))
 
+    groups, device = _cdiv(hidden, group), values["x"].device
+
     def run(x: torch.Tensor, fmt: Any, npc: Any, sf: torch.Tensor, *_: Any) -> torch.Tensor:
         tokens = x.shape[0]
-        scales_call_checks(op, sf, tokens, hidden, group, col)  # per call: sf's sizes and strides are not keyed
-        out = torch.empty(tokens, out_cols, dtype=out_dtype, device=x.device)
+        # per call: sf's sizes and strides are not keyed (contiguous, the right shape and 16-byte aligned
+        # passes every check of scales_call_checks, and aligned_input passes it through)
+        if not (sf.shape == ((groups, tokens) if col else (tokens, groups)) and sf.is_contiguous()
+                and not ptr(sf) % 16):
+            scales_call_checks(op, sf, tokens, hidden, group, col)
+            sf = aligned_input(sf)
+        out = torch.empty(tokens, out_cols, dtype=out_dtype, device=device)
         if tokens and hidden:
-            fn(_kernel_input(x), aligned_input(sf), out, *scalars)
+            fn(x if x.is_contiguous() and not ptr(x) % 16 else _kernel_input(x), sf, out, *scalars)
         return out
 
     return run
@@ -289,7 +299,8 @@ def per_token_cast_with_sf_only(
     use_packed_ue8m0: bool = False,
 ) -> torch.Tensor:
     """The scales :func:`per_token_cast` would return for a bf16/fp32 ``x``, without the cast."""
-    return SF_ONLY.call(x, fmt, num_per_channels, x_block_size, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0)
+    return SF_ONLY.call(x, fmt, num_per_channels, x_block_size, use_tma_aligned_col_major_sf, round_sf,
+                        use_packed_ue8m0)
 
 
 def per_token_cast_with_precomputed_sf(

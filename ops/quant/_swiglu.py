@@ -155,7 +155,6 @@ SWIGLU_FWD = OpSpec(
      ck.CountParam("clamped_count", (torch.int64,), 1, mutated=True, optional=True, rows_vary=False, default="None"),
      ck.ScalarParam("sf_clamp_min", "float?", ck.sf_clamp_min, default="None")),
     "(Tensor, Tensor)", _plan_fwd, relations=_fwd_relations, per_call=ck.fwd_per_call)
-_fwd = SWIGLU_FWD.__call__  # bound once: calling the spec object looks __call__ up on its type each call
 
 
 def swiglu_forward_and_per_token_cast(
@@ -183,7 +182,7 @@ def swiglu_forward_and_per_token_cast(
     gate > c, up > c and up < -c added.  ``topk_weights`` is ignored without
     ``pos_to_token_topk`` (as in tile_kernels).
     """
-    return _fwd(x, fmt, num_per_channels, pos_to_token_topk, topk_weights, pos_to_expert,
+    return SWIGLU_FWD.call(x, fmt, num_per_channels, pos_to_token_topk, topk_weights, pos_to_expert,
                       use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0, swiglu_clamp_value, clamped_count,
                       sf_clamp_min)
 
@@ -243,7 +242,6 @@ SWIGLU_BWD = OpSpec(
                 "Tensor token_topk_to_pos, int num_per_channels, bool round_sf=False, float? swiglu_clamp_value=None",
     torch=dict(to_schema=pair_to_schema, to_public=pair_to_public, result_to_schema=_bwd_result,
                result_to_public=lambda r: (r[0], (r[1], r[2]), r[3], r[4])))
-_bwd = SWIGLU_BWD.__call__
 
 
 def swiglu_backward_and_per_token_cast(
@@ -265,7 +263,7 @@ def swiglu_backward_and_per_token_cast(
     ``[rows, 2h]`` with fp32 ``[rows, 2h / npc]`` scales, bf16 ``[rows, 2h]``, fp32
     ``[tokens, topk]``.
     """
-    return _bwd(x, grad_out, weight, pos_to_token_topk, token_topk_to_pos, num_per_channels, round_sf,
+    return SWIGLU_BWD.call(x, grad_out, weight, pos_to_token_topk, token_topk_to_pos, num_per_channels, round_sf,
                       swiglu_clamp_value)
 
 
@@ -294,7 +292,6 @@ SWIGLU_CHANNEL = OpSpec(
      FlagParam("without_transpose", "False"),
      ck.ScalarParam("swiglu_clamp_value", "float?", ck.clamp_value, default="None")),
     "(Tensor, Tensor)", _plan_channel, per_call=ck.channel_per_call)
-_channel = SWIGLU_CHANNEL.__call__
 
 
 def swiglu_forward_and_per_channel_cast_and_transpose(
@@ -312,7 +309,7 @@ def swiglu_forward_and_per_channel_cast_and_transpose(
     ``(out, out_sf)``: e4m3 ``[h, tokens]`` (or ``[tokens, h]`` with ``without_transpose``) and
     fp32 ``[tokens / num_per_tokens, h]``.
     """
-    return _channel(x, fmt, num_per_tokens, round_sf, without_transpose, swiglu_clamp_value)
+    return SWIGLU_CHANNEL.call(x, fmt, num_per_tokens, round_sf, without_transpose, swiglu_clamp_value)
 
 
 SPECS = (SWIGLU_FWD, SWIGLU_BWD, SWIGLU_CHANNEL)

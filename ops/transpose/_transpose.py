@@ -42,6 +42,7 @@ from ..config import get_num_sms
 
 _KERNEL = "transpose.batched_transpose"
 _DIRECT = "transpose.batched_transpose_direct"  # decode grids of aligned rows and cols
+_DIRECT_2D = "transpose.transpose_direct"  # the same for a 2-D x, which it takes as it is (no view per call)
 _WARPS = "transpose.batched_transpose_warps"  # every other grid of aligned rows and cols
 # element size in bytes -> (the kernel variant's dtype key, the torch dtype x is viewed as)
 _VARIANT_BY_SIZE = {1: ("float8_e4m3fn", torch.float8_e4m3fn), 2: ("bfloat16", torch.bfloat16),
@@ -70,24 +71,29 @@ def _plan(op: str, ndim: int) -> Callable[[dict], Callable[[torch.Tensor], torch
         if aligned:
             fns[_DIRECT, True] = launcher(_DIRECT, dtype=key)
             fns[_WARPS, False] = launcher(_WARPS, dtype=key)
-
+        # a 2-D x at decode sizes: the direct kernel's rank-2 variant takes x and out as they are
+        direct_2d = launcher(_DIRECT_2D, dtype=key) if aligned and ndim == 2 else None
         dtype, device = x.dtype, x.device  # part of the configuration
 
         def run(x: torch.Tensor) -> torch.Tensor:
             shape = x.shape
             out = torch.empty(*shape[:-2], shape[-1], shape[-2], dtype=dtype, device=device)
-            if out.numel():
-                x3, out3 = (x, out) if ndim == 3 else (x[None], out[None])
-                if not x3.is_contiguous() or ptr(x3) % _ALIGN:  # a copy the vector loads can read
-                    x3 = x3.clone(memory_format=torch.contiguous_format)
-                if view is not None:
-                    x3, out3 = x3.view(view), out3.view(view)
-                b, r, c = x3.shape
-                # decode sizes: fewer than 2 blocks per SM of 8-warp tiles (so the batch is within one chunk)
-                # (a plain bool: under dynamic fake shapes a SymBool would key the launcher dict)
-                small = bool(b * -(-r // tile) * -(-c // tile) < 2 * get_num_sms(device))
-                name = (_DIRECT if small else _WARPS) if aligned and not r % aligned else _KERNEL
-                _launch(op, name, fns[name, small], x3, out3)
+            if not out.numel():
+                return out
+            if not x.is_contiguous() or ptr(x) % _ALIGN:  # a copy the vector loads can read
+                x = x.clone(memory_format=torch.contiguous_format)
+            out_k = out
+            if view is not None:
+                x, out_k = x.view(view), out.view(view)
+            b, r, c = shape if ndim == 3 else (1, *shape)
+            # decode sizes: fewer than 2 blocks per SM of 8-warp tiles (so the batch is within one chunk)
+            # (a plain bool: under dynamic fake shapes a SymBool would key the launcher dict)
+            small = bool(b * -(-r // tile) * -(-c // tile) < 2 * get_num_sms(device))
+            name = (_DIRECT if small else _WARPS) if aligned and not r % aligned else _KERNEL
+            if direct_2d is not None and small and name == _DIRECT:
+                _launch(op, name, direct_2d, x, out_k, batched=False)
+            else:
+                _launch(op, name, fns[name, small], *((x, out_k) if ndim == 3 else (x[None], out_k[None])))
             return out
 
         return run
@@ -103,17 +109,18 @@ SPECS = (TRANSPOSE, BATCHED_TRANSPOSE)
 
 def transpose(x: torch.Tensor) -> torch.Tensor:
     """``x.T`` as a new contiguous tensor: x ``[m, n]`` of a dtype in :data:`DTYPES` -> ``[n, m]``."""
-    return TRANSPOSE(x)
+    return TRANSPOSE.call(x)
 
 
 def batched_transpose(x: torch.Tensor) -> torch.Tensor:
     """``x[i].T`` for every i as a new contiguous tensor: x ``[b, m, n]`` -> ``[b, n, m]``."""
-    return BATCHED_TRANSPOSE(x)
+    return BATCHED_TRANSPOSE.call(x)
 
 
-def _launch(op: str, name: str, fn: Any, x: torch.Tensor, out: torch.Tensor) -> None:
-    """``fn`` (kernel ``name``) on x and out, in chunks of batches past the grid's z limit."""
-    batch = x.shape[0]
+def _launch(op: str, name: str, fn: Any, x: torch.Tensor, out: torch.Tensor, batched: bool = True) -> None:
+    """``fn`` (kernel ``name``) on x and out, in chunks of batches past the grid's z limit
+    (``batched=False``: a 2-D x and out, one launch)."""
+    batch = x.shape[0] if batched else 1
     try:
         if batch <= _BATCH_CHUNK:
             fn(x, out)

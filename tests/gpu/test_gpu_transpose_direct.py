@@ -5,6 +5,9 @@ path, which launches them for grids whose rows and cols are multiples of 16 byte
 elements (direct below 2 blocks per SM of the 8-warp tiles, warps from there on) and
 ``transpose.batched_transpose`` for everything else.
 
+``transpose.transpose_direct`` (issue 10: the direct kernel on 2-D x and out, which the op launches for
+a 2-D x at decode sizes without a view per call) is tested the same way.
+
 Every result is compared bit for bit with torch's ``x.t().contiguous()`` / ``x.transpose(1, 2)``
 (on an integer view of the bits) and, for the op, with the shipped ``transpose.batched_transpose``
 launched directly, on fresh random bit patterns (NaN payloads included) with the allocator's free
@@ -23,6 +26,7 @@ from _moe_util import poison_cache
 from test_gpu_transpose_ops import KERNEL, _name, check, random_bits
 
 DIRECT = "transpose.batched_transpose_direct"
+DIRECT_2D = "transpose.transpose_direct"  # the same kernel on 2-D x and out (the op's 2-D decode calls)
 WARPS = "transpose.batched_transpose_warps"
 DTYPES = (torch.bfloat16, torch.float32, torch.float8_e4m3fn)
 _VIEW = {1: torch.float8_e4m3fn, 2: torch.bfloat16, 4: torch.float32}
@@ -57,13 +61,30 @@ def test_kernel_bit_exact(require, rng, kernel, dtype, shape):
     check(_launch_kernel(kernel, x), x, f"{kernel} {shape} {_name(dtype)} seed={rng.seed}")
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=_name)
+@pytest.mark.parametrize("shape", SHAPES_2D, ids=_id)
+def test_kernel_2d_bit_exact(require, rng, dtype, shape):
+    """transpose.transpose_direct on 2-D x ``[m, n]`` and out ``[n, m]``, every shape."""
+    from tilebin import runtime
+
+    require(DIRECT_2D)
+    x = random_bits(shape, dtype, rng.gen)
+    poison_cache(2 * x.numel() * x.element_size())
+    view = _VIEW[x.element_size()]
+    out = torch.empty((shape[1], shape[0]), dtype=dtype, device=x.device)
+    out.view(torch.uint8).fill_(0xFF)
+    if out.numel():
+        runtime.launch(DIRECT_2D, x.view(view), out.view(view))
+    check(out, x, f"{DIRECT_2D} {shape} {_name(dtype)} seed={rng.seed}")
+
+
 @pytest.fixture()
 def T(require):
     """``tilebin.ops.transpose`` with its memos cleared before and after."""
     from tilebin.ops import transpose
     from tilebin.ops.transpose import _transpose
 
-    for name in (KERNEL, DIRECT, WARPS):
+    for name in (KERNEL, DIRECT, DIRECT_2D, WARPS):
         require(name)
     for spec in _transpose.SPECS:
         spec.memo.clear()
@@ -104,7 +125,8 @@ def test_op_batched_transpose(T, rng, dtype, shape):
 @pytest.mark.parametrize(
     ("shape", "dtype", "kernel"),
     [((1, 7168), torch.bfloat16, KERNEL), ((4, 7168), torch.bfloat16, KERNEL),  # rows not a multiple of 8
-     ((16, 7168), torch.bfloat16, DIRECT), ((64, 7168), torch.bfloat16, DIRECT), ((128, 7168), torch.bfloat16, DIRECT),
+     ((16, 7168), torch.bfloat16, DIRECT_2D), ((64, 7168), torch.bfloat16, DIRECT_2D),
+     ((128, 7168), torch.bfloat16, DIRECT_2D), ((1, 64, 7168), torch.bfloat16, DIRECT),
      ((8192, 7168), torch.bfloat16, WARPS), ((8192, 7168), torch.float32, WARPS),
      ((8192, 7168), torch.float8_e4m3fn, WARPS), ((8, 4096, 4096), torch.bfloat16, WARPS),
      ((4001, 7168), torch.bfloat16, KERNEL), ((4096, 7170), torch.bfloat16, KERNEL)],  # rows, cols not % 8

@@ -70,14 +70,15 @@ def test_batched_transpose_output_layout_and_launch(stub, dtype, shape):
 
 
 DIRECT = "transpose.batched_transpose_direct"
+DIRECT_2D = "transpose.transpose_direct"  # a 2-D x's direct launch: x and out as they are, no [1, m, n] view
 WARPS = "transpose.batched_transpose_warps"
 
 
 @pytest.mark.parametrize("dtype,shape,name,small", [
-    (torch.bfloat16, (128, 7168), DIRECT, None), (torch.bfloat16, (640, 7168), WARPS, None),  # 56 / 280 blocks
+    (torch.bfloat16, (128, 7168), DIRECT_2D, None), (torch.bfloat16, (640, 7168), WARPS, None),  # 56 / 280 blocks
     (torch.bfloat16, (129, 7168), KERNEL, True), (torch.bfloat16, (1, 7168), KERNEL, True),  # rows not % 8
-    (torch.float8_e4m3fn, (256, 7168), DIRECT, None), (torch.float8_e4m3fn, (248, 7168), KERNEL, True),
-    (torch.float32, (320, 3328), DIRECT, None), (torch.float32, (320, 3392), WARPS, None),
+    (torch.float8_e4m3fn, (256, 7168), DIRECT_2D, None), (torch.float8_e4m3fn, (248, 7168), KERNEL, True),
+    (torch.float32, (320, 3328), DIRECT_2D, None), (torch.float32, (320, 3392), WARPS, None),
     (torch.float32, (320, 3326), KERNEL, True),  # cols not % 4
     (torch.int16, (263, 1, 1), KERNEL, True), (torch.int16, (264, 1, 1), KERNEL, False),
     (torch.int8, (264, 1, 1), KERNEL, False), (torch.int16, (263, 8, 8), DIRECT, None),
@@ -85,13 +86,15 @@ WARPS = "transpose.batched_transpose_warps"
 ], ids=str)
 def test_aligned_grids_take_the_direct_or_warps_kernel_else_the_tiles(stub, dtype, shape, name, small):
     """Rows and cols multiples of 16 bytes' worth of elements: ``transpose.batched_transpose_direct``
+    (``transpose.transpose_direct`` for a 2-D x, launched on x and out as they are: asserted below)
     below 2 blocks per SM of the 8-warp tiles (132 SMs here), ``transpose.batched_transpose_warps``
     from there on; otherwise ``transpose.batched_transpose``, its 2-warp tiles (``small``) below."""
     x = torch.zeros(shape, dtype=dtype)
     (T.transpose if x.dim() == 2 else T.batched_transpose)(x)
-    [(launched, key, _)] = stub.launches
+    [(launched, key, (kx, kout))] = stub.launches
     variant = str(VARIANT[x.element_size()]).removeprefix("torch.")
     assert (launched, key) == (name, {"dtype": variant} | ({} if small is None else {"small": small}))
+    assert kx.dim() == kout.dim() == (2 if name == DIRECT_2D else 3)
 
 
 def test_the_token_count_picks_per_call_under_one_memo_key(stub, monkeypatch):
@@ -100,7 +103,7 @@ def test_the_token_count_picks_per_call_under_one_memo_key(stub, monkeypatch):
     for rows in (64, 65, 64, 640, 1):
         T.transpose(torch.zeros((rows, 7168), dtype=torch.bfloat16))
     assert [(n, k.get("small")) for n, k, _ in stub.launches] == [
-        (DIRECT, None), (KERNEL, True), (DIRECT, None), (WARPS, None), (KERNEL, True)]
+        (DIRECT_2D, None), (KERNEL, True), (DIRECT_2D, None), (WARPS, None), (KERNEL, True)]
     assert len(impl.TRANSPOSE.memo) == 1
 
 
