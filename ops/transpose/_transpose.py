@@ -1,6 +1,7 @@
 """``transpose`` and ``batched_transpose``: ``out[b] = x[b].T`` on ``transpose.batched_transpose_warps``
-(``transpose.batched_transpose_direct`` for decode sizes, ``transpose.batched_transpose`` for rows or
-columns that are not multiples of 16 bytes' worth of elements).
+(``transpose.batched_transpose_direct`` for decode sizes, ``transpose.transpose_direct`` for a 2-D x at
+decode sizes, taken as it is with no ``[1, m, n]`` view per call, and ``transpose.batched_transpose`` for
+rows or columns that are not multiples of 16 bytes' worth of elements).
 
 Same names, signatures and outputs as ``tile_kernels.transpose`` 1.0.0: the result is a new
 contiguous tensor ``[n, m]`` (``[b, n, m]``) of x's dtype on x's device.  Beyond tile_kernels:
