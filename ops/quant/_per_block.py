@@ -202,18 +202,24 @@ def _plan_lossless(values: dict) -> Callable[..., tuple[torch.Tensor, torch.Tens
     fn = launcher("quant.per_block_cast_lossless", block_m=out_block[0], block_k=out_block[1])
     kinds = (_KIND[kind], _KIND[layout.kind])
 
+    hidden = data.shape[1] * 2  # part of the configuration
+    # row-major fp32 output scales (the default): SfLayout.alloc's tensor made here, which finish returns as is
+    row_out, rows_per_scale, sf_cols = not layout.col_major, out_block[0], layout.shape(1, hidden)[1]
+
     def run(x: tuple, *_: Any) -> tuple[torch.Tensor, torch.Tensor]:
         data, sf = x
-        tokens, hidden = data.shape[0], data.shape[1] * 2
+        tokens = data.shape[0]
         out = torch.empty(tokens, hidden, dtype=torch.float8_e4m3fn, device=device)
-        raw = layout.alloc(tokens, hidden, device)
+        raw = torch.empty(-(-tokens // rows_per_scale), sf_cols, dtype=torch.float32, device=device) if row_out \
+            else layout.alloc(tokens, hidden, device)
         if tokens:
             x_sf = sf if kind == "row" else (sf.T.view(torch.uint8) if kind == "ue8m0" else sf.T)  # kernel-side
-            x_sf = aligned_input(x_sf)
+            if ptr(x_sf) % 16:
+                x_sf = aligned_input(x_sf)
             fn(data if data.dtype == torch.int8 else data.view(torch.int8),
                x_sf if x_sf.dtype == torch.uint8 else x_sf.view(torch.uint8), out,
                raw if raw.dtype == torch.uint8 else raw.view(torch.uint8), *kinds)
-        return out, layout.finish(raw, tokens)
+        return out, (raw if row_out else layout.finish(raw, tokens))
 
     return run
 
