@@ -318,3 +318,13 @@ def test_float_and_bool_keys_tell_types_and_zero_signs_apart(ops):
     with pytest.raises(ArgumentError, match="save_for_backward must be a bool, got int 1"):
         gt.engram_gate_fwd(*tensors, 1e-20, 1e-6, 1)
     assert len(gt.ENGRAM_GATE_FWD.memo) == 6
+
+
+def test_the_saved_statistics_are_separate_allocations(ops):
+    """engram_gate_fwd's dot, gate_score, rstd_x and rstd_k each have their own storage (as tile_kernels'
+    have), cold and warm; without save_for_backward the four are None."""
+    for _ in range(2):
+        out = gt.engram_gate_fwd(*_fwd())
+        assert len({t.untyped_storage().data_ptr() for t in out}) == 5
+        assert all(t.shape == (4, 4) and t.dtype == torch.float32 and t.is_contiguous() for t in out[1:])
+        assert gt.engram_gate_fwd(*_fwd()[:6], False)[1:] == (None, None, None, None)

@@ -346,3 +346,13 @@ def test_the_out_form_compiles_to_reduce_fused_out(ops):
                              backend="aot_eager")
     assert compiled(y, w, ttp, buf) is buf
     assert describe_launches(ops.launches) == want
+
+
+@pytest.mark.parametrize("slots", (0, 300), ids=("sized by the counts", "given"))
+def test_the_mapping_outputs_are_separate_allocations(ops, slots):
+    """Each of get_fused_mapping's seven tensors has its own storage (as tile_kernels' have), cold and warm."""
+    for _ in range(2):
+        out = r.get_fused_mapping(torch.randint(0, 64, (4, 8)), 64, slots, 16)
+        storages = {t.untyped_storage().data_ptr() for t in out[:7]}
+        assert len(storages) == 7 and all(t.is_contiguous() for t in out[:7])
+        assert out[7] == ([1] * 64 if slots == 0 else [])
