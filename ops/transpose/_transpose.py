@@ -69,11 +69,11 @@ def _plan(op: str, ndim: int) -> Callable[[dict], Callable[[torch.Tensor], torch
         aligned = vec if not x.shape[-1] % vec and (ndim == 2 or not x.shape[-2] % vec) else 0
         # (kernel name, small) -> launcher: direct for small aligned grids, warps for the other aligned ones
         fns = {(_KERNEL, small): launcher(_KERNEL, dtype=key, small=small) for small in (False, True)}
+        # a 2-D x at decode sizes: the direct kernel with 2-D parameters, which takes x and out as they are
+        direct = _DIRECT if ndim == 3 else _DIRECT_2D
         if aligned:
-            fns[_DIRECT, True] = launcher(_DIRECT, dtype=key)
+            fns[direct, True] = launcher(direct, dtype=key)
             fns[_WARPS, False] = launcher(_WARPS, dtype=key)
-        # a 2-D x at decode sizes: the direct kernel's rank-2 variant takes x and out as they are
-        direct_2d = launcher(_DIRECT_2D, dtype=key) if aligned and ndim == 2 else None
         dtype, device = x.dtype, x.device  # part of the configuration
 
         def run(x: torch.Tensor) -> torch.Tensor:
@@ -90,11 +90,11 @@ def _plan(op: str, ndim: int) -> Callable[[dict], Callable[[torch.Tensor], torch
             # decode sizes: fewer than 2 blocks per SM of 8-warp tiles (so the batch is within one chunk)
             # (a plain bool: under dynamic fake shapes a SymBool would key the launcher dict)
             small = bool(b * -(-r // tile) * -(-c // tile) < 2 * get_num_sms(device))
-            name = (_DIRECT if small else _WARPS) if aligned and not r % aligned else _KERNEL
-            if direct_2d is not None and small and name == _DIRECT:
-                _launch(op, name, direct_2d, x, out_k, batched=False)
+            name = (direct if small else _WARPS) if aligned and not r % aligned else _KERNEL
+            if ndim == 3 or name == _DIRECT_2D:
+                _launch(op, name, fns[name, small], x, out_k, batched=ndim == 3)
             else:
-                _launch(op, name, fns[name, small], *((x, out_k) if ndim == 3 else (x[None], out_k[None])))
+                _launch(op, name, fns[name, small], x[None], out_k[None])
             return out
 
         return run
