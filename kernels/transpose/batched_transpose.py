@@ -1,7 +1,8 @@
 """``transpose.batched_transpose(x, out)``: ``out[b] = x[b].T`` for contiguous 3-D tensors.
 
 x is ``[batch, rows, cols]``, out is ``[batch, cols, rows]``, both of the variant's dtype
-(bfloat16, float32 or float8_e4m3fn).  batch, rows and cols are runtime symbols; any of
+(bfloat16, float32 or float8_e4m3fn).  ``transpose.transpose_tiled`` is the same kernel with 2-D x
+``[rows, cols]`` and out ``[cols, rows]`` (one batch), so a 2-D op call needs no 3-D views.  batch, rows and cols are runtime symbols; any of
 them may be 1 or odd.  A zero extent gives an empty grid, which the launcher must skip.
 The data pointers must be 16-byte aligned (the declaration's ``align``).  Two variants per
 dtype, both correct for every shape: ``small=False`` (8 warps per block) and ``small=True``
@@ -153,16 +154,26 @@ def _load_block(x, xw_shape, w_in, bb, rv, cv, vec: int, rows, cols, check: bool
                 w_in[i, k] = T.uint32(0)
 
 
-def batched_transpose(dtype: str, small: bool):
-    """Build the PrimFunc for one dtype (torch naming) and tile size."""
+def batched_transpose(dtype: str, small: bool, rank: int = 3):
+    """Build the PrimFunc for one dtype (torch naming) and tile size.  ``rank=2``
+    (``transpose.transpose_tiled``): x ``[rows, cols]`` and out ``[cols, rows]``, one batch (the op
+    then passes a 2-D x as it is, without a ``[1, rows, cols]`` view per call)."""
     if dtype not in _DTYPES:
         raise ValueError(f"batched_transpose: dtype must be one of {sorted(_DTYPES)} (got {dtype!r})")
-    return tiled_transpose(dtype, *_WARPS[small], _MIN_BLOCKS[_DTYPES[dtype][1]] * (4 if small else 1))
+    return tiled_transpose(dtype, *_WARPS[small], _MIN_BLOCKS[_DTYPES[dtype][1]] * (4 if small else 1), rank)
 
 
-def tiled_transpose(dtype: str, warps_r: int, warps_c: int, min_blocks: int):
+def transpose_tiled(dtype: str, small: bool):
+    """:func:`batched_transpose` of 2-D x ``[rows, cols]`` and out ``[cols, rows]``."""
+    return batched_transpose(dtype, small, rank=2)
+
+
+def tiled_transpose(dtype: str, warps_r: int, warps_c: int, min_blocks: int, rank: int = 3):
     """The PrimFunc of ``warps_r x warps_c`` warps per block (tile ``warps_r * 8 * VEC`` rows x
-    ``warps_c * 4 * VEC`` columns) and ``min_blocks`` resident blocks per SM (caps registers)."""
+    ``warps_c * 4 * VEC`` columns) and ``min_blocks`` resident blocks per SM (caps registers);
+    x and out of ``rank`` 3 (batched) or 2 (one batch)."""
+    if rank not in (2, 3):
+        raise ValueError(f"tiled_transpose: rank must be 2 or 3 (got {rank!r})")
     tl_dtype, elem_bytes = _DTYPES[dtype]
     vec = 16 // elem_bytes
     blocks_r, blocks_c = warps_r * LANES_R, warps_c * LANES_C  # thread blocks per tile
@@ -172,11 +183,13 @@ def tiled_transpose(dtype: str, warps_r: int, warps_c: int, min_blocks: int):
     per_word = 4 // elem_bytes
     int_dtype = _INT_OF_SIZE[elem_bytes]
     batch, rows, cols, xw_shape, ow_shape = word_shapes(vec)
+    if rank == 2:  # one batch: the word views keep their leading 1
+        batch, xw_shape, ow_shape = 1, (1, *xw_shape[1:]), (1, *ow_shape[1:])
 
     @T.prim_func
     def main(
-        x: T.Tensor((batch, rows, cols), tl_dtype),
-        out: T.Tensor((batch, cols, rows), tl_dtype),
+        x: T.Tensor((batch, rows, cols)[3 - rank:], tl_dtype),
+        out: T.Tensor((batch, cols, rows)[3 - rank:], tl_dtype),
     ):
         with T.Kernel(T.ceildiv(rows, tile_r), T.ceildiv(cols, tile_c), batch, threads=threads) as (br, bc, bb):
             T.annotate_min_blocks_per_sm(min_blocks)
@@ -245,6 +258,13 @@ KERNELS = (
         outputs=("out",),
         doc="out[b] = x[b].T; x [batch, rows, cols], out [batch, cols, rows], contiguous; small: 2-warp tiles.",
     ),
+    KernelDecl(
+        name="transpose.transpose_tiled",
+        factory=transpose_tiled,
+        grid=tuple({"dtype": d, "small": s} for d in ("bfloat16", "float32", "float8_e4m3fn") for s in (False, True)),
+        outputs=("out",),
+        doc="out = x.T (2-D): batched_transpose's kernel with one batch; x [rows, cols], out [cols, rows].",
+    ),
 )
 
-__all__ = ["KERNELS", "batched_transpose", "tiled_transpose", "word_shapes"]
+__all__ = ["KERNELS", "batched_transpose", "tiled_transpose", "transpose_tiled", "word_shapes"]

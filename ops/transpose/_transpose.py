@@ -1,7 +1,9 @@
 """``transpose`` and ``batched_transpose``: ``out[b] = x[b].T`` on ``transpose.batched_transpose_warps``
-(``transpose.batched_transpose_direct`` for decode sizes, ``transpose.transpose_direct`` for a 2-D x at
-decode sizes, taken as it is with no ``[1, m, n]`` view per call, and ``transpose.batched_transpose`` for
-rows or columns that are not multiples of 16 bytes' worth of elements).
+(``transpose.batched_transpose_direct`` for decode sizes, and ``transpose.batched_transpose`` for rows
+or columns that are not multiples of 16 bytes' worth of elements).  A 2-D x is launched as it is, with
+no ``[1, m, n]`` view per call, on the same kernels with 2-D parameters (``transpose.transpose_direct``
+and ``transpose.transpose_tiled``), but for the warps kernel (large grids, where a view costs nothing
+beside the kernel).
 
 Same names, signatures and outputs as ``tile_kernels.transpose`` 1.0.0: the result is a new
 contiguous tensor ``[n, m]`` (``[b, n, m]``) of x's dtype on x's device.  Beyond tile_kernels:
@@ -44,6 +46,7 @@ from ..config import get_num_sms
 _KERNEL = "transpose.batched_transpose"
 _DIRECT = "transpose.batched_transpose_direct"  # decode grids of aligned rows and cols
 _DIRECT_2D = "transpose.transpose_direct"  # the same for a 2-D x, which it takes as it is (no view per call)
+_TILED_2D = "transpose.transpose_tiled"  # _KERNEL for a 2-D x, taken as it is
 _WARPS = "transpose.batched_transpose_warps"  # every other grid of aligned rows and cols
 # element size in bytes -> (the kernel variant's dtype key, the torch dtype x is viewed as)
 _VARIANT_BY_SIZE = {1: ("float8_e4m3fn", torch.float8_e4m3fn), 2: ("bfloat16", torch.bfloat16),
@@ -67,10 +70,11 @@ def _plan(op: str, ndim: int) -> Callable[[dict], Callable[[torch.Tensor], torch
         # the direct and warps kernels need rows and cols multiples of vec: cols (and a batched x's
         # rows) are in the memo key, decided here; a 2-D x's rows (the token count) per call
         aligned = vec if not x.shape[-1] % vec and (ndim == 2 or not x.shape[-2] % vec) else 0
+        # a 2-D x: the kernels with 2-D parameters, which take x and out as they are (no [1, m, n] views),
+        # but for the warps kernel (large aligned grids, where a view's cost is nothing beside the kernel's)
+        tiled, direct = (_KERNEL, _DIRECT) if ndim == 3 else (_TILED_2D, _DIRECT_2D)
         # (kernel name, small) -> launcher: direct for small aligned grids, warps for the other aligned ones
-        fns = {(_KERNEL, small): launcher(_KERNEL, dtype=key, small=small) for small in (False, True)}
-        # a 2-D x at decode sizes: the direct kernel with 2-D parameters, which takes x and out as they are
-        direct = _DIRECT if ndim == 3 else _DIRECT_2D
+        fns = {(tiled, small): launcher(tiled, dtype=key, small=small) for small in (False, True)}
         if aligned:
             fns[direct, True] = launcher(direct, dtype=key)
             fns[_WARPS, False] = launcher(_WARPS, dtype=key)
@@ -78,20 +82,21 @@ def _plan(op: str, ndim: int) -> Callable[[dict], Callable[[torch.Tensor], torch
 
         def run(x: torch.Tensor) -> torch.Tensor:
             shape = x.shape
-            out = torch.empty(*shape[:-2], shape[-1], shape[-2], dtype=dtype, device=device)
-            if not out.numel():
+            b, r, c = shape if ndim == 3 else (1, *shape)
+            out = torch.empty(b, c, r, dtype=dtype, device=device) if ndim == 3 else \
+                torch.empty(c, r, dtype=dtype, device=device)
+            if not (b and r and c):
                 return out
             if not x.is_contiguous() or ptr(x) % _ALIGN:  # a copy the vector loads can read
                 x = x.clone(memory_format=torch.contiguous_format)
             out_k = out
             if view is not None:
                 x, out_k = x.view(view), out.view(view)
-            b, r, c = shape if ndim == 3 else (1, *shape)
             # decode sizes: fewer than 2 blocks per SM of 8-warp tiles (so the batch is within one chunk)
             # (a plain bool: under dynamic fake shapes a SymBool would key the launcher dict)
             small = bool(b * -(-r // tile) * -(-c // tile) < 2 * get_num_sms(device))
-            name = (direct if small else _WARPS) if aligned and not r % aligned else _KERNEL
-            if ndim == 3 or name == _DIRECT_2D:
+            name = (direct if small else _WARPS) if aligned and not r % aligned else tiled
+            if ndim == 3 or name != _WARPS:
                 _launch(op, name, fns[name, small], x, out_k, batched=ndim == 3)
             else:
                 _launch(op, name, fns[name, small], x[None], out_k[None])

@@ -5,8 +5,9 @@ path, which launches them for grids whose rows and cols are multiples of 16 byte
 elements (direct below 2 blocks per SM of the 8-warp tiles, warps from there on) and
 ``transpose.batched_transpose`` for everything else.
 
-``transpose.transpose_direct`` (issue 10: the direct kernel on 2-D x and out, which the op launches for
-a 2-D x at decode sizes without a view per call) is tested the same way.
+``transpose.transpose_direct`` and ``transpose.transpose_tiled`` (issue 10: the direct kernel and
+``transpose.batched_transpose`` on 2-D x and out, which the op launches for a 2-D x without a view per
+call) are tested the same way, every variant.
 
 Every result is compared bit for bit with torch's ``x.t().contiguous()`` / ``x.transpose(1, 2)``
 (on an integer view of the bits) and, for the op, with the shipped ``transpose.batched_transpose``
@@ -27,6 +28,7 @@ from test_gpu_transpose_ops import KERNEL, _name, check, random_bits
 
 DIRECT = "transpose.batched_transpose_direct"
 DIRECT_2D = "transpose.transpose_direct"  # the same kernel on 2-D x and out (the op's 2-D decode calls)
+TILED_2D = "transpose.transpose_tiled"  # KERNEL on 2-D x and out (the op's 2-D calls of unaligned rows or cols)
 WARPS = "transpose.batched_transpose_warps"
 DTYPES = (torch.bfloat16, torch.float32, torch.float8_e4m3fn)
 _VIEW = {1: torch.float8_e4m3fn, 2: torch.bfloat16, 4: torch.float32}
@@ -61,21 +63,24 @@ def test_kernel_bit_exact(require, rng, kernel, dtype, shape):
     check(_launch_kernel(kernel, x), x, f"{kernel} {shape} {_name(dtype)} seed={rng.seed}")
 
 
+@pytest.mark.parametrize("kernel,key", [(DIRECT_2D, {}), (TILED_2D, {"small": False}), (TILED_2D, {"small": True})],
+                         ids=("direct", "tiled", "tiled-small"))
 @pytest.mark.parametrize("dtype", DTYPES, ids=_name)
 @pytest.mark.parametrize("shape", SHAPES_2D, ids=_id)
-def test_kernel_2d_bit_exact(require, rng, dtype, shape):
-    """transpose.transpose_direct on 2-D x ``[m, n]`` and out ``[n, m]``, every shape."""
+def test_kernel_2d_bit_exact(require, rng, kernel, key, dtype, shape):
+    """transpose.transpose_direct and every transpose.transpose_tiled variant on 2-D x ``[m, n]`` and
+    out ``[n, m]``, every shape."""
     from tilebin import runtime
 
-    require(DIRECT_2D)
+    require(kernel)
     x = random_bits(shape, dtype, rng.gen)
     poison_cache(2 * x.numel() * x.element_size())
     view = _VIEW[x.element_size()]
     out = torch.empty((shape[1], shape[0]), dtype=dtype, device=x.device)
     out.view(torch.uint8).fill_(0xFF)
     if out.numel():
-        runtime.launch(DIRECT_2D, x.view(view), out.view(view))
-    check(out, x, f"{DIRECT_2D} {shape} {_name(dtype)} seed={rng.seed}")
+        runtime.launch(kernel, x.view(view), out.view(view), **key)
+    check(out, x, f"{kernel} {key} {shape} {_name(dtype)} seed={rng.seed}")
 
 
 @pytest.fixture()
@@ -84,7 +89,7 @@ def T(require):
     from tilebin.ops import transpose
     from tilebin.ops.transpose import _transpose
 
-    for name in (KERNEL, DIRECT, DIRECT_2D, WARPS):
+    for name in (KERNEL, DIRECT, DIRECT_2D, TILED_2D, WARPS):
         require(name)
     for spec in _transpose.SPECS:
         spec.memo.clear()
@@ -124,12 +129,13 @@ def test_op_batched_transpose(T, rng, dtype, shape):
 
 @pytest.mark.parametrize(
     ("shape", "dtype", "kernel"),
-    [((1, 7168), torch.bfloat16, KERNEL), ((4, 7168), torch.bfloat16, KERNEL),  # rows not a multiple of 8
+    [((1, 7168), torch.bfloat16, TILED_2D), ((4, 7168), torch.bfloat16, TILED_2D),  # rows not a multiple of 8
      ((16, 7168), torch.bfloat16, DIRECT_2D), ((64, 7168), torch.bfloat16, DIRECT_2D),
      ((128, 7168), torch.bfloat16, DIRECT_2D), ((1, 64, 7168), torch.bfloat16, DIRECT),
      ((8192, 7168), torch.bfloat16, WARPS), ((8192, 7168), torch.float32, WARPS),
      ((8192, 7168), torch.float8_e4m3fn, WARPS), ((8, 4096, 4096), torch.bfloat16, WARPS),
-     ((4001, 7168), torch.bfloat16, KERNEL), ((4096, 7170), torch.bfloat16, KERNEL)],  # rows, cols not % 8
+     ((4001, 7168), torch.bfloat16, TILED_2D), ((4096, 7170), torch.bfloat16, TILED_2D),  # rows, cols not % 8
+     ((4, 3, 7168), torch.bfloat16, KERNEL)],
     ids=lambda v: _id(v) if isinstance(v, tuple) else _name(v) if isinstance(v, torch.dtype) else v.split(".")[1],
 )
 def test_op_picks(T, rng, monkeypatch, shape, dtype, kernel):

@@ -17,6 +17,7 @@ from tilebin.ops.transpose import _transpose as impl
 from tilebin.runtime import ArgumentError
 
 KERNEL = "transpose.batched_transpose"
+TILED_2D = "transpose.transpose_tiled"  # KERNEL's 2-D twin: a 2-D x's tiled launch, x and out as they are
 VARIANT = {1: torch.float8_e4m3fn, 2: torch.bfloat16, 4: torch.float32}
 BAD_DTYPES = (torch.float64, torch.int64, torch.bool, torch.complex64)
 
@@ -51,9 +52,9 @@ def test_transpose_output_layout_and_launch(stub, dtype, shape):
     assert (out.dtype, tuple(out.shape), out.is_contiguous()) == (dtype, shape[::-1], True)
     [(name, key, (kx, kout))] = stub.launches
     want = VARIANT[x.element_size()]
-    assert (name, key) == (KERNEL, {"dtype": str(want).removeprefix("torch."), "small": True})  # tiny grid
+    assert (name, key) == (TILED_2D, {"dtype": str(want).removeprefix("torch."), "small": True})  # tiny grid
     assert (kx.dtype, kout.dtype) == (want, want)
-    assert (tuple(kx.shape), tuple(kout.shape)) == ((1, *shape), (1, *shape[::-1]))
+    assert (tuple(kx.shape), tuple(kout.shape)) == (shape, shape[::-1])  # no [1, m, n] views
     assert kx.data_ptr() == x.data_ptr() and kout.data_ptr() == out.data_ptr()  # no copy of a contiguous x
 
 
@@ -76,10 +77,11 @@ WARPS = "transpose.batched_transpose_warps"
 
 @pytest.mark.parametrize("dtype,shape,name,small", [
     (torch.bfloat16, (128, 7168), DIRECT_2D, None), (torch.bfloat16, (640, 7168), WARPS, None),  # 56 / 280 blocks
-    (torch.bfloat16, (129, 7168), KERNEL, True), (torch.bfloat16, (1, 7168), KERNEL, True),  # rows not % 8
-    (torch.float8_e4m3fn, (256, 7168), DIRECT_2D, None), (torch.float8_e4m3fn, (248, 7168), KERNEL, True),
+    (torch.bfloat16, (129, 7168), TILED_2D, True), (torch.bfloat16, (1, 7168), TILED_2D, True),  # rows not % 8
+    (torch.bfloat16, (4, 7168), TILED_2D, True), (torch.bfloat16, (4001, 7168), TILED_2D, False),
+    (torch.float8_e4m3fn, (256, 7168), DIRECT_2D, None), (torch.float8_e4m3fn, (248, 7168), TILED_2D, True),
     (torch.float32, (320, 3328), DIRECT_2D, None), (torch.float32, (320, 3392), WARPS, None),
-    (torch.float32, (320, 3326), KERNEL, True),  # cols not % 4
+    (torch.float32, (320, 3326), TILED_2D, True),  # cols not % 4
     (torch.int16, (263, 1, 1), KERNEL, True), (torch.int16, (264, 1, 1), KERNEL, False),
     (torch.int8, (264, 1, 1), KERNEL, False), (torch.int16, (263, 8, 8), DIRECT, None),
     (torch.int16, (264, 8, 8), WARPS, None), (torch.int16, (3, 9, 16), KERNEL, True),
@@ -88,13 +90,14 @@ def test_aligned_grids_take_the_direct_or_warps_kernel_else_the_tiles(stub, dtyp
     """Rows and cols multiples of 16 bytes' worth of elements: ``transpose.batched_transpose_direct``
     (``transpose.transpose_direct`` for a 2-D x, launched on x and out as they are: asserted below)
     below 2 blocks per SM of the 8-warp tiles (132 SMs here), ``transpose.batched_transpose_warps``
-    from there on; otherwise ``transpose.batched_transpose``, its 2-warp tiles (``small``) below."""
+    from there on; otherwise ``transpose.batched_transpose`` (``transpose.transpose_tiled`` for a
+    2-D x, as it is), its 2-warp tiles (``small``) below."""
     x = torch.zeros(shape, dtype=dtype)
     (T.transpose if x.dim() == 2 else T.batched_transpose)(x)
     [(launched, key, (kx, kout))] = stub.launches
     variant = str(VARIANT[x.element_size()]).removeprefix("torch.")
     assert (launched, key) == (name, {"dtype": variant} | ({} if small is None else {"small": small}))
-    assert kx.dim() == kout.dim() == (2 if name == DIRECT_2D else 3)
+    assert kx.dim() == kout.dim() == (2 if name in (DIRECT_2D, TILED_2D) else 3)
 
 
 def test_the_token_count_picks_per_call_under_one_memo_key(stub, monkeypatch):
@@ -103,7 +106,7 @@ def test_the_token_count_picks_per_call_under_one_memo_key(stub, monkeypatch):
     for rows in (64, 65, 64, 640, 1):
         T.transpose(torch.zeros((rows, 7168), dtype=torch.bfloat16))
     assert [(n, k.get("small")) for n, k, _ in stub.launches] == [
-        (DIRECT_2D, None), (KERNEL, True), (DIRECT_2D, None), (WARPS, None), (KERNEL, True)]
+        (DIRECT_2D, None), (TILED_2D, True), (DIRECT_2D, None), (WARPS, None), (TILED_2D, True)]
     assert len(impl.TRANSPOSE.memo) == 1
 
 
@@ -122,7 +125,7 @@ def test_non_contiguous_input_is_copied_first(stub):
         out = T.transpose(x)
         kx = stub.launches[-1][2][0]
         assert kx.is_contiguous() and kx.data_ptr() != x.data_ptr() and tuple(out.shape) == tuple(x.shape[::-1])
-        assert torch.equal(kx[0], x)  # the same values, laid out for the kernel
+        assert torch.equal(kx, x)  # the same values, laid out for the kernel
 
 
 def test_misaligned_input_is_copied_first(stub):
@@ -130,7 +133,7 @@ def test_misaligned_input_is_copied_first(stub):
     x = flat[1:].view(4, 8)  # contiguous, its pointer 2 bytes past an aligned one
     T.transpose(x)
     kx = stub.launches[-1][2][0]
-    assert kx.data_ptr() % 16 == 0 and torch.equal(kx[0], x)
+    assert kx.data_ptr() % 16 == 0 and torch.equal(kx, x)
 
 
 def test_huge_batch_launches_in_aligned_chunks(stub):
@@ -155,7 +158,7 @@ def test_a_shape_the_kernel_grid_cannot_cover_is_an_argument_error_naming_the_op
     monkeypatch.setattr(impl, "get_num_sms", lambda device=None: 132)
     monkeypatch.setattr(impl.TRANSPOSE, "memo", {})
     for _ in range(2):  # the refused call stores nothing: the second runs every check again, and fails alike
-        msg = _raises("outside what transpose.batched_transpose serves", T.transpose, _x((1, 64)))
+        msg = _raises("outside what transpose.transpose_tiled serves", T.transpose, _x((1, 64)))
         assert "split x along its last dim" in msg
         assert not impl.TRANSPOSE.memo
 
