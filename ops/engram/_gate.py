@@ -14,8 +14,9 @@ place); launches go on torch's current stream, asynchronously.
 Checks: each tensor's dtype and rank and each scalar (the parameters), then today's checks in
 today's order (``_gate_checks``, ``_bwd_checks``, ``_reduce_checks``) once per configuration.
 What the memo key leaves out (token counts that must agree, strides, data pointers, overlap of
-``grad_w_reduce``'s outputs) is tested on every call by a cheap ``per_call`` test; where it
-fails, the ordered checks run and raise today's message, memoized configuration or not.
+``grad_w_reduce``'s outputs) is tested on every call by a cheap ``per_call`` test (``engram_gate_bwd``:
+at the top of its ``run``, one frame less); where it fails, the ordered checks run and raise today's
+message, memoized configuration or not.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from ._checks import (BF16, FP32, MAX_ELEMENTS, aligned, bool_param, check_conti
                       check_hidden, check_strided_rows, float_param, rows_ok)
 
 _BWD_KERNEL = "engram.engram_gate_bwd"
+_BWD = "engram_gate_bwd"  # the op's name in its messages
 _REDUCE_KERNEL = "engram.grad_w_reduce"
 _BF16, _F32 = torch.bfloat16, torch.float32
 
@@ -148,16 +150,6 @@ def _bwd_checks(op: str, grad_out, hidden_states, k, v, weight_fused, *stats) ->
         check_contiguous(op, name, t, FP32, shape=(num_tokens, hc), align=4)  # scalar accesses
 
 
-def _bwd_per_call(op: str, args: tuple) -> None:
-    grad_out, x, k, v, w, dot, gate_score, rstd_x, rstd_k = args[:9]
-    n = x.shape[0]
-    if not (_gate_plain(x, k, v, w) and grad_out.shape[0] == n and dot.shape[0] == n and gate_score.shape[0] == n
-            and rstd_x.shape[0] == n and rstd_k.shape[0] == n and grad_out.is_contiguous() and dot.is_contiguous()
-            and gate_score.is_contiguous() and rstd_x.is_contiguous() and rstd_k.is_contiguous()
-            and aligned(grad_out) and aligned(dot, gate_score, rstd_x, rstd_k, align=4)):
-        _bwd_checks(op, *args[:9])
-
-
 def _bwd_relations(op: str, values: dict) -> None:
     _bwd_checks(op, *(values[name] for name in _BWD_TENSORS))
 
@@ -169,14 +161,28 @@ def _plan_bwd(values: dict) -> Callable[..., tuple]:
     fn = launcher(_BWD_KERNEL)
 
     def run(grad_out, hidden_states, k, v, weight_fused, dot, gate_score, rstd_x, rstd_k, *_: Any) -> tuple:
-        # the kernel's contract is 16-byte aligned tensors: a view of the saved statistics that starts
-        # inside a buffer (a later chunk of tokens) is copied, never launched misaligned
-        if not aligned(dot, gate_score, rstd_x, rstd_k):
-            dot, gate_score, rstd_x, rstd_k = (aligned_input(t) for t in (dot, gate_score, rstd_x, rstd_k))
-        num_tokens = hidden_states.shape[0]
-        grad_x = torch.empty(num_tokens, hc, hidden, dtype=_BF16, device=device)
-        grad_k = torch.empty(num_tokens, hc, hidden, dtype=_BF16, device=device)
-        grad_v = torch.empty(num_tokens, hidden, dtype=_BF16, device=device)
+        # per call (no separate per_call: one frame less), what the memo key leaves out: token counts,
+        # contiguity, the element limit and 16-byte aligned pointers, all in one test; where it fails
+        # (or with fake tensors), the ordered checks raise today's message or pass the call
+        n = hidden_states.shape[0]
+        if TRACING.on or not (
+                k.shape[0] == n and v.shape[0] == n and grad_out.shape[0] == n and dot.shape[0] == n
+                and gate_score.shape[0] == n and rstd_x.shape[0] == n and rstd_k.shape[0] == n
+                and hidden_states.is_contiguous() and weight_fused.is_contiguous() and grad_out.is_contiguous()
+                and dot.is_contiguous() and gate_score.is_contiguous() and rstd_x.is_contiguous()
+                and rstd_k.is_contiguous() and (k.is_contiguous() or rows_ok(k)) and (v.is_contiguous() or rows_ok(v))
+                and hidden_states.numel() <= MAX_ELEMENTS
+                and not (hidden_states.data_ptr() | k.data_ptr() | v.data_ptr() | weight_fused.data_ptr()
+                         | grad_out.data_ptr() | dot.data_ptr() | gate_score.data_ptr() | rstd_x.data_ptr()
+                         | rstd_k.data_ptr()) % 16):
+            _bwd_checks(_BWD, grad_out, hidden_states, k, v, weight_fused, dot, gate_score, rstd_x, rstd_k)
+            # the kernel's contract is 16-byte aligned tensors: a view of the saved statistics that starts
+            # inside a buffer (a later chunk of tokens) is copied, never launched misaligned
+            if not aligned(dot, gate_score, rstd_x, rstd_k):
+                dot, gate_score, rstd_x, rstd_k = (aligned_input(t) for t in (dot, gate_score, rstd_x, rstd_k))
+        grad_x = torch.empty(n, hc, hidden, dtype=_BF16, device=device)
+        grad_k = torch.empty(n, hc, hidden, dtype=_BF16, device=device)
+        grad_v = torch.empty(n, hidden, dtype=_BF16, device=device)
         grad_w_partial = torch.empty(get_num_sms(device), hc, hidden, dtype=_F32, device=device)
         fn(grad_out, hidden_states, k, v, weight_fused, dot, gate_score, rstd_x, rstd_k,
            grad_x, grad_k, grad_v, grad_w_partial, *scalars)
@@ -190,7 +196,7 @@ ENGRAM_GATE_BWD = OpSpec(
     (_bf16("grad_out", 3), _bf16("hidden_states", 3), _bf16("k", 3), _bf16("v", 2),
      TensorParam("weight_fused", FP32, 2, rows_vary=False), *(TensorParam(name, FP32, 2) for name in _STATS),
      float_param("clamp_value")),
-    "(Tensor, Tensor, Tensor, Tensor)", _plan_bwd, relations=_bwd_relations, per_call=_bwd_per_call)
+    "(Tensor, Tensor, Tensor, Tensor)", _plan_bwd, relations=_bwd_relations)
 
 
 def engram_gate_bwd(grad_out: torch.Tensor, hidden_states: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -255,13 +261,15 @@ def _reduce_relations(op: str, values: dict) -> None:
 
 
 def _plan_reduce(values: dict) -> Callable[..., None]:
-    fn = launcher(_REDUCE_KERNEL) if values["grad_w_partial"].shape[1] else None  # hc_mult 0: nothing to do
+    """The launcher itself is the run (its five tensors in the op's order; it returns None); hc_mult 0:
+    nothing to do."""
+    if values["grad_w_partial"].shape[1]:
+        return launcher(_REDUCE_KERNEL)
+    return _nothing
 
-    def run(grad_w_partial, weight_hidden, weight_embed, grad_weight_hidden, grad_weight_embed) -> None:
-        if fn is not None:
-            fn(grad_w_partial, weight_hidden, weight_embed, grad_weight_hidden, grad_weight_embed)
 
-    return run
+def _nothing(*_: Any) -> None:
+    return None
 
 
 def _weight(name: str, dtypes: tuple, mutated: bool = False) -> TensorParam:

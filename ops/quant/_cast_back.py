@@ -31,7 +31,7 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from .._common import aligned_input, check_cuda, fail, launcher, ptr
+from .._common import TRACING, aligned_input, check_cuda, fail, launcher, ptr
 from .._spec import OpSpec, Param
 from .._torch import pair_to_public, pair_to_schema
 from ._sf import input_sf
@@ -226,7 +226,7 @@ def _plan(block_of: Callable[[dict], tuple]) -> Callable[[dict], Callable[..., t
             if tokens:
                 if col:  # as input_sf: the kernel reads the transpose (packed UE8M0: its bytes)
                     sf = sf.T.view(torch.uint8) if packed else sf.T
-                if not data.is_contiguous() or (ptr(data) | ptr(sf)) % 16:
+                if not data.is_contiguous() or not TRACING.on and (data.data_ptr() | sf.data_ptr()) % 16:
                     data, sf = _prepare_data(data), aligned_input(sf)
                 fn(data, sf, out, shift_t, shift_c)
             return out
@@ -246,8 +246,9 @@ def _per_token_blocks(values: dict) -> tuple:
 
 # ------------------------------------------------------------------------------------- the specs
 _PAIR = Param("x", "Tensor", _later, key_of=_pair_key)
-_FMT = Param("fmt", "str", _check_out_fmt, key_of=_typed)
-_SPECIAL = Param("x_special_fmt", "str?", _check_special, key_of=_typed, default="None")
+# (no key_of: the spec keys a str or int parameter by its type and value inline, no call per argument)
+_FMT = Param("fmt", "str", _check_out_fmt)
+_SPECIAL = Param("x_special_fmt", "str?", _check_special, default="None")
 _PAIR_TORCH = dict(to_schema=pair_to_schema, to_public=pair_to_public)
 
 CAST_BACK = OpSpec(
@@ -255,7 +256,7 @@ CAST_BACK = OpSpec(
     _plan(_blocks), relations=_relations(_blocks), per_call=_cast_back_per_call,
     schema_args="Tensor x, Tensor x_sf, str fmt, int[] x_block_size, str? x_special_fmt=None", torch=_PAIR_TORCH)
 PER_TOKEN_CAST_BACK = OpSpec(
-    "per_token_cast_back", (_PAIR, _FMT, Param("num_per_channels", "int", _later, key_of=_typed), _SPECIAL),
+    "per_token_cast_back", (_PAIR, _FMT, Param("num_per_channels", "int", _later), _SPECIAL),
     "Tensor", _plan(_per_token_blocks), relations=_relations(_per_token_blocks), per_call=_per_token_per_call,
     schema_args="Tensor x, Tensor x_sf, str fmt, int num_per_channels, str? x_special_fmt=None", torch=_PAIR_TORCH)
 

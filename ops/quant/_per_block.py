@@ -13,7 +13,7 @@ stream.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import torch
 
@@ -80,12 +80,12 @@ def _plan_cast(sf_only: bool) -> Callable[[dict], Callable[..., Any]]:
         hidden, device = x.shape[1], x.device  # both part of the configuration
         out_cols = hidden if values["fmt"] == "e4m3" else hidden // 2
         fn, scalars = _launch_of(values, sf_only), (_KIND[layout.kind], int(values["round_sf"]), 0)
-        if layout.kind == "row" and not sf_only:
-            return _row_major_run(fn, scalars, out_dtype, out_cols, device, layout.block[0],
-                                  layout.shape(0, hidden)[1])
-        alloc, finish, byte_view = layout.alloc, layout.finish, layout.dtype != torch.uint8
         # sf_only: the kernel's out argument, which its sf_only variant never writes (one per configuration)
         unwritten = torch.empty(1, 16, dtype=out_dtype, device=device) if sf_only else None
+        if layout.kind == "row":
+            return _row_major_run(fn, scalars, out_dtype, out_cols, device, layout.block[0],
+                                  layout.shape(0, hidden)[1], unwritten)
+        alloc, finish, byte_view = layout.alloc, layout.finish, layout.dtype != torch.uint8
 
         def run(x: torch.Tensor, *_: Any) -> Any:
             tokens = x.shape[0]
@@ -101,10 +101,22 @@ def _plan_cast(sf_only: bool) -> Callable[[dict], Callable[..., Any]]:
 
 
 def _row_major_run(fn: Callable[..., None], scalars: tuple, out_dtype: torch.dtype, out_cols: int,
-                   device: torch.device, rows_per_scale: int, sf_cols: int) -> Callable[..., Any]:
+                   device: torch.device, rows_per_scale: int, sf_cols: int,
+                   unwritten: Optional[torch.Tensor]) -> Callable[..., Any]:
     """per_block_cast with row-major fp32 scales (the default layout; decode's hot call): the
     scales ``[ceil(tokens / rows_per_scale), sf_cols]`` allocated directly (what SfLayout.alloc
-    makes for the row layout, and SfLayout.finish returns as is)."""
+    makes for the row layout, and SfLayout.finish returns as is).  ``unwritten``: the sf-only
+    form's stand-in ``out`` (it returns the scales only), else None."""
+
+    if unwritten is not None:
+        def run_sf_only(x: torch.Tensor, *_: Any) -> torch.Tensor:
+            tokens = x.shape[0]
+            sf = torch.empty(-(-tokens // rows_per_scale), sf_cols, dtype=torch.float32, device=device)
+            if tokens:
+                fn(x, unwritten, sf.view(torch.uint8), *scalars)
+            return sf
+
+        return run_sf_only
 
     def run(x: torch.Tensor, *_: Any) -> tuple[torch.Tensor, torch.Tensor]:
         tokens = x.shape[0]
