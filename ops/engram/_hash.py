@@ -9,7 +9,8 @@ stream, asynchronously.  Every extent is a run-time value (one cubin per op).
 Checks: each tensor's dtype and rank (its parameter), then today's checks in today's order
 (``_hash_checks`` / ``_fused_checks``: shapes, contiguity, size, alignment) once per
 configuration; the facts the memo key leaves out (strides, data pointers, the token count) are
-tested on every call by a cheap ``per_call`` test that, where one fails, runs those ordered
+tested on every call by a cheap test (``engram_hash``: at the top of its ``run``; ``fused_weight``:
+its ``per_call``) that, where one fails, runs those ordered
 checks, so a bad call gets the same message whether or not its configuration is memoized.
 """
 
@@ -54,25 +55,24 @@ def _hash_relations(op: str, values: dict) -> None:
     _hash_checks(op, values["ngram_token_ids"], values["multipliers"], values["vocab_sizes"], values["offsets"])
 
 
-def _hash_per_call(op: str, args: tuple) -> None:
-    """What the key leaves out: contiguity, alignment and the token count's limits."""
-    ids, multipliers, vocab_sizes, offsets = args
-    if not (ids.is_contiguous() and multipliers.is_contiguous() and vocab_sizes.is_contiguous()
-            and offsets.is_contiguous()
-            and (TRACING.on or not (ids.data_ptr() | multipliers.data_ptr() | vocab_sizes.data_ptr()
-                                    | offsets.data_ptr()) % 16)  # aligned(), inline
-            and ids.numel() <= MAX_ELEMENTS and multipliers.shape[0] * ids.shape[0] * offsets.shape[1] <= MAX_ELEMENTS):
-        _hash_checks(op, *args)  # raises today's first error (or passes: a stricter test than the checks)
-
-
 def _plan_hash(values: dict) -> Callable[..., torch.Tensor]:
     layers, cols = values["multipliers"].shape[0], values["offsets"].shape[1]
     device = values["ngram_token_ids"].device  # every tensor's device is part of the configuration
     fn = launcher("engram.engram_hash")
+    most_tokens = MAX_ELEMENTS // max(1, layers * cols)  # the output's element limit, as a token count
 
     def run(ngram_token_ids: torch.Tensor, multipliers: torch.Tensor, vocab_sizes: torch.Tensor,
             offsets: torch.Tensor) -> torch.Tensor:
+        # per call (here, not a spec per_call: relations run every check on a first call): what the
+        # key leaves out, contiguity, alignment and the token count's limits, in one test; where it
+        # fails, the ordered checks raise today's first error (or pass: the test is stricter)
         num_tokens = ngram_token_ids.shape[0]
+        if not (ngram_token_ids.is_contiguous() and multipliers.is_contiguous() and vocab_sizes.is_contiguous()
+                and offsets.is_contiguous()
+                and (TRACING.on or not (ngram_token_ids.data_ptr() | multipliers.data_ptr() | vocab_sizes.data_ptr()
+                                        | offsets.data_ptr()) % 16)
+                and ngram_token_ids.numel() <= MAX_ELEMENTS and num_tokens <= most_tokens):
+            _hash_checks("engram_hash", ngram_token_ids, multipliers, vocab_sizes, offsets)
         output = torch.empty(layers, num_tokens, cols, dtype=torch.int32, device=device)
         if num_tokens:
             fn(ngram_token_ids, multipliers, vocab_sizes, offsets, output)
@@ -85,7 +85,7 @@ ENGRAM_HASH = OpSpec(
     "engram_hash",
     (TensorParam("ngram_token_ids", _INT32, 2), TensorParam("multipliers", _INT64, 2, rows_vary=False),
      TensorParam("vocab_sizes", _INT32, 3, rows_vary=False), TensorParam("offsets", _INT32, 2, rows_vary=False)),
-    "Tensor", _plan_hash, relations=_hash_relations, per_call=_hash_per_call)
+    "Tensor", _plan_hash, relations=_hash_relations)
 
 
 def engram_hash(ngram_token_ids: torch.Tensor, multipliers: torch.Tensor, vocab_sizes: torch.Tensor,

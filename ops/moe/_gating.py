@@ -181,7 +181,8 @@ def _factor_key(value: Any) -> Any:
 
 
 def _top2_per_call(op: str, args: tuple) -> None:
-    """Per call: token counts and strides agree (neither is in the memo key); when they do not,
+    """Per call (from the launch's ``run``, when logits or bias is not contiguous or an optional tensor
+    is given): token counts and strides agree (neither is in the memo key); when they do not,
     :func:`check_top2` says what is wrong, in the op's order of checks."""
     mask, fix, phys, count, unmapped = args[13:]
     if not (args[0].is_contiguous() and args[1].is_contiguous()):
@@ -228,6 +229,10 @@ def _plan_top2(values: dict) -> Callable[..., tuple[torch.Tensor, torch.Tensor]]
 
     def run(logits: torch.Tensor, bias: torch.Tensor, *rest: Any) -> tuple[torch.Tensor, torch.Tensor]:
         mask, fix, phys, count, unmapped = rest[11:]
+        # per call (here, not a spec per_call: relations run check_top2 on a first call, before the devices)
+        if not (logits.is_contiguous() and bias.is_contiguous()) or not (
+                mask is None and fix is None and phys is None and count is None and unmapped is None):
+            _top2_per_call("top2_sum_gate", (logits, bias, *rest))
         num_tokens = logits.shape[0]
         topk_idx = torch.empty(num_tokens, num_out, dtype=torch.int64, device=device)
         topk_weights = torch.empty(num_tokens, num_out, dtype=torch.float32, device=device)
@@ -255,7 +260,7 @@ TOP2_SUM_GATE = OpSpec(
      _optional("to_physical_map", (torch.int32,), 2, rows_vary=False),
      _optional("logical_count", (torch.int32,), 1, rows_vary=False),
      _optional("unmapped_topk_idx", (torch.int64,), 2, mutated=True)),
-    "(Tensor, Tensor)", _plan_top2, relations=_top2_relations, per_call=_top2_per_call)
+    "(Tensor, Tensor)", _plan_top2, relations=_top2_relations)
 
 
 def top2_sum_gate(

@@ -29,7 +29,7 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from .._common import TRACING, aligned_input, check_cuda, launcher, ptr, typed_key
+from .._common import TRACING, aligned_input, check_cuda, launcher, typed_key
 from .._spec import FlagParam, OpSpec, Param, TensorParam
 from .._torch import pair_to_public, pair_to_schema
 from ..config import get_num_sms
@@ -189,31 +189,43 @@ def swiglu_forward_and_per_token_cast(
 
 # -------------------------------------------------------------------------------------- backward
 def _bwd_relations(op: str, values: dict) -> None:
-    """Every tensor's device, the pair's included, in the op's order."""
+    """What varies per call (:func:`._swiglu_checks.bwd_per_call`), then every tensor's device, the
+    pair's included, in the op's order.  (A replayed call runs the per-call test in its ``run``.)"""
+    ck.bwd_per_call(op, tuple(values[name] for name in _BWD_PER_CALL))
     data, sf = values["x"]
     check_cuda(op, x=data, sf=sf, grad_out=values["grad_out"], weight=values["weight"],
                pos_to_token_topk=values["pos_to_token_topk"], token_topk_to_pos=values["token_topk_to_pos"])
+
+
+_BWD_OP = "swiglu_backward_and_per_token_cast"  # the op's name in its messages
+_BWD_PER_CALL = ("x", "grad_out", "weight", "pos_to_token_topk", "token_topk_to_pos", "num_per_channels")
 
 
 def _plan_bwd(values: dict) -> Callable[..., Any]:
     npc = values["num_per_channels"]
     fn = launcher(_BWD_KERNEL, num_per_channels=npc)
     scalars = (values["swiglu_clamp_value"], int(values["round_sf"]))
+    dev = values["x"][0].device  # every tensor's device is part of the configuration
+    plain, checks, tracing = ck.bwd_plain, ck.bwd_checks, TRACING
 
     def run(x: QuantTensor, grad_out: torch.Tensor, weight: torch.Tensor, ptt: torch.Tensor, ttp: torch.Tensor,
             *_: Any) -> tuple[torch.Tensor, QuantTensor, torch.Tensor, torch.Tensor]:
+        # per call (here, not a spec per_call: one frame less): the one-expression test, else the ordered checks
+        if not plain(x, grad_out, weight, ptt, ttp, npc):
+            checks(_BWD_OP, x, grad_out, weight, ptt, ttp, npc)
         data, sf = x
-        width = data.size(-1)
-        rows, hidden, dev = data.numel() // width, width // 2, data.device
+        width = data.shape[-1]
+        rows, hidden = data.numel() // width, width // 2
         # sf, the index maps and weights are read as the manifest declares them (16-byte aligned): a
         # view that starts inside a tensor (a later chunk of tokens) is copied, never refused
-        if (ptr(sf) | ptr(weight) | ptr(ptt) | ptr(ttp)) % 16:
+        if not tracing.on and (sf.data_ptr() | weight.data_ptr() | ptt.data_ptr() | ttp.data_ptr()) % 16:
             sf, weight, ptt, ttp = aligned_input(sf), aligned_input(weight), aligned_input(ptt), aligned_input(ttp)
         out = torch.empty(rows, hidden, dtype=torch.bfloat16, device=dev)
         x_grad_fp8 = torch.empty(rows, width, dtype=_E4M3, device=dev)
         x_grad_sf = torch.empty(rows, width // npc, dtype=torch.float32, device=dev)
         x_grad = torch.empty(rows, width, dtype=torch.bfloat16, device=dev)
-        weight_grad = torch.empty(*weight.shape, dtype=torch.float32, device=dev)
+        ws = weight.shape  # 2-D (checked)
+        weight_grad = torch.empty(ws[0], ws[1], dtype=torch.float32, device=dev)
         if rows > 0 or weight.numel() > 0:
             if data.dim() != 2:  # [..., width] as [rows, width] (a view: per_call checked it contiguous)
                 data = data.view(rows, width)
@@ -237,7 +249,7 @@ SWIGLU_BWD = OpSpec(
      TensorParam("token_topk_to_pos", (torch.int32,), 2),
      ck.IntChoice("num_per_channels", allowed=(32, 128)),
      FlagParam("round_sf", "False"), ck.ScalarParam("swiglu_clamp_value", "float?", ck.clamp_value, default="None")),
-    "(Tensor, Tensor, Tensor, Tensor, Tensor)", _plan_bwd, relations=_bwd_relations, per_call=ck.bwd_per_call,
+    "(Tensor, Tensor, Tensor, Tensor, Tensor)", _plan_bwd, relations=_bwd_relations,
     schema_args="Tensor x, Tensor x_sf, Tensor grad_out, Tensor weight, Tensor pos_to_token_topk, "
                 "Tensor token_topk_to_pos, int num_per_channels, bool round_sf=False, float? swiglu_clamp_value=None",
     torch=dict(to_schema=pair_to_schema, to_public=pair_to_public, result_to_schema=_bwd_result,

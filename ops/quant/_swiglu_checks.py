@@ -193,13 +193,13 @@ def bwd_per_call(op: str, args: tuple) -> None:
     """What varies per call, in the op's order: data contiguous with ``2 * hidden`` channels, sf fp32
     ``[rows, 2 * hidden / npc]`` row-major, grad_out ``rows * hidden`` values, the index maps and
     weights contiguous and matching (their dtypes and ranks checked already).  A call for which
-    :func:`_bwd_plain` holds passes every one of them; any other takes :func:`_bwd_checks`."""
-    if not _bwd_plain(*args[:6]):
-        _bwd_checks(op, *args[:6])
+    :func:`bwd_plain` holds passes every one of them; any other takes :func:`bwd_checks`."""
+    if not bwd_plain(*args[:6]):
+        bwd_checks(op, *args[:6])
 
 
-def _bwd_plain(x: Any, grad_out: Any, weight: Any, ptt: Any, ttp: Any, npc: int) -> bool:
-    """Per call, in one expression: every check of :func:`_bwd_checks` passes, for non-empty real
+def bwd_plain(x: Any, grad_out: Any, weight: Any, ptt: Any, ttp: Any, npc: int) -> bool:
+    """Per call, in one expression: every check of :func:`bwd_checks` passes, for non-empty real
     tensors (stricter: an empty one, a fake one or a non-tensor sf is left to the checks)."""
     data, sf = x
     width = data.shape[-1]
@@ -214,7 +214,7 @@ def _bwd_plain(x: Any, grad_out: Any, weight: Any, ptt: Any, ttp: Any, npc: int)
             and not (ttp.data_ptr() | weight.data_ptr() | ptt.data_ptr()) % 4)
 
 
-def _bwd_checks(op: str, x: Any, grad_out: Any, weight: Any, pos_to_token_topk: Any, token_topk_to_pos: Any,
+def bwd_checks(op: str, x: Any, grad_out: Any, weight: Any, pos_to_token_topk: Any, token_topk_to_pos: Any,
                 npc: int) -> None:
     """:func:`bwd_per_call`'s checks, in order (each raises with its own message)."""
     data, sf = x
@@ -257,6 +257,7 @@ def channel_per_call(op: str, args: tuple) -> None:
                        "multiples of 128: pad the tokens (and the hidden dimension)")
 
 
-__all__ = ["GROUP", "CountParam", "IntChoice", "PairParam", "ScalarParam", "WeightsParam", "bwd_pair", "bwd_pair_key",
-           "bwd_per_call", "channel_per_call", "check_contiguous", "check_float", "check_rows", "clamp_value",
-           "e4m3_only", "exact_key", "fwd_layout", "fwd_per_call", "later", "sf_clamp_min", "weights_key"]
+__all__ = ["GROUP", "CountParam", "IntChoice", "PairParam", "ScalarParam", "WeightsParam", "bwd_checks", "bwd_pair",
+           "bwd_pair_key", "bwd_per_call", "bwd_plain", "channel_per_call", "check_contiguous", "check_float",
+           "check_rows", "clamp_value", "e4m3_only", "exact_key", "fwd_layout", "fwd_per_call", "later", "sf_clamp_min",
+           "weights_key"]
