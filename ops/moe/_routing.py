@@ -297,7 +297,9 @@ class _CheckedLater(TensorParam):
 
 
 def _reduce_relations(op: str, values: dict) -> None:
-    """sf only with e4m3 output, an fp32 [1]; out's dtype, shape and rows; every device."""
+    """What varies per call (``reduce_per_call``: a replayed call runs it from its ``run``); sf only
+    with e4m3 output, an fp32 [1]; out's dtype, shape and rows; every device."""
+    reduce_per_call(op, tuple(values.values()))
     x, fp8_format, sf, out = values["x"], values["fp8_format"], values["sf"], values["out"]
     data, x_sf = x if isinstance(x, tuple) else (x, None)
     if sf is not None:
@@ -329,6 +331,12 @@ def _plan_reduce(values: dict) -> Callable[..., torch.Tensor]:
 
     def run(x: Any, topk_weights: Optional[torch.Tensor], token_topk_to_pos: torch.Tensor, _fmt: Any,
             sf: Optional[torch.Tensor], out: Optional[torch.Tensor]) -> torch.Tensor:
+        # per call (here, not a spec per_call): reduce_per_call, unless the common call's facts hold
+        # (a plain x, contiguous and aligned; contiguous weights of the index map's shape; no out)
+        if pair or out is not None or topk_weights is None or not (
+                x.is_contiguous() and token_topk_to_pos.is_contiguous() and topk_weights.is_contiguous()
+                and topk_weights.shape == token_topk_to_pos.shape and (TRACING.on or not x.data_ptr() % 16)):
+            reduce_per_call("reduce_fused", (x, topk_weights, token_topk_to_pos, _fmt, sf, out))
         x, x_sf = x if pair else (x, None)
         if TRACING.on or _pointers(x_sf, topk_weights, token_topk_to_pos, sf) & 15:  # a view into a tensor
             x_sf, topk_weights, token_topk_to_pos, sf = (aligned_input(x_sf), aligned_input(topk_weights),
@@ -371,7 +379,7 @@ REDUCE_FUSED = OpSpec(
      Param("fp8_format", "str", check_fp8_format),
      _CheckedLater("sf", (torch.float32,), 1, optional=True, rows_vary=False),  # after fp8_format's relation
      Param("out", "Tensor?", _as_given, key_of=out_key)),
-    "Tensor", _plan_reduce, relations=_reduce_relations, per_call=reduce_per_call,
+    "Tensor", _plan_reduce, relations=_reduce_relations,
     schema_args=('Tensor x, Tensor? x_sf, Tensor? topk_weights, Tensor token_topk_to_pos, str fp8_format="", '
                  'Tensor? sf=None'),
     torch=dict(to_schema=reduce_to_schema, to_public=reduce_to_public))

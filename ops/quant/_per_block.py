@@ -19,7 +19,7 @@ import torch
 
 from tilebin.runtime._record import record
 
-from .._common import aligned_input, check_cuda, check_tensor, fail, launcher, ptr
+from .._common import TRACING, aligned_input, check_cuda, check_tensor, fail, launcher, ptr
 from .._spec import FlagParam, OpSpec, Param, TensorParam
 from .._torch import pair_to_public, pair_to_schema
 from ._per_block_checks import (BLOCKS, LOSSLESS_IN_BLOCK, LOSSLESS_OUT_BLOCKS, block_param, check_rows, exact_key,
@@ -160,6 +160,9 @@ def per_block_cast_with_sf_only(x: torch.Tensor, fmt: str, block_size: tuple[int
 
 # ------------------------------------------------------------------------------ precomputed sf
 def _row_major_only(op: str, values: dict) -> None:
+    """sf's shape for the call's tokens (``precomputed_per_call``; a replayed call runs it from its
+    ``run``), then: precomputed scales are row-major fp32, so neither layout flag may be set."""
+    precomputed_per_call(op, tuple(values.values()))
     col, packed = values["use_tma_aligned_col_major_sf"], values["use_packed_ue8m0"]
     if col or packed:
         raise fail(op, f"use_tma_aligned_col_major_sf={col}, use_packed_ue8m0={packed}: precomputed scales are "
@@ -170,9 +173,13 @@ def _plan_precomputed(values: dict) -> Callable[..., torch.Tensor]:
     x, out_dtype = values["x"], FMT_DTYPES[values["fmt"]]
     device, out_cols = x.device, x.shape[1] if values["fmt"] == "e4m3" else x.shape[1] // 2
     fn, scalars = _launch_of(values, False), (_KIND["row"], int(values["round_sf"]), 1)
+    rows_per_scale, sf_cols = values["block_size"][0], -(-x.shape[1] // values["block_size"][1])
 
-    def run(x: torch.Tensor, _fmt: Any, _block: Any, sf: torch.Tensor, *_: Any) -> torch.Tensor:
+    def run(x: torch.Tensor, _fmt: Any, block: Any, sf: torch.Tensor, *rest: Any) -> torch.Tensor:
         tokens = x.shape[0]
+        # per call (here, not a spec per_call; relations run it on a first call): one scale per block
+        if sf.shape != (-(-tokens // rows_per_scale), sf_cols):
+            precomputed_per_call("per_block_cast_with_precomputed_sf", (x, _fmt, block, sf, *rest))
         out = torch.empty(tokens, out_cols, dtype=out_dtype, device=device)
         if tokens:
             if sf.numel() and (not sf.is_contiguous() or ptr(sf) % 16):
@@ -186,7 +193,7 @@ def _plan_precomputed(values: dict) -> Callable[..., torch.Tensor]:
 PER_BLOCK_CAST_WITH_PRECOMPUTED_SF = OpSpec(
     "per_block_cast_with_precomputed_sf",
     (*_cast_params()[:3], TensorParam("sf", (torch.float32,), 2), *_cast_params()[3:]), "Tensor", _plan_precomputed,
-    relations=_row_major_only, per_call=precomputed_per_call)
+    relations=_row_major_only)
 
 
 def per_block_cast_with_precomputed_sf(x: torch.Tensor, fmt: str, block_size: tuple[int, int], sf: torch.Tensor,
@@ -200,7 +207,9 @@ def per_block_cast_with_precomputed_sf(x: torch.Tensor, fmt: str, block_size: tu
 
 # ------------------------------------------------------------------------------------ lossless
 def _lossless_relations(op: str, values: dict) -> None:
-    """The output layout's flags agree; then the pair's device (the pair is not a TensorParam)."""
+    """The data's rows and the scales' shape (``lossless_per_call``: a replayed call runs it from its
+    ``run``); the output layout's flags agree; then the pair's device (the pair is not a TensorParam)."""
+    lossless_per_call(op, (values["x"],))
     output_layout(op, values["out_block_size"], values["use_tma_aligned_col_major_sf"], values["use_packed_ue8m0"],
                   True)
     data, x_sf, _ = input_sf(op, values["x"], LOSSLESS_IN_BLOCK)
@@ -217,10 +226,21 @@ def _plan_lossless(values: dict) -> Callable[..., tuple[torch.Tensor, torch.Tens
     hidden = data.shape[1] * 2  # part of the configuration
     # row-major fp32 output scales (the default): SfLayout.alloc's tensor made here, which finish returns as is
     row_out, rows_per_scale, sf_cols = not layout.col_major, out_block[0], layout.shape(1, hidden)[1]
+    # the kernel reads bytes: what each tensor needs viewed, fixed by the configuration (dtypes, layouts)
+    data_int8 = data.dtype == torch.int8
+    sf_bytes = kind != "ue8m0"  # fp32 scales (row or column-major) viewed as bytes; packed UE8M0 already are
+    raw_bytes = layout.dtype != torch.uint8
+    # the scales' user-side shape per token count (lossless_per_call's test): one row per token
+    groups = -(-hidden // LOSSLESS_IN_BLOCK[1])
+    sf_user_cols = -(-groups // 4) if kind == "ue8m0" else groups
 
     def run(x: tuple, *_: Any) -> tuple[torch.Tensor, torch.Tensor]:
         data, sf = x
         tokens = data.shape[0]
+        # per call (here, not a spec per_call): lossless_per_call, unless its facts plainly hold
+        if not (tokens and data.is_contiguous() and (TRACING.on or not data.data_ptr() % 16)
+                and tokens * hidden <= _INT32_MAX and sf.shape == (tokens, sf_user_cols)):
+            lossless_per_call("per_block_cast_lossless", (x,))
         out = torch.empty(tokens, hidden, dtype=torch.float8_e4m3fn, device=device)
         raw = torch.empty(-(-tokens // rows_per_scale), sf_cols, dtype=torch.float32, device=device) if row_out \
             else layout.alloc(tokens, hidden, device)
@@ -228,9 +248,8 @@ def _plan_lossless(values: dict) -> Callable[..., tuple[torch.Tensor, torch.Tens
             x_sf = sf if kind == "row" else (sf.T.view(torch.uint8) if kind == "ue8m0" else sf.T)  # kernel-side
             if ptr(x_sf) % 16:
                 x_sf = aligned_input(x_sf)
-            fn(data if data.dtype == torch.int8 else data.view(torch.int8),
-               x_sf if x_sf.dtype == torch.uint8 else x_sf.view(torch.uint8), out,
-               raw if raw.dtype == torch.uint8 else raw.view(torch.uint8), *kinds)
+            fn(data if data_int8 else data.view(torch.int8), x_sf.view(torch.uint8) if sf_bytes else x_sf, out,
+               raw.view(torch.uint8) if raw_bytes else raw, *kinds)
         return out, (raw if row_out else layout.finish(raw, tokens))
 
     return run
@@ -243,7 +262,7 @@ PER_BLOCK_CAST_LOSSLESS = OpSpec(
      block_param("out_block_size", LOSSLESS_OUT_BLOCKS), FlagParam("use_tma_aligned_col_major_sf", "False"),
      Param("round_sf", "bool", lambda op, value: value, exact_key, "False"),  # implied (power-of-two scales), unread
      FlagParam("use_packed_ue8m0", "False")),
-    "(Tensor, Tensor)", _plan_lossless, relations=_lossless_relations, per_call=lossless_per_call,
+    "(Tensor, Tensor)", _plan_lossless, relations=_lossless_relations,
     schema_args="Tensor x, Tensor x_sf, str fmt, int[] x_block_size, int[] out_block_size, "
                 "bool use_tma_aligned_col_major_sf=False, bool round_sf=False, bool use_packed_ue8m0=False",
     torch=dict(to_schema=pair_to_schema, to_public=pair_to_public))
