@@ -195,6 +195,8 @@ def get_fused_mapping(
 
 # ---------------------------------------------------------------- expand_to_fused
 def _expand_relations(op: str, values: dict) -> None:
+    """What varies per call (``expand_per_call``: a replayed call runs it from its ``run``), then x's row bytes."""
+    expand_per_call(op, tuple(values.values()))
     check_row_bytes(op, "x", values["x"])
 
 
@@ -204,8 +206,14 @@ def _plan_expand(values: dict) -> Callable[..., torch.Tensor]:
     fn = launcher("moe.expand_to_fused", dtype=EXPAND_DTYPES[dtype], sf="none")
 
     def run(x: torch.Tensor, token_topk_to_pos: torch.Tensor, pos_to_expert: torch.Tensor) -> torch.Tensor:
-        if TRACING.on or (token_topk_to_pos.data_ptr() | pos_to_expert.data_ptr()) & 15:  # a view into a tensor
-            token_topk_to_pos, pos_to_expert = aligned_input(token_topk_to_pos), aligned_input(pos_to_expert)
+        # per call (here, not a spec per_call): expand_per_call, unless its facts plainly hold and the
+        # slot maps are 16-byte aligned too; a slot map that is a view into a tensor is copied
+        if TRACING.on or not (x.is_contiguous() and token_topk_to_pos.is_contiguous() and pos_to_expert.is_contiguous()
+                              and token_topk_to_pos.shape[0] == x.shape[0]) or (
+                x.data_ptr() | token_topk_to_pos.data_ptr() | pos_to_expert.data_ptr()) & 15:
+            expand_per_call("expand_to_fused", (x, token_topk_to_pos, pos_to_expert))
+            if TRACING.on or (token_topk_to_pos.data_ptr() | pos_to_expert.data_ptr()) & 15:
+                token_topk_to_pos, pos_to_expert = aligned_input(token_topk_to_pos), aligned_input(pos_to_expert)
         out = torch.empty(pos_to_expert.shape[0], hidden, dtype=dtype, device=dev)
         fn(x, out, token_topk_to_pos, pos_to_expert)
         return out
@@ -217,7 +225,7 @@ EXPAND_TO_FUSED = OpSpec(
     "expand_to_fused",
     (TensorParam("x", tuple(EXPAND_DTYPES), 2), _slot_map("token_topk_to_pos", 2),
      _slot_map("pos_to_expert", 1)),
-    "Tensor", _plan_expand, relations=_expand_relations, per_call=expand_per_call)
+    "Tensor", _plan_expand, relations=_expand_relations)
 
 
 def expand_to_fused(x: torch.Tensor, token_topk_to_pos: torch.Tensor, pos_to_expert: torch.Tensor) -> torch.Tensor:
@@ -228,6 +236,9 @@ def expand_to_fused(x: torch.Tensor, token_topk_to_pos: torch.Tensor, pos_to_exp
 
 
 def _expand_sf_relations(op: str, values: dict) -> None:
+    """What varies per call (``expand_sf_per_call``: a replayed call runs it from its ``run``), the
+    scales' layout, then every device."""
+    expand_sf_per_call(op, tuple(values.values()))
     data, x_sf = values["x"]
     check_sf_layout(op, data, x_sf, values["num_per_channels"], values["use_tma_aligned_col_major_sf"])
     check_cuda(op, data=data, sf=x_sf, token_topk_to_pos=values["token_topk_to_pos"],
@@ -241,12 +252,20 @@ def _plan_expand_sf(values: dict) -> Callable[..., tuple[torch.Tensor, torch.Ten
     col = values["use_tma_aligned_col_major_sf"]
     fn = launcher("moe.expand_to_fused_with_sf", dtype=EXPAND_SF_DTYPES[dtype], sf=SF_DTYPES[sf_dtype])
 
-    def run(x: QuantTensor, _npc: Any, token_topk_to_pos: torch.Tensor, pos_to_expert: torch.Tensor,
-            _col: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    def run(x: QuantTensor, npc: Any, token_topk_to_pos: torch.Tensor, pos_to_expert: torch.Tensor,
+            col_arg: Any) -> tuple[torch.Tensor, torch.Tensor]:
         data, x_sf = x
-        if TRACING.on or (x_sf.data_ptr() | token_topk_to_pos.data_ptr() | pos_to_expert.data_ptr()) & 15:
-            x_sf, token_topk_to_pos, pos_to_expert = (aligned_input(x_sf), aligned_input(token_topk_to_pos),
-                                                      aligned_input(pos_to_expert))
+        # per call (here, not a spec per_call): expand_sf_per_call, unless its facts plainly hold and every
+        # pointer is 16-byte aligned; a read-only input that is a view into a tensor is copied
+        n = data.shape[0]
+        if TRACING.on or not (data.is_contiguous() and x_sf.is_contiguous() and x_sf.shape[0] == n
+                              and token_topk_to_pos.is_contiguous() and token_topk_to_pos.shape[0] == n
+                              and pos_to_expert.is_contiguous()) or (
+                data.data_ptr() | x_sf.data_ptr() | token_topk_to_pos.data_ptr() | pos_to_expert.data_ptr()) & 15:
+            expand_sf_per_call("expand_to_fused_with_sf", (x, npc, token_topk_to_pos, pos_to_expert, col_arg))
+            if TRACING.on or (x_sf.data_ptr() | token_topk_to_pos.data_ptr() | pos_to_expert.data_ptr()) & 15:
+                x_sf, token_topk_to_pos, pos_to_expert = (aligned_input(x_sf), aligned_input(token_topk_to_pos),
+                                                          aligned_input(pos_to_expert))
         slots = pos_to_expert.shape[0]
         out = torch.empty(slots, hidden, dtype=dtype, device=dev)
         if col:
@@ -265,7 +284,7 @@ EXPAND_TO_FUSED_WITH_SF = OpSpec(
      _NumPerChannels("num_per_channels"),
      _slot_map("token_topk_to_pos", 2), _slot_map("pos_to_expert", 1),
      FlagParam("use_tma_aligned_col_major_sf", default="False")),
-    "(Tensor, Tensor)", _plan_expand_sf, relations=_expand_sf_relations, per_call=expand_sf_per_call,
+    "(Tensor, Tensor)", _plan_expand_sf, relations=_expand_sf_relations,
     schema_args=("Tensor x, Tensor x_sf, int num_per_channels, Tensor token_topk_to_pos, Tensor pos_to_expert, "
                  "bool use_tma_aligned_col_major_sf=False"),
     torch=dict(to_schema=pair_to_schema, to_public=sf_pair_to_public))

@@ -164,35 +164,6 @@ def _typed(value: Any) -> tuple:
     return type(value), value
 
 
-# ------------------------------------------------------------------------- cast_back's per call
-def _cast_back_per_call(op: str, args: tuple) -> None:
-    """What the memo key leaves out, on every call (the first too): the sf has a row per token
-    block of the data, the output fits 32-bit indexing, and a token block that is not a power of
-    two spans every token.  Where that is not plainly so (or the arguments are not checked yet),
-    every check of the pair runs: a refusal reads as a first call's."""
-    try:
-        data, sf = args[0]
-        tokens, block_t = data.shape[0], args[2][0]
-        if (sf.shape[0] == -(-tokens // block_t) and tokens * data.shape[1] <= _SURE_ELEMENTS
-                and (not block_t & (block_t - 1) or tokens <= block_t)):
-            return
-    except Exception:  # noqa: BLE001 -- not a pair of tensors, a bad block: the checks below name it
-        pass
-    _read_input(args[0], args[2], args[3])
-
-
-def _per_token_per_call(op: str, args: tuple) -> None:
-    """:func:`_cast_back_per_call` for blocks ``(1, num_per_channels)``: an sf row per token."""
-    try:
-        data, sf = args[0]
-        tokens = data.shape[0]
-        if sf.shape[0] == tokens and tokens * data.shape[1] <= _SURE_ELEMENTS:
-            return
-    except Exception:  # noqa: BLE001
-        pass
-    _read_input(args[0], (1, args[2]), args[3])
-
-
 # ------------------------------------------------------------------------------------ the launch
 def _prepare_data(data: torch.Tensor) -> torch.Tensor:
     """``data`` contiguous with a 16-byte aligned pointer (a copy only when needed)."""
@@ -218,10 +189,20 @@ def _plan(block_of: Callable[[dict], tuple]) -> Callable[[dict], Callable[..., t
         col, packed = layout.col_major, layout.packed_ue8m0
 
         device = values["x"][0].device  # part of the configuration
+        # the per-call test (no spec per_call: relations run _read_input on a first call, before the
+        # devices): the sf has a row per token block, and the token count is within what the output's
+        # 32-bit indexing and (a token block that is not a power of two) the block allow; else _read_input
+        block, special = block_of(values), values["x_special_fmt"]
+        rows_per_scale, width = block[0], values["x"][0].shape[1]
+        most_tokens = _SURE_ELEMENTS // max(1, width)
+        if rows_per_scale & (rows_per_scale - 1):
+            most_tokens = min(most_tokens, rows_per_scale)
 
         def run(x: QuantTensor, *_: Any) -> torch.Tensor:
             data, sf = x
             tokens = data.shape[0]
+            if sf.shape[0] != -(-tokens // rows_per_scale) or tokens > most_tokens:
+                _read_input(x, block, special)  # raises today's message (or passes: the test is stricter)
             out = torch.empty(tokens, hidden, dtype=out_dtype, device=device)
             if tokens:
                 if col:  # as input_sf: the kernel reads the transpose (packed UE8M0: its bytes)
@@ -253,11 +234,11 @@ _PAIR_TORCH = dict(to_schema=pair_to_schema, to_public=pair_to_public)
 
 CAST_BACK = OpSpec(
     "cast_back", (_PAIR, _FMT, Param("x_block_size", "int[]", _later, key_of=_block_key), _SPECIAL), "Tensor",
-    _plan(_blocks), relations=_relations(_blocks), per_call=_cast_back_per_call,
+    _plan(_blocks), relations=_relations(_blocks),
     schema_args="Tensor x, Tensor x_sf, str fmt, int[] x_block_size, str? x_special_fmt=None", torch=_PAIR_TORCH)
 PER_TOKEN_CAST_BACK = OpSpec(
     "per_token_cast_back", (_PAIR, _FMT, Param("num_per_channels", "int", _later), _SPECIAL),
-    "Tensor", _plan(_per_token_blocks), relations=_relations(_per_token_blocks), per_call=_per_token_per_call,
+    "Tensor", _plan(_per_token_blocks), relations=_relations(_per_token_blocks),
     schema_args="Tensor x, Tensor x_sf, str fmt, int num_per_channels, str? x_special_fmt=None", torch=_PAIR_TORCH)
 
 
