@@ -21,6 +21,10 @@ measured in the same run.  One row per name in the ``__all__`` of ``tilebin.ops.
   batches, the median of the rounds for each of the three (this host's speed drifts by 30-50 %
   over a run, so a budget measured once at the start and end judged ops by when they ran);
   ratio = host (idle) / budget; met: <= 1;
+* device us/call: GPU time per call of 200 calls back to back (CUDA events); a row whose idle
+  host time is below 1.1x that is marked "device-bound": the GPU sets the pace of its batches
+  (engram.grad_w_reduce reads [SMs, 4, 7168] fp32 partial sums, ~9-10 us a call), so its "host"
+  time includes waiting on a non-empty launch queue;
 * kernels/call: device kernels per call, from torch.profiler (CUDA activity) over a few calls
   after all the timing (memsets and memcpys named apart);
 * host us minus n x empty: the op's own overhead, without its allocations.
@@ -224,6 +228,7 @@ class Row:
     error: str = ""
     add_us: float = 0.0  # the budget's parts, measured beside this op
     empty_us: float = 0.0
+    device: float = 0.0  # GPU time per call, back to back (CUDA events)
 
 
 def _tensors(value: Any) -> list:
@@ -267,8 +272,24 @@ def measure(row: Row, module: Any, inputs: SimpleNamespace, fn: Callable, parts:
                 times[k].append(host_us(f, batches=BATCHES))
         row.add_us, row.empty_us, row.idle = (statistics.median(t) for t in times)
         row.busy = busy_us(row.fn)
+        row.device = device_us(row.fn)
     except Exception as exc:  # one broken op must not hide the others' numbers
         row.fn, row.error = None, f"error: {exc!r}"[:300]
+
+
+def device_us(fn: Callable[[], Any], calls: int = 200) -> float:
+    """GPU time per call of ``calls`` calls back to back (CUDA events around them).  Where the host
+    time per call (batches of 50) is not clearly above it, the GPU, not the host, sets the pace of
+    a batch: the launches then land in a non-empty queue and the "GPU idle" host time is no longer
+    a host-only figure (the row is marked device-bound)."""
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(calls):
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) * 1e3 / calls
 
 
 def busy_us(fn: Callable[[], Any], batches: int = 15) -> float:
@@ -321,18 +342,20 @@ def budget_parts() -> tuple[Callable[[], Any], Callable[[], Any]]:
 
 # ------------------------------------------------------------------ report
 HEADERS = ["op", "host us/call, GPU idle", "host us/call, GPU busy", "allocated outputs n",
-           "budget us (add + n x empty, measured beside the op)", "ratio host/budget", "met", "kernels/call", "host us minus n x empty", "call"]
+           "budget us (add + n x empty, measured beside the op)", "ratio host/budget", "met", "kernels/call", "host us minus n x empty",
+           "device us/call (back to back)", "call"]
 
 
 def table_row(row: Row) -> list:
     label = row.op + (f" ({NOT_AT_4[row.op]})" if row.op in NOT_AT_4 else "")
     if row.error:
-        return [label, row.error, "", "", "", "", "", "", "", row.call]
+        return [label, row.error, "", "", "", "", "", "", "", "", row.call]
     add_us, empty_us = row.add_us, row.empty_us
     budget = add_us + row.n * empty_us
     ratio = row.idle / budget
     return [label, f"{row.idle:.2f}", f"{row.busy:.2f}", row.n, f"{budget:.2f}", f"{ratio:.2f}",
-            "yes" if ratio <= 1 else "**NO**", row.kernels, f"{row.idle - row.n * empty_us:.2f}", row.call]
+            "yes" if ratio <= 1 else "**NO**", row.kernels, f"{row.idle - row.n * empty_us:.2f}",
+            f"{row.device:.2f}" + (" (device-bound)" if row.idle < 1.1 * row.device else ""), row.call]
 
 
 def report(rows: list[Row], parts: dict, facts: dict, probe: str) -> tuple[str, list]:
