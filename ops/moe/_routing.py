@@ -350,16 +350,22 @@ def _plan_reduce(values: dict) -> Callable[..., torch.Tensor]:
 
     def run(x: Any, topk_weights: Optional[torch.Tensor], token_topk_to_pos: torch.Tensor, _fmt: Any,
             sf: Optional[torch.Tensor], out: Optional[torch.Tensor]) -> torch.Tensor:
-        # per call (here, not a spec per_call): reduce_per_call, unless the common call's facts hold
-        # (a plain x, contiguous and aligned; contiguous weights of the index map's shape; no out)
-        if pair or out is not None or topk_weights is None or not (
+        # per call (here, not a spec per_call): the common call (a plain x, weights of the index map's
+        # shape, no sf, no out; all contiguous and 16-byte aligned) in one test; any other call runs
+        # reduce_per_call, and copies a read-only input that is a view into a tensor
+        if pair or out is not None or sf is not None or topk_weights is None or TRACING.on or not (
                 x.is_contiguous() and token_topk_to_pos.is_contiguous() and topk_weights.is_contiguous()
-                and topk_weights.shape == token_topk_to_pos.shape and (TRACING.on or not x.data_ptr() % 16)):
+                and topk_weights.shape == token_topk_to_pos.shape
+                and not (x.data_ptr() | token_topk_to_pos.data_ptr() | topk_weights.data_ptr()) % 16):
             reduce_per_call("reduce_fused", (x, topk_weights, token_topk_to_pos, _fmt, sf, out))
-        x, x_sf = x if pair else (x, None)
-        if TRACING.on or _pointers(x_sf, topk_weights, token_topk_to_pos, sf) & 15:  # a view into a tensor
-            x_sf, topk_weights, token_topk_to_pos, sf = (aligned_input(x_sf), aligned_input(topk_weights),
-                                                         aligned_input(token_topk_to_pos), aligned_input(sf))
+            x_sf = x[1] if pair else None
+            if TRACING.on or _pointers(x_sf, topk_weights, token_topk_to_pos, sf) & 15:  # a view into a tensor
+                x_sf, topk_weights, token_topk_to_pos, sf = (aligned_input(x_sf), aligned_input(topk_weights),
+                                                             aligned_input(token_topk_to_pos), aligned_input(sf))
+        else:
+            x_sf = None
+        if pair:
+            x = x[0]
         weights = token_topk_to_pos if topk_weights is None else topk_weights
         num_tokens = token_topk_to_pos.shape[0]
         if out is None:
