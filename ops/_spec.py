@@ -310,7 +310,9 @@ class OpSpec:
     configuration (raise with :func:`._common.fail`).  ``per_call(op, args)``: the checks that
     depend on what the memo key leaves out (token counts that must agree, strides, pointers),
     run on every call, the first one included (after the parameters' own checks, before
-    ``relations``), on the caller's arguments.
+    ``relations``), on the caller's arguments.  An op may leave ``per_call`` None and test the same
+    facts at the top of its ``run`` instead (one frame and one argument tuple less per call), when
+    its ``relations`` run those checks first on a first call (so its errors keep their order).
 
     Where the public signature does not map one to one onto the torch schema (a ``(data, sf)``
     pair, outputs that are views of one buffer, a data-dependent output size), ``schema_args``
