@@ -21,8 +21,9 @@ measured in the same run.  One row per name in the ``__all__`` of ``tilebin.ops.
   batches, the median of the rounds for each of the three (this host's speed drifts by 30-50 %
   over a run, so a budget measured once at the start and end judged ops by when they ran);
   ratio = host (idle) / budget; met: <= 1;
-* device us/call: GPU time per call of 200 calls back to back (CUDA events); a row whose idle
-  host time is below 1.1x that is marked "device-bound": the GPU sets the pace of its batches
+* device us/call: GPU time per call of 100 calls queued behind a GPU sleep, then run back to back
+  (CUDA events around them); a row whose idle host time is below 1.1x that is marked
+  "device-bound": the GPU sets the pace of its batches
   (engram.grad_w_reduce reads [SMs, 4, 7168] fp32 partial sums, ~9-10 us a call), so its "host"
   time includes waiting on a non-empty launch queue;
 * kernels/call: device kernels per call, from torch.profiler (CUDA activity) over a few calls
@@ -277,13 +278,15 @@ def measure(row: Row, module: Any, inputs: SimpleNamespace, fn: Callable, parts:
         row.fn, row.error = None, f"error: {exc!r}"[:300]
 
 
-def device_us(fn: Callable[[], Any], calls: int = 200) -> float:
-    """GPU time per call of ``calls`` calls back to back (CUDA events around them).  Where the host
-    time per call (batches of 50) is not clearly above it, the GPU, not the host, sets the pace of
-    a batch: the launches then land in a non-empty queue and the "GPU idle" host time is no longer
-    a host-only figure (the row is marked device-bound)."""
+def device_us(fn: Callable[[], Any], calls: int = 100) -> float:
+    """GPU time per call of ``calls`` calls back to back: CUDA events around them, all queued behind
+    a GPU sleep (40M cycles, >= 20 ms: longer than the host takes to queue them), so the GPU runs
+    them with no gap waiting on the host.  Where the host time per call (batches of 50) is not clearly above it, the
+    GPU, not the host, sets the pace of a batch: the launches then land in a non-empty queue and the
+    "GPU idle" host time is no longer a host-only figure (the row is marked device-bound)."""
     torch.cuda.synchronize()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda._sleep(40_000_000)
     start.record()
     for _ in range(calls):
         fn()
