@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
-"""engram.grad_w_reduce at 4 tokens: its GPU time per call, and its host time per call with the GPU
-idle at every call (a sync before each single timed call) against batches of 50 (bench_op_budget's
-setting), torch.add beside it.  Where the GPU time per call is above the host time, a batch's pace
-is the GPU's and the batch figure is not a host-only one.
+"""engram.grad_w_reduce at 4 tokens: its GPU time per call (calls queued behind a GPU sleep), and its
+host time per call with the GPU idle at every call (a sync before each single timed call) against
+batches of 50 (bench_op_budget's setting), torch.add beside it.  Where the GPU time per call is above
+the host time, a batch's pace is the GPU's and the batch figure is not a host-only one.
 
     cd /tmp && PYTHONPATH=<site with the tilebin wheel> taskset -c 2 python3 <repo>/bench/grad_w_reduce_pace.py
 """
@@ -24,7 +24,13 @@ s,e=torch.cuda.Event(enable_timing=True),torch.cuda.Event(enable_timing=True)
 s.record()
 for _ in range(500): f()
 e.record(); torch.cuda.synchronize()
-print(f"device time per call (500 back to back): {s.elapsed_time(e)*1000/500:.2f} us")
+# events around host-paced launches time the host's pace too: this is the slower of the two
+print(f"GPU timeline per call, launches paced by the host (500 back to back): {s.elapsed_time(e)*1000/500:.2f} us")
+torch.cuda._sleep(40_000_000)  # queue the calls first: the GPU then runs them with no gap
+s.record()
+for _ in range(100): f()
+e.record(); torch.cuda.synchronize()
+print(f"GPU time per call (100 calls queued behind a GPU sleep): {s.elapsed_time(e)*1000/100:.2f} us")
 def single(fn, n=3000):
     ts=[]
     for _ in range(n):
