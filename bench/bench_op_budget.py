@@ -23,9 +23,8 @@ measured in the same run.  One row per name in the ``__all__`` of ``tilebin.ops.
   ratio = host (idle) / budget; met: <= 1;
 * device us/call: GPU time per call of 100 calls queued behind a GPU sleep, then run back to back
   (CUDA events around them); a row whose idle host time is below 1.1x that is marked
-  "device-bound": the GPU sets the pace of its batches
-  (engram.grad_w_reduce reads [SMs, 4, 7168] fp32 partial sums, ~9-10 us a call), so its "host"
-  time includes waiting on a non-empty launch queue;
+  "device-bound": the GPU sets the pace of its batches, so its "host" time includes launches
+  into a non-empty queue (e.g. a kernel that reads more than the host time's worth of bytes);
 * kernels/call: device kernels per call, from torch.profiler (CUDA activity) over a few calls
   after all the timing (memsets and memcpys named apart);
 * host us minus n x empty: the op's own overhead, without its allocations.
