@@ -107,24 +107,15 @@ def _row_major_run(fn: Callable[..., None], scalars: tuple, out_dtype: torch.dty
     scales ``[ceil(tokens / rows_per_scale), sf_cols]`` allocated directly (what SfLayout.alloc
     makes for the row layout, and SfLayout.finish returns as is).  ``unwritten``: the sf-only
     form's stand-in ``out`` (it returns the scales only), else None."""
+    sf_only = unwritten is not None
 
-    if unwritten is not None:
-        def run_sf_only(x: torch.Tensor, *_: Any) -> torch.Tensor:
-            tokens = x.shape[0]
-            sf = torch.empty(-(-tokens // rows_per_scale), sf_cols, dtype=torch.float32, device=device)
-            if tokens:
-                fn(x, unwritten, sf.view(torch.uint8), *scalars)
-            return sf
-
-        return run_sf_only
-
-    def run(x: torch.Tensor, *_: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    def run(x: torch.Tensor, *_: Any) -> Any:
         tokens = x.shape[0]
-        out = torch.empty(tokens, out_cols, dtype=out_dtype, device=device)
+        out = unwritten if sf_only else torch.empty(tokens, out_cols, dtype=out_dtype, device=device)
         sf = torch.empty(-(-tokens // rows_per_scale), sf_cols, dtype=torch.float32, device=device)
         if tokens:
             fn(x, out, sf.view(torch.uint8), *scalars)
-        return out, sf
+        return sf if sf_only else (out, sf)
 
     return run
 

@@ -189,9 +189,9 @@ def swiglu_forward_and_per_token_cast(
 
 # -------------------------------------------------------------------------------------- backward
 def _bwd_relations(op: str, values: dict) -> None:
-    """What varies per call (:func:`._swiglu_checks.bwd_per_call`), then every tensor's device, the
+    """What varies per call (:func:`._swiglu_checks.bwd_checks`), then every tensor's device, the
     pair's included, in the op's order.  (A replayed call runs the per-call test in its ``run``.)"""
-    ck.bwd_per_call(op, tuple(values[name] for name in _BWD_PER_CALL))
+    ck.bwd_checks(op, *(values[name] for name in _BWD_PER_CALL))
     data, sf = values["x"]
     check_cuda(op, x=data, sf=sf, grad_out=values["grad_out"], weight=values["weight"],
                pos_to_token_topk=values["pos_to_token_topk"], token_topk_to_pos=values["token_topk_to_pos"])

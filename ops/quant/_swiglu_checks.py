@@ -155,7 +155,7 @@ def fwd_layout(op: str, values: dict) -> tuple[int, str, SfLayout]:
 # -------------------------------------------------------------------------------------- backward
 def bwd_pair(op: str, x: Any) -> Any:
     """The backward's forward input ``(data, sf)``: a pair whose data is e4m3, 2-D or 3-D (the rest:
-    :func:`bwd_per_call`)."""
+    :func:`bwd_checks`)."""
     if not (isinstance(x, tuple) and len(x) == 2):
         raise fail(op, f"x must be a (data, sf) pair (the quantized forward input), got {type(x).__name__}")
     data = x[0]
@@ -189,15 +189,6 @@ class PairParam(Param):
     key = staticmethod(bwd_pair_key)
 
 
-def bwd_per_call(op: str, args: tuple) -> None:
-    """What varies per call, in the op's order: data contiguous with ``2 * hidden`` channels, sf fp32
-    ``[rows, 2 * hidden / npc]`` row-major, grad_out ``rows * hidden`` values, the index maps and
-    weights contiguous and matching (their dtypes and ranks checked already).  A call for which
-    :func:`bwd_plain` holds passes every one of them; any other takes :func:`bwd_checks`."""
-    if not bwd_plain(*args[:6]):
-        bwd_checks(op, *args[:6])
-
-
 def bwd_plain(x: Any, grad_out: Any, weight: Any, ptt: Any, ttp: Any, npc: int) -> bool:
     """Per call, in one expression: every check of :func:`bwd_checks` passes, for non-empty real
     tensors (stricter: an empty one, a fake one or a non-tensor sf is left to the checks)."""
@@ -216,7 +207,10 @@ def bwd_plain(x: Any, grad_out: Any, weight: Any, ptt: Any, ttp: Any, npc: int) 
 
 def bwd_checks(op: str, x: Any, grad_out: Any, weight: Any, pos_to_token_topk: Any, token_topk_to_pos: Any,
                 npc: int) -> None:
-    """:func:`bwd_per_call`'s checks, in order (each raises with its own message)."""
+    """What varies per call, in the op's order (each raises with its own message): data contiguous
+    with ``2 * hidden`` channels, sf fp32 ``[rows, 2 * hidden / npc]`` row-major, grad_out ``rows *
+    hidden`` values, the index maps and weights contiguous and matching (their dtypes and ranks
+    checked already).  A call for which :func:`bwd_plain` holds passes every one of them."""
     data, sf = x
     check_contiguous(op, "x[0] (data)", data)
     width = data.size(-1)
@@ -258,6 +252,6 @@ def channel_per_call(op: str, args: tuple) -> None:
 
 
 __all__ = ["GROUP", "CountParam", "IntChoice", "PairParam", "ScalarParam", "WeightsParam", "bwd_checks", "bwd_pair",
-           "bwd_pair_key", "bwd_per_call", "bwd_plain", "channel_per_call", "check_contiguous", "check_float",
+           "bwd_pair_key", "bwd_plain", "channel_per_call", "check_contiguous", "check_float",
            "check_rows", "clamp_value", "e4m3_only", "exact_key", "fwd_layout", "fwd_per_call", "later", "sf_clamp_min",
            "weights_key"]
