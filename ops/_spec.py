@@ -32,7 +32,7 @@ from torch.compiler import is_compiling, is_dynamo_compiling
 
 from tilebin.runtime._record import Factory, record
 
-from ._common import TRACING, check_cuda, check_flag, check_int, check_tensor, fail, typed_key
+from ._common import SOLE_GPU, TRACING, check_cuda, check_flag, check_int, check_tensor, fail, typed_key
 from ._torch import TorchOp, traced
 
 _MEMO_MAX = 256  # configurations kept per op (a process sees a handful; the cap bounds a shape sweep)
@@ -93,8 +93,8 @@ class TensorParam:
         """This argument's part of the memo key (AttributeError for a non-tensor: the checked path)."""
         if t is None:
             return None  # only an optional parameter's None ever reaches a stored key
-        s = t.shape
-        return (t.dtype, t.device, len(s), s[1:]) if self.rows_vary else (t.dtype, t.device, s)
+        s, device = t.shape, (t.is_cuda if SOLE_GPU.on else t.device)
+        return (t.dtype, device, len(s), s[1:]) if self.rows_vary else (t.dtype, device, s)
 
 
 @record
@@ -175,6 +175,7 @@ def _compile_key(name: str, params: tuple) -> Callable[[tuple], tuple]:
     IndexError, ValueError (argument count) or TypeError (unhashable, at the lookup) send the
     call to the checked path."""
     env: dict[str, Any] = {}
+    SOLE_GPU.settle()  # before any key is computed: hand-written key parts read SOLE_GPU.on
     key = _key_expr(params, env)
     names = "".join(f"a{i}, " for i in range(len(params)))
     src = f"def key(args):\n    {names} = args\n    return {key}\n" if params else \
@@ -214,6 +215,7 @@ def _compile_call(spec: "OpSpec") -> Callable[..., Any]:
     takes :meth:`OpSpec.checked`; a hit runs the per-call checks (:func:`_call_checks`) and the
     configuration's ``run``.  The spec's ``memo``, ``checked`` and ``per_call`` are read through the
     spec on every call (tests replace them)."""
+    SOLE_GPU.settle()  # before any key is computed: hand-written key parts read SOLE_GPU.on
     env: dict[str, Any] = {"_spec": spec, "_name": spec.name, "_TR": TRACING, "_dynamo": is_dynamo_compiling,
                            "_compiler": _compiler, "_traced": traced}
     n = len(spec.params)
@@ -281,10 +283,11 @@ def _call_template(p: Any) -> Optional[str]:
 
 
 def _tensor_key_expr(p: TensorParam, a: str, s: str) -> str:
+    device = SOLE_GPU.attr()
     if not p.rows_vary:
-        return f"{a}.dtype, {a}.device, {a}.shape"
+        return f"{a}.dtype, {a}.{device}, {a}.shape"
     sizes = {1: "", 2: f", {s}[-1]", 3: f", {s}[-2], {s}[-1]"}.get(p.ndim, f", {s}[1:]")
-    return f"{a}.dtype, {a}.device, len({s} := {a}.shape){sizes}"
+    return f"{a}.dtype, {a}.{device}, len({s} := {a}.shape){sizes}"
 
 
 def _checks_per_call(p: Any) -> bool:

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from .._common import check_int, check_tensor, fail, ptr
+from .._common import SOLE_GPU, check_int, check_tensor, fail, ptr
 
 EXPAND_DTYPES = {torch.bfloat16: "bfloat16", torch.float32: "float32", torch.float8_e4m3fn: "float8_e4m3fn"}
 EXPAND_SF_DTYPES = {torch.float8_e4m3fn: "float8_e4m3fn", torch.bfloat16: "bfloat16"}
@@ -141,7 +141,9 @@ def sf_pair_key(x: Any) -> tuple:
         raise TypeError("not a (data, sf) pair")
     data, x_sf = x
     ds, ss = data.shape, x_sf.shape
-    return data.dtype, data.device, len(ds), ds[-1], x_sf.dtype, x_sf.device, len(ss), ss[-1]
+    one = SOLE_GPU.on  # a device's key part: is_cuda where the process has one GPU
+    return (data.dtype, data.is_cuda if one else data.device, len(ds), ds[-1], x_sf.dtype,
+            x_sf.is_cuda if one else x_sf.device, len(ss), ss[-1])
 
 
 def expand_sf_per_call(op: str, args: tuple) -> None:
@@ -187,9 +189,11 @@ def reduce_x_key(x: Any) -> tuple:
             raise TypeError("not an (x, x_sf) pair")
         data, x_sf = x
         s = data.shape
-        return tuple, data.dtype, data.device, len(s), s[-1], x_sf.dtype, x_sf.device, x_sf.dim()
+        one = SOLE_GPU.on
+        return (tuple, data.dtype, data.is_cuda if one else data.device, len(s), s[-1], x_sf.dtype,
+                x_sf.is_cuda if one else x_sf.device, x_sf.dim())
     s = x.shape
-    return x.dtype, x.device, len(s), s[-1]
+    return x.dtype, x.is_cuda if SOLE_GPU.on else x.device, len(s), s[-1]
 
 
 def out_key(out: Any) -> Any:
@@ -197,7 +201,7 @@ def out_key(out: Any) -> Any:
     if out is None:
         return None
     s = out.shape
-    return out.dtype, out.device, len(s), s[-1]
+    return out.dtype, out.is_cuda if SOLE_GPU.on else out.device, len(s), s[-1]
 
 
 def check_fp8_format(op: str, value: Any) -> str:

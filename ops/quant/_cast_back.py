@@ -31,7 +31,7 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from .._common import TRACING, aligned_input, check_cuda, fail, launcher, ptr
+from .._common import SOLE_GPU, TRACING, aligned_input, check_cuda, fail, launcher, ptr
 from .._spec import OpSpec, Param
 from .._torch import pair_to_public, pair_to_schema
 from ._sf import input_sf
@@ -150,7 +150,9 @@ def _pair_key(x: Any) -> tuple:
     data, sf = x
     st = sf.stride()
     col = st[0] == 1
-    return data.dtype, data.device, data.shape[1:], sf.dtype, sf.device, sf.shape[1:], col, col or st[1] == 1
+    one = SOLE_GPU.on  # a device's key part: is_cuda where the process has one GPU
+    return (data.dtype, data.is_cuda if one else data.device, data.shape[1:], sf.dtype,
+            sf.is_cuda if one else sf.device, sf.shape[1:], col, col or st[1] == 1)
 
 
 def _block_key(block: Any) -> tuple:
@@ -288,7 +290,7 @@ def _check_out_dtype(op: str, out_dtype: Any) -> torch.dtype:
 
 def _packed_key(x: Any) -> tuple:
     """x's part of a configuration: dtype, device and rank (its sizes are read per call)."""
-    return x.dtype, x.device, x.dim()
+    return x.dtype, x.is_cuda if SOLE_GPU.on else x.device, x.dim()
 
 
 _UNPACK_KERNEL = "quant.unpack_e2m1"

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from .._common import check_aligned, fail, ptr
+from .._common import SOLE_GPU, check_aligned, fail, ptr
 from .._spec import Param
 from ._sf import check_fmt, input_sf
 
@@ -124,7 +124,9 @@ def lossless_x_key(x: Any) -> tuple:
         raise TypeError("not a pair of tensors")
     s, strides = data.shape, sf.stride()
     layout = "col" if strides[0] == 1 else strides[-1] == 1  # input_sf's test: column-major, else row-major or not
-    return data.dtype, data.device, len(s), s[1:], sf.dtype, sf.device, len(strides), layout
+    one = SOLE_GPU.on  # a device's key part: is_cuda where the process has one GPU
+    return (data.dtype, data.is_cuda if one else data.device, len(s), s[1:], sf.dtype,
+            sf.is_cuda if one else sf.device, len(strides), layout)
 
 
 def lossless_per_call(op: str, args: tuple) -> None:

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from .._common import check_aligned, check_tensor, fail
+from .._common import SOLE_GPU, check_aligned, check_tensor, fail
 from ._per_block_checks import irregular
 
 IN_GROUP = 128  # channels per input scale of a quantized input (num_per_channels)
@@ -85,11 +85,13 @@ def fused_x_key(x: Any) -> tuple:
         if not isinstance(data, torch.Tensor) or not isinstance(sf, torch.Tensor):
             raise TypeError("not a pair of tensors")
         s, t = data.shape, sf.shape
-        return data.dtype, data.device, len(s), s[1:], sf.dtype, sf.device, len(t), t[1:]
+        one = SOLE_GPU.on  # a device's key part: is_cuda where the process has one GPU
+        return (data.dtype, data.is_cuda if one else data.device, len(s), s[1:], sf.dtype,
+                sf.is_cuda if one else sf.device, len(t), t[1:])
     if not isinstance(x, torch.Tensor):
         raise TypeError("not a tensor")
     s = x.shape
-    return x.dtype, x.device, len(s), s[1:]
+    return x.dtype, x.is_cuda if SOLE_GPU.on else x.device, len(s), s[1:]
 
 
 def fused_x_call(op: str, x: Any) -> None:

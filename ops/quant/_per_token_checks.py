@@ -16,7 +16,7 @@ from typing import Any, NamedTuple, Optional
 
 import torch
 
-from .._common import check_flag, check_tensor, fail, ptr
+from .._common import SOLE_GPU, check_flag, check_tensor, fail, ptr
 from .._spec import Param, TensorParam
 from ._sf import SfLayout, check_fmt, input_sf, output_layout
 
@@ -43,7 +43,7 @@ class Scales(Deferred):
     the dtype, device and rank (one configuration for every token count)."""
 
     def key(self, t: Any) -> Any:
-        return t.dtype, t.device, t.dim()
+        return t.dtype, t.is_cuda if SOLE_GPU.on else t.device, t.dim()
 
 
 def _unchecked(op: str, value: Any) -> Any:
@@ -76,8 +76,9 @@ def pair_key(x: Any) -> tuple:
     if len(x) != 2:
         raise TypeError("not a (data, sf) pair")
     data, sf = x
-    return (data.dtype, data.device, data.dim(), data.shape[1:], sf.dtype, sf.device, sf.dim(), sf.stride(0) == 1,
-            sf.stride(1) == 1)
+    one = SOLE_GPU.on  # a device's key part: is_cuda where the process has one GPU
+    return (data.dtype, data.is_cuda if one else data.device, data.dim(), data.shape[1:], sf.dtype,
+            sf.is_cuda if one else sf.device, sf.dim(), sf.stride(0) == 1, sf.stride(1) == 1)
 
 
 class Config(NamedTuple):

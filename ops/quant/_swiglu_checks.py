@@ -15,7 +15,7 @@ import torch
 
 from tilebin.runtime._record import record
 
-from .._common import TRACING, check_aligned, check_float32, check_tensor, fail, ptr
+from .._common import SOLE_GPU, TRACING, check_aligned, check_float32, check_tensor, fail, ptr
 from .._spec import IntParam, Param, TensorParam
 from ._sf import SfLayout, check_fmt, output_layout
 
@@ -59,7 +59,7 @@ def exact_key(value: Any) -> tuple:
 def weights_key(w: Any) -> Any:
     """topk_weights' part of the key: None, or dtype, device and rank (every other check is per call;
     AttributeError for a non-tensor, which is ignored without pos_to_token_topk: the checked path)."""
-    return None if w is None else (w.dtype, w.device, len(w.shape))
+    return None if w is None else (w.dtype, w.is_cuda if SOLE_GPU.on else w.device, len(w.shape))
 
 
 # Params whose memo-key part is computed by one call (Param.key would wrap its key_of, or typed_key,
@@ -172,7 +172,9 @@ def bwd_pair_key(x: Any) -> tuple:
         raise TypeError("not a (data, sf) pair")
     data, sf = x
     d, s = data.shape, sf.shape
-    return data.dtype, data.device, len(d), d[1:], sf.dtype, sf.device, len(s), s[1:]
+    one = SOLE_GPU.on  # a device's key part: is_cuda where the process has one GPU
+    return (data.dtype, data.is_cuda if one else data.device, len(d), d[1:], sf.dtype,
+            sf.is_cuda if one else sf.device, len(s), s[1:])
 
 
 class CountParam(TensorParam):

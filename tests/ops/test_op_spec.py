@@ -246,3 +246,46 @@ def test_call_tests_hold_whenever_check_call_raises():
                 refused += 1
                 assert eval(test, {"a": t, "s": None if t is None else t.shape}), (p.name, t.shape, t.stride())  # noqa: S307
     assert refused >= 10
+
+
+def test_with_one_gpu_a_key_holds_is_cuda_and_never_serves_another_device(monkeypatch):
+    """Where the process sees one CUDA device, keys hold a tensor's ``is_cuda`` for its device (every
+    CUDA tensor is on it; ``t.device`` is a new object per read, costly to hash and compare): the
+    generated key and the hand-written key parts alike.  A configuration stored for CUDA tensors
+    never serves a tensor that is not on CUDA.  (Here CPU tensors stand in for CUDA ones:
+    ``is_cuda`` patched to mean "on the CPU"; meta tensors then stand for any other device.)"""
+    from tilebin.ops import _common
+    from tilebin.ops.quant import _cast_back
+
+    monkeypatch.setattr(_common.SOLE_GPU, "on", True)
+    monkeypatch.setattr(_common.SOLE_GPU, "_settled", True)
+    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda t: t.device.type == "cpu"))
+    monkeypatch.setattr(_spec, "check_cuda", lambda *a, **k: None)
+    f32 = (torch.float32,)
+    runs: list = []
+    spec = _spec.OpSpec("toy", (_spec.TensorParam("x", f32, 2), _spec.TensorParam("w", f32, 1, rows_vary=False)),
+                        "Tensor", lambda values: lambda x, w: runs.append(x.device.type))
+    x, w = torch.zeros(3, 4), torch.zeros(8)
+    key = spec.key((x, w))
+    assert key.count(True) == 2 and not any(isinstance(part, torch.device) for part in key)
+    pair = _cast_back._pair_key((torch.zeros(2, 64, dtype=torch.float8_e4m3fn), torch.ones(2, 1)))
+    assert not any(isinstance(part, torch.device) for part in pair)
+    checked: list = []
+    real = _spec.OpSpec.checked
+    monkeypatch.setattr(_spec.OpSpec, "checked", lambda s, args, k: checked.append(1) or real(s, args, k))
+    spec.call(x, w)
+    spec.call(torch.zeros(5, 4), w)  # replayed: the same configuration
+    assert len(checked) == 1
+    spec.call(torch.zeros(5, 4, device="meta"), w)  # is_cuda differs: checked, never replayed
+    spec.call(x, torch.zeros(8, device="meta"))
+    assert len(checked) == 3 and runs == ["cpu", "cpu", "meta", "cpu"]
+
+
+def test_without_cuda_keys_hold_the_device():
+    """On a machine without CUDA (this one in CI), keys hold ``t.device``, as with several GPUs."""
+    from tilebin.ops import _common
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA: the GPU suite covers one-GPU keys")
+    spec = _spec.OpSpec("toy", (_spec.TensorParam("x", (torch.float32,), 2),), "Tensor", lambda values: None)
+    assert torch.device("cpu") in spec.key((torch.zeros(3, 4),)) and _common.SOLE_GPU.on is False

@@ -12,7 +12,7 @@ from typing import Any, Callable
 import torch
 from torch.compiler import is_compiling
 
-from tilebin.ops._common import TRACING, aligned_input, check_float32, check_tensor, fail, ptr
+from tilebin.ops._common import SOLE_GPU, TRACING, aligned_input, check_float32, check_tensor, fail, ptr
 from tilebin.ops._spec import OpSpec, Param, TensorParam
 from tilebin.ops._torch import TorchOp, traced
 
@@ -98,7 +98,7 @@ class Rows(TensorParam):
 
     def key(self, t: Any) -> Any:
         s = t.shape
-        return t.dtype, t.device, len(s), s[-self.TAIL:]
+        return t.dtype, t.is_cuda if SOLE_GPU.on else t.device, len(s), s[-self.TAIL:]
 
 
 class Streams(Rows):
