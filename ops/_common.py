@@ -194,20 +194,20 @@ def typed_key(*parts: Any) -> tuple:
     checked path).
     """
     types = tuple(map(type, parts))
-    if _NESTED.isdisjoint(types):  # the common case: flat scalars, dtypes, devices, sizes
+    if _PLAIN.issuperset(types):  # the common case: flat scalars
         return parts + types
     return tuple([_typed(p) for p in parts])
 
 
-_NESTED = frozenset((tuple, list, float))  # parts whose elements or bits need their own tags
+_PLAIN = frozenset((int, bool, str, type(None)))  # parts whose type and value are their whole key
 
 
 def _typed(value: Any) -> Any:
     t = type(value)
-    if t is tuple or t is list:
+    if isinstance(value, (tuple, list)):  # torch.Size and other subclasses too
         return t, tuple([_typed(v) for v in value])
-    if t is float:
-        return t, value.hex()
+    if isinstance(value, float):  # numpy floats too: 0.0 == -0.0, their bits differ
+        return t, float.hex(value)
     return t, value
 
 

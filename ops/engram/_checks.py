@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from .._common import TRACING, check_tensor, fail, ptr, typed_key
+from .._common import TRACING, check_tensor, fail, ptr
 from .._spec import Param
 
 MAX_HIDDEN = 8192  # the gate kernels keep a row in registers: hidden <= 256 threads x 32 values
@@ -38,29 +38,13 @@ def check_bool(op: str, name: str, value: Any) -> bool:
 
 
 def float_param(name: str) -> Param:
-    """A float parameter checked by :func:`check_float`; its memo-key part is :func:`float_key`."""
-    return Param(name, "float", lambda op, value: check_float(op, name, value), key_of=float_key)
-
-
-def float_key(value: Any) -> Any:
-    """A float argument's memo-key part, equal for two values only when their types and bits are:
-    a nonzero float is its own key (floats other than 0.0 and -0.0 are equal exactly when their
-    bits are; NaN, refused, is never stored), anything else :func:`typed_key`'s tags, floats
-    (zeros, subclasses) with their bits.  ~10x cheaper than typed_key for the common float."""
-    if type(value) is float and value:
-        return value
-    return (type(value), float.hex(value)) if isinstance(value, float) else typed_key(value)
+    """A float parameter checked by :func:`check_float` (keyed by type and bits, inline: OpSpec's key)."""
+    return Param(name, "float", lambda op, value: check_float(op, name, value))
 
 
 def bool_param(name: str, default: str) -> Param:
     """A bool parameter checked by :func:`check_bool` (ints refused); ``default`` as the schema writes it."""
-    return Param(name, "bool", lambda op, value: check_bool(op, name, value), key_of=_bool_key, default=default)
-
-
-def _bool_key(value: Any) -> Any:
-    """A bool argument's memo-key part: the bool itself, anything else :func:`typed_key`'s tags
-    (``1`` and ``True`` differ: ``(1, int)`` is a tuple)."""
-    return value if type(value) is bool else typed_key(value)
+    return Param(name, "bool", lambda op, value: check_bool(op, name, value), default=default)
 
 
 def aligned(*tensors: torch.Tensor, align: int = 16) -> bool:

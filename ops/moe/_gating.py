@@ -20,7 +20,6 @@ route or a zero ``logical_count`` leaves the index unmapped instead of reading o
 
 from __future__ import annotations
 
-from math import copysign
 from typing import Any, Callable, Optional
 
 import torch
@@ -60,11 +59,6 @@ def _placeholders(device: torch.device) -> tuple[torch.Tensor, ...]:
         if not TRACING.on:
             _PLACEHOLDERS[device] = p
     return p
-
-
-def _as_given(op: str, value: Any) -> Any:
-    """A scalar checked by the op's ``relations`` (in the op's order, against the tensors' sizes)."""
-    return value
 
 
 class _StrictInt(IntParam):
@@ -170,16 +164,6 @@ def topk_sum_and_topk_group_idx(scores: torch.Tensor, num_topk_sum: int, num_top
 
 
 # ---------------------------------------------------------------- top2_sum_gate
-def _factor_key(value: Any) -> Any:
-    """routed_scaling_factor's memo-key part: its type and, for a float, its bits: its value and
-    sign (0.0 and -0.0 differ; cheaper than ``float.hex``), a NaN as ``"nan"`` (it finds itself);
-    anything else by value (an unhashable one: the checked path)."""
-    t = type(value)
-    if t is float and value == value:
-        return t, value, copysign(1.0, value)
-    return t, float(value).hex() if isinstance(value, float) else value
-
-
 def _top2_per_call(op: str, args: tuple) -> None:
     """Per call (from the launch's ``run``, when logits or bias is not contiguous or an optional tensor
     is given): token counts and strides agree (neither is in the memo key); when they do not,
@@ -253,9 +237,9 @@ TOP2_SUM_GATE = OpSpec(
     "top2_sum_gate",
     (TensorParam("logits", _F32, 2), TensorParam("bias", _F32, 1, rows_vary=False), _StrictInt("num_topk"),
      _StrictInt("num_topk_groups"), _StrictInt("num_groups"), _StrictFlag("use_shared_as_routed"),
-     _StrictInt("num_shared_experts"), Param("routed_scaling_factor", "float", _as_given, key_of=_factor_key),
+     _StrictInt("num_shared_experts"), Param("routed_scaling_factor", "float"),
      _StrictInt("ep_rank"), _StrictInt("num_ep_ranks"), _StrictInt("tp_rank"), _StrictInt("num_tp_ranks"),
-     Param("scoring_func", "str", _as_given), _optional("mask", (torch.bool,), None),
+     Param("scoring_func", "str"), _optional("mask", (torch.bool,), None),
      _optional("fix_routing_mask", (torch.bool,), 1),
      _optional("to_physical_map", (torch.int32,), 2, rows_vary=False),
      _optional("logical_count", (torch.int32,), 1, rows_vary=False),

@@ -391,11 +391,6 @@ def _pointers(x_sf: Optional[torch.Tensor], topk_weights: Optional[torch.Tensor]
     return bits
 
 
-def _as_given(op: str, value: Any) -> Any:
-    """out: checked against x, fp8_format and the token count (``_reduce_relations``, ``reduce_per_call``)."""
-    return value
-
-
 REDUCE_FUSED = OpSpec(
     "reduce_fused",
     (Param("x", "Tensor", check_reduce_x, key_of=reduce_x_key),
@@ -403,7 +398,7 @@ REDUCE_FUSED = OpSpec(
      TensorParam("token_topk_to_pos", _INT32, 2),
      Param("fp8_format", "str", check_fp8_format),
      _CheckedLater("sf", (torch.float32,), 1, optional=True, rows_vary=False),  # after fp8_format's relation
-     Param("out", "Tensor?", _as_given, key_of=out_key)),
+     Param("out", "Tensor?", key_of=out_key)),
     "Tensor", _plan_reduce, relations=_reduce_relations,
     schema_args=('Tensor x, Tensor? x_sf, Tensor? topk_weights, Tensor token_topk_to_pos, str fp8_format="", '
                  'Tensor? sf=None'),

@@ -32,7 +32,7 @@ from typing import Any, Callable, Optional
 import torch
 
 from .._common import SOLE_GPU, TRACING, aligned_input, check_cuda, fail, launcher, ptr
-from .._spec import OpSpec, Param
+from .._spec import OpSpec, Param, block_key
 from .._torch import pair_to_public, pair_to_schema
 from ._sf import input_sf
 
@@ -63,11 +63,6 @@ def _check_special(op: str, special: Any) -> Optional[str]:
     if special not in (None, "e5m6"):
         raise fail(_OP, f"x_special_fmt={special!r} is not supported; supported: None, 'e5m6'")
     return special
-
-
-def _later(op: str, value: Any) -> Any:
-    """The pair and the block sizes: checked together by :func:`_read_input` (``relations``)."""
-    return value
 
 
 def _block_shift(what: str, size: Any, extent: int) -> int:
@@ -150,20 +145,10 @@ def _pair_key(x: Any) -> tuple:
     data, sf = x
     st = sf.stride()
     col = st[0] == 1
-    one = SOLE_GPU.on  # a device's key part: is_cuda where the process has one GPU
-    return (data.dtype, data.is_cuda if one else data.device, data.shape[1:], sf.dtype,
-            sf.is_cuda if one else sf.device, sf.shape[1:], col, col or st[1] == 1)
-
-
-def _block_key(block: Any) -> tuple:
-    """x_block_size's part: the sizes with their types (TypeError for anything but a 2-tuple)."""
-    if type(block) is not tuple or len(block) != 2:
-        raise TypeError("not a (rows, cols) tuple")
-    return type(block[0]), block[0], type(block[1]), block[1]
-
-
-def _typed(value: Any) -> tuple:
-    return type(value), value
+    one, ds, ss = SOLE_GPU.on, data.shape, sf.shape  # a device: is_cuda where the process has one GPU
+    return (data.dtype, data.is_cuda if one else data.device, len(ds), ds[-1] if len(ds) == 2 else ds[1:],
+            sf.dtype, sf.is_cuda if one else sf.device, len(ss), ss[-1] if len(ss) == 2 else ss[1:], col,
+            col or st[1] == 1)
 
 
 # ------------------------------------------------------------------------------------ the launch
@@ -228,18 +213,18 @@ def _per_token_blocks(values: dict) -> tuple:
 
 
 # ------------------------------------------------------------------------------------- the specs
-_PAIR = Param("x", "Tensor", _later, key_of=_pair_key)
+_PAIR = Param("x", "Tensor", key_of=_pair_key)
 # (no key_of: the spec keys a str or int parameter by its type and value inline, no call per argument)
 _FMT = Param("fmt", "str", _check_out_fmt)
 _SPECIAL = Param("x_special_fmt", "str?", _check_special, default="None")
 _PAIR_TORCH = dict(to_schema=pair_to_schema, to_public=pair_to_public)
 
 CAST_BACK = OpSpec(
-    "cast_back", (_PAIR, _FMT, Param("x_block_size", "int[]", _later, key_of=_block_key), _SPECIAL), "Tensor",
+    "cast_back", (_PAIR, _FMT, Param("x_block_size", "int[]", key_of=block_key), _SPECIAL), "Tensor",
     _plan(_blocks), relations=_relations(_blocks),
     schema_args="Tensor x, Tensor x_sf, str fmt, int[] x_block_size, str? x_special_fmt=None", torch=_PAIR_TORCH)
 PER_TOKEN_CAST_BACK = OpSpec(
-    "per_token_cast_back", (_PAIR, _FMT, Param("num_per_channels", "int", _later), _SPECIAL),
+    "per_token_cast_back", (_PAIR, _FMT, Param("num_per_channels", "int"), _SPECIAL),
     "Tensor", _plan(_per_token_blocks), relations=_relations(_per_token_blocks),
     schema_args="Tensor x, Tensor x_sf, str fmt, int num_per_channels, str? x_special_fmt=None", torch=_PAIR_TORCH)
 
@@ -348,7 +333,7 @@ def _unpack_kernel_run(device: torch.device, out_dtype: torch.dtype, fn: Any,
 
 UNPACK_FROM_E2M1FN_X2 = OpSpec(
     "unpack_from_e2m1fn_x2", (Param("x", "Tensor", _check_packed, key_of=_packed_key),
-                              Param("out_dtype", "ScalarType", _check_out_dtype, key_of=_typed)),
+                              Param("out_dtype", "ScalarType", _check_out_dtype)),
     "Tensor", _plan_unpack)
 
 

@@ -22,7 +22,7 @@ from tilebin.runtime._record import record
 from .._common import TRACING, aligned_input, check_cuda, check_tensor, fail, launcher, ptr
 from .._spec import FlagParam, OpSpec, Param, TensorParam
 from .._torch import pair_to_public, pair_to_schema
-from ._per_block_checks import (BLOCKS, LOSSLESS_IN_BLOCK, LOSSLESS_OUT_BLOCKS, block_param, check_rows, exact_key,
+from ._per_block_checks import (BLOCKS, LOSSLESS_IN_BLOCK, LOSSLESS_OUT_BLOCKS, block_param, check_rows,
                                 fmt_param, lossless_per_call, lossless_x, lossless_x_key, precomputed_per_call)
 from ._sf import FMT_DTYPES, SfLayout, input_sf, output_layout
 
@@ -251,7 +251,7 @@ PER_BLOCK_CAST_LOSSLESS = OpSpec(
     (Param("x", "Tensor", lossless_x, key_of=lossless_x_key), fmt_param(("e4m3",)),
      block_param("x_block_size", (LOSSLESS_IN_BLOCK,), pair_input=True),
      block_param("out_block_size", LOSSLESS_OUT_BLOCKS), FlagParam("use_tma_aligned_col_major_sf", "False"),
-     Param("round_sf", "bool", lambda op, value: value, exact_key, "False"),  # implied (power-of-two scales), unread
+     Param("round_sf", "bool", default="False"),  # implied (power-of-two scales), unread
      FlagParam("use_packed_ue8m0", "False")),
     "(Tensor, Tensor)", _plan_lossless, relations=_lossless_relations,
     schema_args="Tensor x, Tensor x_sf, str fmt, int[] x_block_size, int[] out_block_size, "

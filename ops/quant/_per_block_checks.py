@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from .._common import SOLE_GPU, check_aligned, fail, ptr
-from .._spec import Param
+from .._spec import Param, block_key
 from ._sf import check_fmt, input_sf
 
 BLOCKS = ((128, 128), (32, 32))
@@ -34,27 +34,8 @@ def check_block(op: str, name: str, value: Any, allowed: tuple) -> tuple[int, in
     return block
 
 
-def exact_key(value: Any) -> tuple:
-    """A scalar's memo-key part, its type and value: as :func:`._common.typed_key` keeps an int, a
-    bool or None apart, in a third of the time (OpSpec keys a str Param so by itself).  Floats
-    and tuples would not be kept apart (``0.0`` and ``-0.0``, ``(1.0,)`` and ``(1,)``): only for
-    parameters that refuse those, or never read their value."""
-    return type(value), value
-
-
-def block_key(value: Any) -> tuple:
-    """A block size's memo-key part: its type, its two elements' types and values (TypeError for
-    anything that is not two elements: the checked path says why)."""
-    try:
-        rows, cols = value
-    except ValueError:
-        raise TypeError("not two elements") from None
-    return type(value), type(rows), type(cols), rows, cols
-
-
 def block_param(name: str, allowed: tuple, pair_input: bool = False) -> Param:
-    """An ``int[]`` block size, one of ``allowed`` (checked value: a tuple), keyed by
-    :func:`block_key`.  ``pair_input``: the block of a quantized ``(data, sf)`` input, which must
+    """An ``int[]`` block size, one of ``allowed`` (checked value: a tuple).  ``pair_input``: the block of a quantized ``(data, sf)`` input, which must
     be a tuple of two first."""
 
     def check(op: str, value: Any) -> tuple[int, int]:
@@ -125,7 +106,7 @@ def lossless_x_key(x: Any) -> tuple:
     s, strides = data.shape, sf.stride()
     layout = "col" if strides[0] == 1 else strides[-1] == 1  # input_sf's test: column-major, else row-major or not
     one = SOLE_GPU.on  # a device's key part: is_cuda where the process has one GPU
-    return (data.dtype, data.is_cuda if one else data.device, len(s), s[1:], sf.dtype,
+    return (data.dtype, data.is_cuda if one else data.device, len(s), s[-1] if len(s) == 2 else s[1:], sf.dtype,
             sf.is_cuda if one else sf.device, len(strides), layout)
 
 

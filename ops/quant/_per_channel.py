@@ -32,7 +32,6 @@ from tilebin.runtime._record import record
 from .._common import TRACING, aligned_input, check_cuda, fail, launcher
 from .._spec import FlagParam, OpSpec, Param, TensorParam
 from .._torch import pair_to_public, pair_to_schema
-from ._per_block_checks import exact_key
 from ._per_channel_checks import (HIDDEN_ALIGN, IN_GROUP, PLAIN_DTYPES, check_int, check_matrix, check_pos,
                                   fused_x, fused_x_call, fused_x_key)
 from ._sf import check_fmt
@@ -108,8 +107,7 @@ def _fmt() -> Param:
 
 def _tokens(allowed: tuple[int, ...]) -> Param:
     """``num_per_tokens``, a Python int among ``allowed``; keyed by its type and value."""
-    return Param("num_per_tokens", "int", lambda op, value: check_int(op, "num_per_tokens", value, allowed),
-                 exact_key)
+    return Param("num_per_tokens", "int", lambda op, value: check_int(op, "num_per_tokens", value, allowed))
 
 
 def _plan_fused(values: dict) -> Callable[..., QuantTensor]:
@@ -187,7 +185,7 @@ PER_CHANNEL_CAST_FUSED = OpSpec(
     "per_channel_cast_fused",
     (Param("x", "Tensor", fused_x, key_of=fused_x_key, call_check=fused_x_call), _fmt(), _tokens((128,)),
      FlagParam("round_sf", "False"),
-     Param("num_per_channels", "int?", lambda op, value: value, exact_key, "None"),  # checked with x (relations)
+     Param("num_per_channels", "int?", default="None"),  # checked with x (relations)
      _Positions("pos_to_token", (torch.int32,), 1, optional=True, default="None")),
     "(Tensor, Tensor)", _plan_fused, relations=_fused_relations,
     schema_args="Tensor x, Tensor? x_sf, str fmt, int num_per_tokens, bool round_sf=False, "

@@ -86,12 +86,12 @@ def fused_x_key(x: Any) -> tuple:
             raise TypeError("not a pair of tensors")
         s, t = data.shape, sf.shape
         one = SOLE_GPU.on  # a device's key part: is_cuda where the process has one GPU
-        return (data.dtype, data.is_cuda if one else data.device, len(s), s[1:], sf.dtype,
-                sf.is_cuda if one else sf.device, len(t), t[1:])
+        return (data.dtype, data.is_cuda if one else data.device, len(s), s[-1] if len(s) == 2 else s[1:],
+                sf.dtype, sf.is_cuda if one else sf.device, len(t), t[-1] if len(t) == 2 else t[1:])
     if not isinstance(x, torch.Tensor):
         raise TypeError("not a tensor")
     s = x.shape
-    return x.dtype, x.is_cuda if SOLE_GPU.on else x.device, len(s), s[1:]
+    return x.dtype, x.is_cuda if SOLE_GPU.on else x.device, len(s), s[-1] if len(s) == 2 else s[1:]
 
 
 def fused_x_call(op: str, x: Any) -> None:

@@ -34,7 +34,7 @@ configuration (dtypes, sizes but the token count, device, fmt, ``num_per_channel
 each with its type) is checked once; a later call of it runs only the checks that read the token
 count, strides or pointers (a quantized pair's, precomputed scales', E5M6's element limit) and
 launches.  ``per_token_cast`` of a quantized pair is its own spec (:data:`CAST_PAIR`, same
-custom op): the leading-tensor key of :data:`CAST` serves the plain input, the hot path.
+custom op): :data:`CAST` keys a plain tensor input, the hot path, inline.
 
 Kernels: ``quant.per_token_cast`` (plain input), ``quant.per_token_cast_quantized``,
 ``quant.per_token_cast_sf_only``, ``quant.per_token_cast_precomputed``; and for up to
@@ -50,10 +50,10 @@ from typing import Any, Callable, Optional, Union
 import torch
 
 from .._common import TRACING, aligned_input, check_cuda, fail, kernel_meta, launcher, ptr
-from .._spec import OpSpec
+from .._spec import OpSpec, block_key
 from .._torch import TorchOp, pair_to_public, pair_to_schema
-from ._per_token_checks import (INT32_MAX, PLAIN, Config, Deferred, Scales, block_key, check_config, deferred,
-                                kernel_scales, pair_call_checks, pair_key, scales_call_checks, typed)
+from ._per_token_checks import (INT32_MAX, PLAIN, Config, Deferred, Scales, check_config, deferred, kernel_scales,
+                                pair_call_checks, pair_key, scales_call_checks)
 from ._sf import SCHEMA_FLAGS as _FLAGS, FMT_DTYPES
 
 QuantTensor = tuple[torch.Tensor, torch.Tensor]
@@ -246,14 +246,11 @@ def _relations(mode: str) -> Callable[[str, dict], None]:
     return relations
 
 
-def _params(*tensors: Any, keyed: bool = False) -> tuple:
+def _params(*tensors: Any) -> tuple:
     """fmt, num_per_channels, the given tensors, x_block_size and the three flags (the parameters
-    after x); ``keyed``: with their own keys (cheaper than the generic typed key; a spec whose x
-    is a tensor keeps them unkeyed, for its leading-tensor key)."""
-    scalar, block = (typed, block_key) if keyed else (None, None)
-    return (deferred("fmt", "str", key_of=scalar), deferred("num_per_channels", "int", key_of=scalar), *tensors,
-            deferred("x_block_size", "int[]?", "None", block),
-            *(deferred(name, "bool", "False", scalar) for name in _FLAG_NAMES))
+    after x), each keyed by OpSpec's inline typed key."""
+    return (deferred("fmt", "str"), deferred("num_per_channels", "int"), *tensors,
+            deferred("x_block_size", "int[]?", "None", block_key), *(deferred(name, "bool", "False") for name in _FLAG_NAMES))
 
 
 _X = Deferred("x", tuple(PLAIN), 2)
@@ -261,12 +258,12 @@ _CAST_SCHEMA = f"Tensor x, Tensor? x_sf, str fmt, int num_per_channels, int[]? x
 CAST = OpSpec("per_token_cast", (_X, *_params()), "(Tensor, Tensor)", _plan_cast, relations=_cast_relations,
               schema_args=_CAST_SCHEMA)
 # a quantized (data, sf) x: another key (pair_key), the same checks, plan and custom op
-CAST_PAIR = OpSpec("per_token_cast", (deferred("x", "Tensor", key_of=pair_key), *_params(keyed=True)),
+CAST_PAIR = OpSpec("per_token_cast", (deferred("x", "Tensor", key_of=pair_key), *_params()),
                    "(Tensor, Tensor)", _plan_cast, relations=_cast_relations, schema_args=_CAST_SCHEMA)
 SF_ONLY = OpSpec("per_token_cast_with_sf_only", (_X, *_params()), "Tensor", _plan_sf_only,
                  relations=_relations("sf_only"))
 PRECOMPUTED = OpSpec("per_token_cast_with_precomputed_sf",
-                     (_X, *_params(Scales("sf", (torch.float32,), 2), keyed=True)),
+                     (_X, *_params(Scales("sf", (torch.float32,), 2))),
                      "Tensor", _plan_precomputed, relations=_relations("precomputed"))
 SPECS = (CAST, CAST_PAIR, SF_ONLY, PRECOMPUTED)
 

@@ -148,12 +148,12 @@ SWIGLU_FWD = OpSpec(
     "swiglu_forward_and_per_token_cast",
     (TensorParam("x", tuple(_IN_KEY), 2), Param("fmt", "str", ck.e4m3_only),
      ck.IntChoice("num_per_channels"), _index("pos_to_token_topk"),
-     ck.WeightsParam("topk_weights", "Tensor?", ck.later, default="None"), _index("pos_to_expert"),
+     Param("topk_weights", "Tensor?", key_of=ck.weights_key, default="None"), _index("pos_to_expert"),
      FlagParam("use_tma_aligned_col_major_sf", "False"), FlagParam("round_sf", "False"),
      FlagParam("use_packed_ue8m0", "False"),
-     ck.ScalarParam("swiglu_clamp_value", "float?", ck.clamp_value, default="None"),
+     Param("swiglu_clamp_value", "float?", ck.clamp_value, default="None"),
      ck.CountParam("clamped_count", (torch.int64,), 1, mutated=True, optional=True, rows_vary=False, default="None"),
-     ck.ScalarParam("sf_clamp_min", "float?", ck.sf_clamp_min, default="None")),
+     Param("sf_clamp_min", "float?", ck.sf_clamp_min, default="None")),
     "(Tensor, Tensor)", _plan_fwd, relations=_fwd_relations, per_call=ck.fwd_per_call)
 
 
@@ -244,11 +244,11 @@ def _bwd_result(result: Any) -> tuple:
 
 SWIGLU_BWD = OpSpec(
     "swiglu_backward_and_per_token_cast",
-    (ck.PairParam("x", "Tensor", ck.bwd_pair), TensorParam("grad_out", (torch.bfloat16,)),
+    (Param("x", "Tensor", ck.bwd_pair, ck.bwd_pair_key), TensorParam("grad_out", (torch.bfloat16,)),
      TensorParam("weight", (torch.float32,)), TensorParam("pos_to_token_topk", (torch.int32,), 1),
      TensorParam("token_topk_to_pos", (torch.int32,), 2),
      ck.IntChoice("num_per_channels", allowed=(32, 128)),
-     FlagParam("round_sf", "False"), ck.ScalarParam("swiglu_clamp_value", "float?", ck.clamp_value, default="None")),
+     FlagParam("round_sf", "False"), Param("swiglu_clamp_value", "float?", ck.clamp_value, default="None")),
     "(Tensor, Tensor, Tensor, Tensor, Tensor)", _plan_bwd, relations=_bwd_relations,
     schema_args="Tensor x, Tensor x_sf, Tensor grad_out, Tensor weight, Tensor pos_to_token_topk, "
                 "Tensor token_topk_to_pos, int num_per_channels, bool round_sf=False, float? swiglu_clamp_value=None",
@@ -302,7 +302,7 @@ SWIGLU_CHANNEL = OpSpec(
     (TensorParam("x", (torch.bfloat16,), 2), Param("fmt", "str", ck.e4m3_only),
      ck.IntChoice("num_per_tokens", allowed=(32, 128)), FlagParam("round_sf", "False"),
      FlagParam("without_transpose", "False"),
-     ck.ScalarParam("swiglu_clamp_value", "float?", ck.clamp_value, default="None")),
+     Param("swiglu_clamp_value", "float?", ck.clamp_value, default="None")),
     "(Tensor, Tensor)", _plan_channel, per_call=ck.channel_per_call)
 
 

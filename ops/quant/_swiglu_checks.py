@@ -48,37 +48,10 @@ def check_rows(op: str, name: str, t: torch.Tensor, rows: int) -> None:
     check_contiguous(op, name, t, 4)
 
 
-def exact_key(value: Any) -> tuple:
-    """A scalar's part of the memo key: its type and value, a float (or float subclass) by its bits
-    (``0.0`` and ``-0.0`` differ), None as is."""
-    if value is None:
-        return None
-    return type(value), (value.hex() if isinstance(value, float) else value)
-
-
 def weights_key(w: Any) -> Any:
     """topk_weights' part of the key: None, or dtype, device and rank (every other check is per call;
     AttributeError for a non-tensor, which is ignored without pos_to_token_topk: the checked path)."""
     return None if w is None else (w.dtype, w.is_cuda if SOLE_GPU.on else w.device, len(w.shape))
-
-
-# Params whose memo-key part is computed by one call (Param.key would wrap its key_of, or typed_key,
-# in a second one; the spec's key inlines IntParam's and FlagParam's)
-class ScalarParam(Param):
-    """A scalar keyed by :func:`exact_key`."""
-
-    key = staticmethod(exact_key)
-
-
-class WeightsParam(Param):
-    """The forward's ``topk_weights``, keyed by :func:`weights_key`."""
-
-    key = staticmethod(weights_key)
-
-
-def later(op: str, value: Any) -> Any:
-    """A parameter checked with others (in the op's relations or per-call checks): passed as is."""
-    return value
 
 
 def e4m3_only(op: str, fmt: Any) -> str:
@@ -173,8 +146,8 @@ def bwd_pair_key(x: Any) -> tuple:
     data, sf = x
     d, s = data.shape, sf.shape
     one = SOLE_GPU.on  # a device's key part: is_cuda where the process has one GPU
-    return (data.dtype, data.is_cuda if one else data.device, len(d), d[1:], sf.dtype,
-            sf.is_cuda if one else sf.device, len(s), s[1:])
+    return (data.dtype, data.is_cuda if one else data.device, len(d), d[-1] if len(d) == 2 else d[1:], sf.dtype,
+            sf.is_cuda if one else sf.device, len(s), s[-1] if len(s) == 2 else s[1:])
 
 
 class CountParam(TensorParam):
@@ -183,12 +156,6 @@ class CountParam(TensorParam):
 
     def check(self, op: str, value: Any) -> Any:
         return value
-
-
-class PairParam(Param):
-    """The backward's ``x``, keyed by :func:`bwd_pair_key`."""
-
-    key = staticmethod(bwd_pair_key)
 
 
 def bwd_plain(x: Any, grad_out: Any, weight: Any, ptt: Any, ttp: Any, npc: int) -> bool:
@@ -253,7 +220,7 @@ def channel_per_call(op: str, args: tuple) -> None:
                        "multiples of 128: pad the tokens (and the hidden dimension)")
 
 
-__all__ = ["GROUP", "CountParam", "IntChoice", "PairParam", "ScalarParam", "WeightsParam", "bwd_checks", "bwd_pair",
+__all__ = ["GROUP", "CountParam", "IntChoice", "bwd_checks", "bwd_pair",
            "bwd_pair_key", "bwd_plain", "channel_per_call", "check_contiguous", "check_float",
-           "check_rows", "clamp_value", "e4m3_only", "exact_key", "fwd_layout", "fwd_per_call", "later", "sf_clamp_min",
+           "check_rows", "clamp_value", "e4m3_only", "fwd_layout", "fwd_per_call", "sf_clamp_min",
            "weights_key"]

@@ -157,6 +157,12 @@ def test_the_generated_key_separates_what_the_checks_distinguish():
     assert key((x, w, None, 2, 1.0)) != key((x, w, None, True, 1.0)) != key((x, w, None, 2.0, 1.0))
     assert key((x, w, None, 2, 1.0)) != key((torch.zeros(3), w, None, 2, 1.0))  # rank 1: len differs
     assert key((x, w, None, 2, 1.0)) != key((torch.zeros(3, 2, 4), w, None, 2, 1.0))
+    c = lambda value: key((x, w, None, 2, value))  # noqa: E731 - the key of the generic Param c
+    assert c(np.float64(0.0)) != c(np.float64(-0.0)) != c(-0.0)  # float subclasses by their bits too
+    assert c(float("nan")) == c(float("nan")) != c(np.float64("nan"))  # a NaN finds its configuration again
+    assert c(1.5) == c(1.5) != c(np.float64(1.5)) and c(1.5) != c(3 / 2 + 2**-52)
+    assert c((1, 2)) == c((1, 2)) != c([1, 2]) != c((1, 2.0)) and c((1, 2)) != c((1, True)) != c((1, 2, 3))
+    assert c(torch.float32) == c(torch.float32) != c(torch.bfloat16)
     with pytest.raises(ValueError):
         key((x, w, None, 2))
     with pytest.raises(AttributeError):
