@@ -46,7 +46,10 @@ class TensorParam:
 
     ``rows_vary``: its first size may differ between calls of one configuration (the token
     count): only the other sizes are part of the memo key, and a relation that involves the
-    first size (two tensors' token counts agree) belongs in the spec's ``per_call`` check.
+    first size (two tensors' token counts agree) is checked per call: ``rows_of`` names the
+    parameter whose first size this one's equals (both non-optional rows_vary tensors of a declared
+    rank; the op's checks must refuse a call where they differ), anything else belongs in the
+    spec's ``per_call`` check or the top of ``run``.
     False: the whole shape is part of the configuration (a bias ``[num_experts]``, a weight).
     """
 
@@ -60,6 +63,9 @@ class TensorParam:
     rows_vary: bool = True
     default: Optional[str] = None  # the schema's default, e.g. "None"
     ptr_align: int = 0  # bytes its data pointer must be a multiple of (checked per call, non-empty tensors); 0: any
+    # the parameter whose first size (the token count) this one's equals: tested per call on the shapes
+    # the memo key read (a call where they differ takes the checked path; the op's checks say why)
+    rows_of: Optional[str] = None
 
     @property
     def schema_type(self) -> str:
@@ -240,6 +246,7 @@ def _compile_call(spec: "OpSpec") -> Callable[..., Any]:
     n = len(spec.params)
     names = ", ".join(f"a{i}" for i in range(n))
     args = f"({names},)" if n else "()"
+    rows = _rows_test(spec)
     lines = [f"def call({names}):",
              # torch.compiler.is_compiling(), minus its torch.jit.is_scripting() call (dynamo folds either to True)
              "    if _dynamo() or _compiler._is_compiling_flag:",
@@ -252,10 +259,31 @@ def _compile_call(spec: "OpSpec") -> Callable[..., Any]:
              f"        return _spec.checked({args}, None)",
              "    if run is None or _TR.on:  # fake tensors never replay a real configuration",
              f"        return _spec.checked({args}, key)",
+             *([f"    if {rows}:  # token counts that differ: the checked path says why",
+                f"        return _spec.checked({args}, None)"] if rows else []),
              *_call_checks(spec, env),
              f"    return run({names})", ""]
     exec(compile("\n".join(lines), f"<OpSpec {spec.name} call>", "exec"), env)  # noqa: S102 - fixed fragments
     return env["call"]
+
+
+def _rows_test(spec: "OpSpec") -> str:
+    """The generated test that is true when a ``rows_of`` tensor's first size differs from its
+    reference's (both shapes bound by the memo key as ``s<i>``), or ""."""
+    index = {p.name: i for i, p in enumerate(spec.params)}
+    tests = []
+    for i, p in enumerate(spec.params):
+        ref = getattr(p, "rows_of", None)
+        if ref is None:
+            continue
+        j = index.get(ref)
+        for q in (p, None if j is None else spec.params[j]):
+            if not (isinstance(q, TensorParam) and type(q).key is TensorParam.key and q.rows_vary
+                    and not q.optional and q.ndim in (1, 2, 3)):
+                raise ValueError(f"OpSpec {spec.name}: {p.name}.rows_of={ref!r} needs both to be non-optional "
+                                 "rows_vary TensorParams of rank 1, 2 or 3 (their shapes are the key's)")
+        tests.append(f"s{i}[0] != s{j}[0]")
+    return " or ".join(tests)
 
 
 def _call_checks(spec: "OpSpec", env: dict) -> list[str]:
@@ -359,6 +387,7 @@ class OpSpec:
         self._tensors = tuple(i for i, p in enumerate(params) if isinstance(p, TensorParam))
         # the per-call checks of a replayed call, in parameter order (as the first call runs them)
         self._per_call = tuple((i, p) for i, p in enumerate(params) if _checks_per_call(p))
+        _rows_test(self)  # a misdeclared rows_of fails here, at import
         # compiled at the op's first call: importing the ops compiles nothing
         self.key, self.call = self._first_key, self._first_call
 

@@ -21,7 +21,7 @@ message, memoized configuration or not.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import torch
 
@@ -34,6 +34,7 @@ from ._checks import (BF16, FP32, MAX_ELEMENTS, aligned, bool_param, check_conti
 _BWD_KERNEL = "engram.engram_gate_bwd"
 _BWD = "engram_gate_bwd"  # the op's name in its messages
 _REDUCE_KERNEL = "engram.grad_w_reduce"
+_REDUCE = "grad_w_reduce"  # the op's name in its messages
 _BF16, _F32 = torch.bfloat16, torch.float32
 
 
@@ -51,10 +52,10 @@ def _gate_checks(op: str, hidden_states, k, v, weight_fused) -> tuple[int, int, 
 
 
 def _gate_plain(hidden_states, k, v, weight_fused) -> bool:
-    """Per call: the facts of :func:`_gate_checks` that the memo key leaves out hold (a stricter
-    test: False sends a call to the ordered checks, which raise or pass it)."""
-    n = hidden_states.shape[0]
-    return (k.shape[0] == n and v.shape[0] == n and hidden_states.is_contiguous() and weight_fused.is_contiguous()
+    """Per call: the facts of :func:`_gate_checks` that the memo key and the spec's ``rows_of`` test
+    (the token counts) leave out hold (a stricter test: False sends a call to the ordered checks,
+    which raise or pass it)."""
+    return (hidden_states.is_contiguous() and weight_fused.is_contiguous()
             and (k.is_contiguous() or rows_ok(k)) and (v.is_contiguous() or rows_ok(v))
             and aligned(hidden_states, k, v, weight_fused) and hidden_states.numel() <= MAX_ELEMENTS)
 
@@ -110,13 +111,14 @@ def _fwd_public(outputs: tuple) -> tuple:
     return outputs if outputs[1].shape[-1] else (outputs[0], None, None, None, None)
 
 
-def _bf16(name: str, ndim: int) -> TensorParam:
-    return TensorParam(name, BF16, ndim)
+def _bf16(name: str, ndim: int, rows_of: Optional[str] = "hidden_states") -> TensorParam:
+    """A bf16 tensor whose token count is hidden_states' (tested per call by the spec)."""
+    return TensorParam(name, BF16, ndim, rows_of=rows_of)
 
 
 ENGRAM_GATE_FWD = OpSpec(
     "engram_gate_fwd",
-    (_bf16("hidden_states", 3), _bf16("k", 3), _bf16("v", 2), TensorParam("weight_fused", FP32, 2, rows_vary=False),
+    (_bf16("hidden_states", 3, None), _bf16("k", 3), _bf16("v", 2), TensorParam("weight_fused", FP32, 2, rows_vary=False),
      float_param("eps"), float_param("clamp_value"), bool_param("save_for_backward", "True")),
     "(Tensor, Tensor, Tensor, Tensor, Tensor)", _plan_fwd, relations=_fwd_relations, per_call=_fwd_per_call,
     torch=dict(result_to_schema=_fwd_result, result_to_public=_fwd_public))
@@ -161,14 +163,13 @@ def _plan_bwd(values: dict) -> Callable[..., tuple]:
     fn = launcher(_BWD_KERNEL)
 
     def run(grad_out, hidden_states, k, v, weight_fused, dot, gate_score, rstd_x, rstd_k, *_: Any) -> tuple:
-        # per call (no separate per_call: one frame less), what the memo key leaves out: token counts,
-        # contiguity, the element limit and 16-byte aligned pointers, all in one test; where it fails
-        # (or with fake tensors), the ordered checks raise today's message or pass the call
+        # per call (no separate per_call: one frame less), what the memo key and the spec's rows_of
+        # test (the token counts) leave out: contiguity, the element limit and 16-byte aligned pointers,
+        # all in one test; where it fails (or with fake tensors), the ordered checks raise today's
+        # message or pass the call
         n = hidden_states.shape[0]
         if TRACING.on or not (
-                k.shape[0] == n and v.shape[0] == n and grad_out.shape[0] == n and dot.shape[0] == n
-                and gate_score.shape[0] == n and rstd_x.shape[0] == n and rstd_k.shape[0] == n
-                and hidden_states.is_contiguous() and weight_fused.is_contiguous() and grad_out.is_contiguous()
+                hidden_states.is_contiguous() and weight_fused.is_contiguous() and grad_out.is_contiguous()
                 and dot.is_contiguous() and gate_score.is_contiguous() and rstd_x.is_contiguous()
                 and rstd_k.is_contiguous() and (k.is_contiguous() or rows_ok(k)) and (v.is_contiguous() or rows_ok(v))
                 and hidden_states.numel() <= MAX_ELEMENTS
@@ -193,8 +194,9 @@ def _plan_bwd(values: dict) -> Callable[..., tuple]:
 
 ENGRAM_GATE_BWD = OpSpec(
     "engram_gate_bwd",
-    (_bf16("grad_out", 3), _bf16("hidden_states", 3), _bf16("k", 3), _bf16("v", 2),
-     TensorParam("weight_fused", FP32, 2, rows_vary=False), *(TensorParam(name, FP32, 2) for name in _STATS),
+    (_bf16("grad_out", 3), _bf16("hidden_states", 3, None), _bf16("k", 3), _bf16("v", 2),
+     TensorParam("weight_fused", FP32, 2, rows_vary=False),
+     *(TensorParam(name, FP32, 2, rows_of="hidden_states") for name in _STATS),
      float_param("clamp_value")),
     "(Tensor, Tensor, Tensor, Tensor)", _plan_bwd, relations=_bwd_relations)
 
@@ -230,46 +232,38 @@ def _reduce_checks(op: str, grad_w_partial, weight_hidden, weight_embed, grad_we
                    {"grad_w_partial": grad_w_partial, "weight_hidden": weight_hidden, "weight_embed": weight_embed})
 
 
-def _reduce_plain(args: tuple) -> bool:
-    """Per call: all five contiguous and 16-byte aligned, the outputs (``gwh``, ``gwe``) overlapping
-    neither each other nor an input (byte spans from the configuration's dtypes and shapes: fp32
-    ``[hc, hidden]`` outputs, bf16 weights of their shape).  Stricter than :func:`_reduce_checks`
-    (an empty tensor's span counts): False sends a call to them; a first call's shapes are judged
-    by them anyway (``relations``)."""
-    gp, wh, we, gwh, gwe = args
-    if not (gp.is_contiguous() and wh.is_contiguous() and we.is_contiguous() and gwh.is_contiguous()
-            and gwe.is_contiguous()):
-        return False
-    if TRACING.on:  # fake tensors have no memory: no pointer to compare
-        return True
-    p0, p1, p2, p3, p4 = gp.data_ptr(), wh.data_ptr(), we.data_ptr(), gwh.data_ptr(), gwe.data_ptr()
-    if (p0 | p1 | p2 | p3 | p4) % 16:
-        return False
-    size = 4 * gwh.numel()  # bytes of each output; each weight has half as many
-    e0, e1, e2, e3, e4 = p0 + 4 * gp.numel(), p1 + size // 2, p2 + size // 2, p3 + size, p4 + size
-    return ((e3 <= p4 or e4 <= p3) and (e3 <= p0 or e0 <= p3) and (e3 <= p1 or e1 <= p3) and (e3 <= p2 or e2 <= p3)
-            and (e4 <= p0 or e0 <= p4) and (e4 <= p1 or e1 <= p4) and (e4 <= p2 or e2 <= p4))
-
-
-def _reduce_per_call(op: str, args: tuple) -> None:
-    if not _reduce_plain(args):
-        _reduce_checks(op, *args)
-
-
 def _reduce_relations(op: str, values: dict) -> None:
     _reduce_checks(op, *values.values())
 
 
 def _plan_reduce(values: dict) -> Callable[..., None]:
-    """The launcher itself is the run (its five tensors in the op's order; it returns None); hc_mult 0:
-    nothing to do."""
-    if values["grad_w_partial"].shape[1]:
-        return launcher(_REDUCE_KERNEL)
-    return _nothing
+    """Per call (no spec per_call: relations run the ordered checks first on a first call), a test
+    stricter than :func:`_reduce_checks` (an empty tensor's span counts), where False sends the call to
+    them: all five contiguous and 16-byte aligned, the outputs (``gwh``, ``gwe``) overlapping neither
+    each other nor an input (byte spans fixed by the configuration: every shape is part of its key);
+    then the launch (hc_mult 0: nothing to do)."""
+    fn = launcher(_REDUCE_KERNEL) if values["grad_w_partial"].shape[1] else None
+    out_bytes = 4 * values["grad_weight_hidden"].numel()  # each output's; each weight has half as many
+    gp_bytes, w_bytes = 4 * values["grad_w_partial"].numel(), out_bytes // 2
 
+    def run(gp: torch.Tensor, wh: torch.Tensor, we: torch.Tensor, gwh: torch.Tensor, gwe: torch.Tensor) -> None:
+        if TRACING.on:  # fake tensors: no memory (a traced call ran every check in relations)
+            pass
+        elif not (gp.is_contiguous() and wh.is_contiguous() and we.is_contiguous() and gwh.is_contiguous()
+                  and gwe.is_contiguous()):
+            _reduce_checks(_REDUCE, gp, wh, we, gwh, gwe)
+        else:
+            p0, p1, p2, p3, p4 = gp.data_ptr(), wh.data_ptr(), we.data_ptr(), gwh.data_ptr(), gwe.data_ptr()
+            e0, e1, e2, e3, e4 = p0 + gp_bytes, p1 + w_bytes, p2 + w_bytes, p3 + out_bytes, p4 + out_bytes
+            if (p0 | p1 | p2 | p3 | p4) % 16 or not (
+                    (e3 <= p4 or e4 <= p3) and (e3 <= p0 or e0 <= p3) and (e3 <= p1 or e1 <= p3)
+                    and (e3 <= p2 or e2 <= p3) and (e4 <= p0 or e0 <= p4) and (e4 <= p1 or e1 <= p4)
+                    and (e4 <= p2 or e2 <= p4)):
+                _reduce_checks(_REDUCE, gp, wh, we, gwh, gwe)
+        if fn is not None:
+            fn(gp, wh, we, gwh, gwe)
 
-def _nothing(*_: Any) -> None:
-    return None
+    return run
 
 
 def _weight(name: str, dtypes: tuple, mutated: bool = False) -> TensorParam:
@@ -280,7 +274,7 @@ GRAD_W_REDUCE = OpSpec(
     "grad_w_reduce",
     (TensorParam("grad_w_partial", FP32, 3, rows_vary=False), _weight("weight_hidden", BF16),
      _weight("weight_embed", BF16), _weight("grad_weight_hidden", FP32, True), _weight("grad_weight_embed", FP32, True)),
-    "()", _plan_reduce, relations=_reduce_relations, per_call=_reduce_per_call,
+    "()", _plan_reduce, relations=_reduce_relations,
     schema_args="Tensor grad_w_partial, Tensor weight_hidden, Tensor weight_embed, "
                 "Tensor(a!) grad_weight_hidden, Tensor(b!) grad_weight_embed")  # two outputs: (a!) and (b!)
 

@@ -353,9 +353,10 @@ def _plan_reduce(values: dict) -> Callable[..., torch.Tensor]:
         # per call (here, not a spec per_call): the common call (a plain x, weights of the index map's
         # shape, no sf, no out; all contiguous and 16-byte aligned) in one test; any other call runs
         # reduce_per_call, and copies a read-only input that is a view into a tensor
+        entries = token_topk_to_pos.shape  # [num_tokens, num_topk]
         if pair or out is not None or sf is not None or topk_weights is None or TRACING.on or not (
                 x.is_contiguous() and token_topk_to_pos.is_contiguous() and topk_weights.is_contiguous()
-                and topk_weights.shape == token_topk_to_pos.shape
+                and topk_weights.shape == entries
                 and not (x.data_ptr() | token_topk_to_pos.data_ptr() | topk_weights.data_ptr()) % 16):
             reduce_per_call("reduce_fused", (x, topk_weights, token_topk_to_pos, _fmt, sf, out))
             x_sf = x[1] if pair else None
@@ -367,7 +368,7 @@ def _plan_reduce(values: dict) -> Callable[..., torch.Tensor]:
         if pair:
             x = x[0]
         weights = token_topk_to_pos if topk_weights is None else topk_weights
-        num_tokens = token_topk_to_pos.shape[0]
+        num_tokens = entries[0]
         if out is None:
             out = torch.empty(num_tokens, hidden, dtype=out_dtype, device=dev)
         # fake tensors launch nothing, and their token count may be symbolic (a SymBool indexes nothing)

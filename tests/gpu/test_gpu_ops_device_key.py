@@ -29,5 +29,5 @@ def test_a_stored_configuration_refuses_a_tensor_off_the_gpu():
     scores = torch.randn(4, 64, device="cuda")
     for _ in range(2):
         moe.topk_gate(scores, 4)
-    with pytest.raises(ArgumentError, match="not a CUDA device"):
+    with pytest.raises(ArgumentError, match="must be on a CUDA device, got cpu"):
         moe.topk_gate(scores.cpu(), 4)

@@ -277,25 +277,41 @@ def test_misaligned_saved_statistics_are_copied_not_refused(ops):
     assert len(gt.ENGRAM_GATE_BWD.memo) == 1
 
 
-def test_adjacent_outputs_replay(ops):
+def _spy_reduce_checks(monkeypatch) -> list:
+    """grad_w_reduce's ordered checks, recorded: a call's run reaches them when its per-call test fails."""
+    calls: list = []
+    real = gt._reduce_checks
+    monkeypatch.setattr(gt, "_reduce_checks", lambda op, *args: calls.append(op) or real(op, *args))
+    return calls
+
+
+def test_adjacent_outputs_replay(ops, monkeypatch):
+    """Valid, plain outputs side by side: the first call runs the ordered checks (relations), the
+    replay only the per-call test."""
+    calls = _spy_reduce_checks(monkeypatch)
     args = _reduce()
     both = torch.zeros((8, 64))
     args[3], args[4] = both[:4], both[4:]
-    assert gt._reduce_plain(tuple(args))  # valid and plain: no ordered checks on a replay
     for _ in range(2):
         gt.grad_w_reduce(*args)
-    assert len(ops.launches) == 2 and len(gt.GRAD_W_REDUCE.memo) == 1
+    assert len(ops.launches) == 2 and len(gt.GRAD_W_REDUCE.memo) == 1 and calls == ["grad_w_reduce"]
 
 
 @pytest.mark.parametrize("name", sorted(n for n in REFUSALS if n.startswith("grad_w_reduce")))
-def test_the_reduce_per_call_test_is_never_looser_than_the_checks(ops, name):
-    """``_reduce_plain`` (the per-call test) passes nothing ``_reduce_checks`` refuses (for
-    arguments of a valid configuration: the key covers the rest), and passes the plain valid call."""
+def test_the_reduce_per_call_test_is_never_looser_than_the_checks(ops, monkeypatch, name):
+    """grad_w_reduce's per-call test (in its run) passes nothing ``_reduce_checks`` refuses (for
+    arguments of a valid configuration: the key covers the rest): a replayed bad call reaches the
+    ordered checks, which raise before any launch; the plain valid call does not reach them."""
     _, warm_args, bad, _ = REFUSALS[name]
-    assert gt._reduce_plain(tuple(warm_args()))
-    assert not gt._reduce_plain(tuple(bad))
+    gt.grad_w_reduce(*warm_args())
+    calls = _spy_reduce_checks(monkeypatch)
+    gt.grad_w_reduce(*warm_args())
+    assert not calls
+    ops.launches.clear()
+    assert gt.GRAD_W_REDUCE.key(tuple(bad)) in gt.GRAD_W_REDUCE.memo  # a replay: only the per-call test judges it
     with pytest.raises(ArgumentError):
-        gt._reduce_checks("grad_w_reduce", *bad)
+        gt.grad_w_reduce(*bad)
+    assert calls == ["grad_w_reduce"] and not ops.launches
 
 
 def test_float_and_bool_keys_tell_types_and_zero_signs_apart(ops):

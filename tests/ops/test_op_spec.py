@@ -295,3 +295,27 @@ def test_without_cuda_keys_hold_the_device():
         pytest.skip("this machine has CUDA: the GPU suite covers one-GPU keys")
     spec = _spec.OpSpec("toy", (_spec.TensorParam("x", (torch.float32,), 2),), "Tensor", lambda values: None)
     assert torch.device("cpu") in spec.key((torch.zeros(3, 4),)) and _common.SOLE_GPU.on is False
+
+
+def test_rows_of_is_tested_on_every_call_and_sends_a_mismatch_to_the_checks(monkeypatch):
+    """``rows_of``: a replayed call whose token counts differ takes the checked path, where the op's
+    own check raises (no launch); equal counts replay.  A misdeclared ``rows_of`` fails at import."""
+    monkeypatch.setattr(_spec, "check_cuda", lambda *a, **k: None)
+    f32 = (torch.float32,)
+    launched: list = []
+
+    def relations(op, values):
+        if values["y"].shape[0] != values["x"].shape[0]:
+            raise _spec.fail(op, "y needs a row per row of x")
+
+    spec = _spec.OpSpec("toy", (_spec.TensorParam("x", f32, 2), _spec.TensorParam("y", f32, 1, rows_of="x")),
+                        "Tensor", lambda values: lambda x, y: launched.append(x.shape[0]), relations=relations)
+    spec.call(torch.zeros(3, 4), torch.zeros(3))
+    spec.call(torch.zeros(5, 4), torch.zeros(5))
+    with pytest.raises(ArgumentError, match="toy: y needs a row per row of x"):
+        spec.call(torch.zeros(5, 4), torch.zeros(6))
+    assert launched == [3, 5] and len(spec.memo) == 1
+    for bad in (_spec.TensorParam("y", f32, 1, rows_of="z"), _spec.TensorParam("y", f32, None, rows_of="x"),
+                _spec.TensorParam("y", f32, 1, rows_of="x", optional=True)):
+        with pytest.raises(ValueError, match="rows_of"):
+            _spec.OpSpec("toy", (_spec.TensorParam("x", f32, 2), bad), "Tensor", lambda values: None)
