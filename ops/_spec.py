@@ -237,7 +237,8 @@ def _compile_call(spec: "OpSpec") -> Callable[..., Any]:
 
     The same steps as ``OpSpec.__call__`` always had, in one frame: under torch.compile/export
     record the custom op; the memo key (:func:`_key_expr`) and lookup; a miss (or fake tensors)
-    takes :meth:`OpSpec.checked`; a hit runs the per-call checks (:func:`_call_checks`) and the
+    takes :meth:`OpSpec.checked`; a hit tests the ``rows_of`` token counts (:func:`_rows_test`: a
+    mismatch takes the checked path too), runs the per-call checks (:func:`_call_checks`) and the
     configuration's ``run``.  The spec's ``memo``, ``checked`` and ``per_call`` are read through the
     spec on every call (tests replace them)."""
     SOLE_GPU.settle()  # before any key is computed: hand-written key parts read SOLE_GPU.on
