@@ -29,7 +29,7 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from .._common import TRACING, aligned_input, check_cuda, launcher, typed_key
+from .._common import TRACING, aligned_input, check_cuda, launcher
 from .._spec import FlagParam, OpSpec, Param, TensorParam
 from .._torch import pair_to_public, pair_to_schema
 from ..config import get_num_sms
@@ -52,7 +52,7 @@ _DUMMIES: dict[tuple, torch.Tensor] = {}
 
 def _dummy(device: torch.device, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
     """A stand-in for an absent optional tensor (never read by the kernel)."""
-    key = typed_key(device, dtype, shape)
+    key = (device, dtype, shape)  # (shapes: int literals of this module)
     if TRACING.on:  # fake tensors: never cached (a fake stand-in must not reach a real launch)
         return torch.zeros(shape, dtype=dtype, device=device)
     t = _DUMMIES.get(key)
