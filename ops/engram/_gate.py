@@ -118,8 +118,8 @@ def _bf16(name: str, ndim: int, rows_of: Optional[str] = "hidden_states") -> Ten
 
 ENGRAM_GATE_FWD = OpSpec(
     "engram_gate_fwd",
-    (_bf16("hidden_states", 3, None), _bf16("k", 3), _bf16("v", 2), TensorParam("weight_fused", FP32, 2, rows_vary=False),
-     float_param("eps"), float_param("clamp_value"), bool_param("save_for_backward", "True")),
+    (_bf16("hidden_states", 3, None), _bf16("k", 3), _bf16("v", 2),
+     TensorParam("weight_fused", FP32, 2, rows_vary=False), float_param("eps"), float_param("clamp_value"), bool_param("save_for_backward", "True")),
     "(Tensor, Tensor, Tensor, Tensor, Tensor)", _plan_fwd, relations=_fwd_relations, per_call=_fwd_per_call,
     torch=dict(result_to_schema=_fwd_result, result_to_public=_fwd_public))
 

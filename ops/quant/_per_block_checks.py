@@ -35,8 +35,8 @@ def check_block(op: str, name: str, value: Any, allowed: tuple) -> tuple[int, in
 
 
 def block_param(name: str, allowed: tuple, pair_input: bool = False) -> Param:
-    """An ``int[]`` block size, one of ``allowed`` (checked value: a tuple).  ``pair_input``: the block of a quantized ``(data, sf)`` input, which must
-    be a tuple of two first."""
+    """An ``int[]`` block size, one of ``allowed`` (checked value: a tuple), keyed by ``block_key``.
+    ``pair_input``: the block of a quantized ``(data, sf)`` input, which must be a tuple of two first."""
 
     def check(op: str, value: Any) -> tuple[int, int]:
         if pair_input and not (isinstance(value, tuple) and len(value) == 2):

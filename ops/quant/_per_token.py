@@ -248,9 +248,10 @@ def _relations(mode: str) -> Callable[[str, dict], None]:
 
 def _params(*tensors: Any) -> tuple:
     """fmt, num_per_channels, the given tensors, x_block_size and the three flags (the parameters
-    after x), each keyed by OpSpec's inline typed key."""
+    after x); the scalars keyed by OpSpec's inline typed key, the block size by ``block_key``."""
     return (deferred("fmt", "str"), deferred("num_per_channels", "int"), *tensors,
-            deferred("x_block_size", "int[]?", "None", block_key), *(deferred(name, "bool", "False") for name in _FLAG_NAMES))
+            deferred("x_block_size", "int[]?", "None", block_key),
+            *(deferred(name, "bool", "False") for name in _FLAG_NAMES))
 
 
 _X = Deferred("x", tuple(PLAIN), 2)
