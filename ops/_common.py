@@ -46,7 +46,7 @@ class _SoleGpu:
     a singleton, free to hash and compare) where it would hold ``device``: each ``t.device`` read
     makes a new object whose hash and compare cost ~0.1 µs per tensor in every lookup.  Without
     CUDA or with several GPUs, keys hold ``t.device``.  A key reads it as
-    ``t.is_cuda if SOLE_GPU.on else t.device``; a generated key reads :meth:`attr`.
+    ``t.is_cuda if SOLE_GPU.on else t.device``; a generated key reads :meth:`attr` (after :meth:`settle`).
     """
 
     def __init__(self) -> None:
@@ -60,8 +60,7 @@ class _SoleGpu:
             self._settled = True
 
     def attr(self) -> str:
-        """The tensor attribute a generated memo key reads for the device."""
-        self.settle()
+        """The tensor attribute a generated memo key reads for the device (once settled)."""
         return "is_cuda" if self.on else "device"
 
 
@@ -194,12 +193,12 @@ def typed_key(*parts: Any) -> tuple:
     checked path).
     """
     types = tuple(map(type, parts))
-    if _PLAIN.issuperset(types):  # the common case: flat scalars
+    if FLAT_TYPES.issuperset(types):  # the common case: flat scalars
         return parts + types
     return tuple([_typed(p) for p in parts])
 
 
-_PLAIN = frozenset((int, bool, str, type(None)))  # parts whose type and value are their whole key
+FLAT_TYPES = frozenset((int, bool, str, type(None), torch.dtype))  # values whose type and value are their whole key
 
 
 def _typed(value: Any) -> Any:

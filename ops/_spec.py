@@ -32,7 +32,7 @@ from torch.compiler import is_compiling, is_dynamo_compiling
 
 from tilebin.runtime._record import Factory, record
 
-from ._common import SOLE_GPU, TRACING, check_cuda, check_flag, check_int, check_tensor, fail, typed_key
+from ._common import FLAT_TYPES, SOLE_GPU, TRACING, check_cuda, check_flag, check_int, check_tensor, fail, typed_key
 from ._torch import TorchOp, traced
 
 _MEMO_MAX = 256  # configurations kept per op (a process sees a handful; the cap bounds a shape sweep)
@@ -220,7 +220,7 @@ def _key_expr(params: tuple, env: dict) -> str:
         elif isinstance(p, Param) and p.key_of is None and type(p).key is Param.key:
             # typed_key's tags, inline for flat values and for a nonzero float that is not NaN (equal such
             # floats have equal bits; zeros and NaNs take typed_key, so a NaN finds its configuration again)
-            env["_FLAT"], env["_typed"] = _FLAT, typed_key
+            env["_FLAT"], env["_typed"] = FLAT_TYPES, typed_key
             t = f"t{i}"
             parts.append(f"({t} := type({a})), ({a} if {t} in _FLAT or {t} is float and {a} and {a} == {a} "
                          f"else _typed({a}))")
@@ -247,7 +247,7 @@ def _compile_call(spec: "OpSpec") -> Callable[..., Any]:
     n = len(spec.params)
     names = ", ".join(f"a{i}" for i in range(n))
     args = f"({names},)" if n else "()"
-    rows = _rows_test(spec)
+    rows = spec._rows  # the rows_of test, made (and its declaration checked) at import
     lines = [f"def call({names}):",
              # torch.compiler.is_compiling(), minus its torch.jit.is_scripting() call (dynamo folds either to True)
              "    if _dynamo() or _compiler._is_compiling_flag:",
@@ -322,9 +322,6 @@ def _call_test(p: Any, a: str, s: str) -> Optional[str]:
     return f"({a} is not None and ({body}))" if p.optional else f"({body})"
 
 
-_FLAT = frozenset((int, bool, str, type(None), torch.dtype))  # values whose type and value are their whole key
-
-
 def _call_template(p: Any) -> Optional[str]:
     """A TensorParam subclass's ``call_test`` (a template over ``{a}``, the argument, and ``{s}``, its shape)."""
     return getattr(type(p), "call_test", None)
@@ -388,7 +385,7 @@ class OpSpec:
         self._tensors = tuple(i for i, p in enumerate(params) if isinstance(p, TensorParam))
         # the per-call checks of a replayed call, in parameter order (as the first call runs them)
         self._per_call = tuple((i, p) for i, p in enumerate(params) if _checks_per_call(p))
-        _rows_test(self)  # a misdeclared rows_of fails here, at import
+        self._rows = _rows_test(self)  # a misdeclared rows_of fails here, at import
         # compiled at the op's first call: importing the ops compiles nothing
         self.key, self.call = self._first_key, self._first_call
 

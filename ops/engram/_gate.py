@@ -119,7 +119,8 @@ def _bf16(name: str, ndim: int, rows_of: Optional[str] = "hidden_states") -> Ten
 ENGRAM_GATE_FWD = OpSpec(
     "engram_gate_fwd",
     (_bf16("hidden_states", 3, None), _bf16("k", 3), _bf16("v", 2),
-     TensorParam("weight_fused", FP32, 2, rows_vary=False), float_param("eps"), float_param("clamp_value"), bool_param("save_for_backward", "True")),
+     TensorParam("weight_fused", FP32, 2, rows_vary=False), float_param("eps"), float_param("clamp_value"),
+     bool_param("save_for_backward", "True")),
     "(Tensor, Tensor, Tensor, Tensor, Tensor)", _plan_fwd, relations=_fwd_relations, per_call=_fwd_per_call,
     torch=dict(result_to_schema=_fwd_result, result_to_public=_fwd_public))
 
@@ -247,16 +248,12 @@ def _plan_reduce(values: dict) -> Callable[..., None]:
     gp_bytes, w_bytes = 4 * values["grad_w_partial"].numel(), out_bytes // 2
 
     def run(gp: torch.Tensor, wh: torch.Tensor, we: torch.Tensor, gwh: torch.Tensor, gwe: torch.Tensor) -> None:
-        if TRACING.on:  # fake tensors: no memory (a traced call ran every check in relations)
-            pass
-        elif not (gp.is_contiguous() and wh.is_contiguous() and we.is_contiguous() and gwh.is_contiguous()
-                  and gwe.is_contiguous()):
-            _reduce_checks(_REDUCE, gp, wh, we, gwh, gwe)
-        else:
+        if not TRACING.on:  # (fake tensors have no memory: a traced call ran every check in relations)
             p0, p1, p2, p3, p4 = gp.data_ptr(), wh.data_ptr(), we.data_ptr(), gwh.data_ptr(), gwe.data_ptr()
             e0, e1, e2, e3, e4 = p0 + gp_bytes, p1 + w_bytes, p2 + w_bytes, p3 + out_bytes, p4 + out_bytes
-            if (p0 | p1 | p2 | p3 | p4) % 16 or not (
-                    (e3 <= p4 or e4 <= p3) and (e3 <= p0 or e0 <= p3) and (e3 <= p1 or e1 <= p3)
+            if not (gp.is_contiguous() and wh.is_contiguous() and we.is_contiguous() and gwh.is_contiguous()
+                    and gwe.is_contiguous() and not (p0 | p1 | p2 | p3 | p4) % 16
+                    and (e3 <= p4 or e4 <= p3) and (e3 <= p0 or e0 <= p3) and (e3 <= p1 or e1 <= p3)
                     and (e3 <= p2 or e2 <= p3) and (e4 <= p0 or e0 <= p4) and (e4 <= p1 or e1 <= p4)
                     and (e4 <= p2 or e2 <= p4)):
                 _reduce_checks(_REDUCE, gp, wh, we, gwh, gwe)
