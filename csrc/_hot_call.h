@@ -191,6 +191,12 @@ static int fire(Core *c, Device *dev, Packed *pk, uint64_t stream) {
 
 static long ordinal_of(Core *c, Call *k, int *rc) {
     if (c->bound) return c->dev[0].ordinal;
+    void *h = tensor_handle(k->argv[c->first]);
+    long ordinal;
+    if (h && tabi_ordinal(h, &ordinal) == 0) {
+        *rc = ordinal < 0 ? BAIL : 0; /* not on the GPU: the twin says so */
+        return ordinal;
+    }
     PyObject *r = PyObject_CallMethodObjArgs(k->argv[c->first], s_get_device, NULL);
     int64_t v = -1;
     *rc = r == NULL ? (PyErr_Clear(), BAIL) : ll_of(r, &v);

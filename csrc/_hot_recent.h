@@ -56,11 +56,37 @@ static int read_ints(PyObject *x, PyObject *name, int call, int64_t *out, int *n
 }
 
 /* One tensor's values; its dtype is held (a new reference) in t->dtype until sig_release. */
+/* A torch.Tensor's values through torch's C shim (_hot_tensor.h), the same as read_tensor_sig's accessors
+ * give: 0, BAIL (not a CUDA tensor), or 1 (read it through the accessors). */
+static int shim_tensor_sig(void *h, TensorSig *t) {
+    int64_t ndim, *sizes, *strides;
+    int32_t code;
+    long ordinal;
+    if (tabi.dim(h, &ndim) || ndim > RD || tabi.sizes(h, &sizes) || tabi.strides(h, &strides) ||
+        tabi.dtype(h, &code) || (t->dtype = tabi_dtype(code)) == NULL || tabi_ordinal(h, &ordinal)) {
+        t->dtype = NULL;
+        return 1;
+    }
+    if (ordinal < 0) { /* is_cuda False */
+        t->dtype = NULL;
+        return BAIL;
+    }
+    t->ndim = (int)ndim;
+    memcpy(t->size, sizes, sizeof(int64_t) * (size_t)ndim);
+    memcpy(t->stride, strides, sizeof(int64_t) * (size_t)ndim);
+    t->dev = one_device ? 0 : ordinal;
+    Py_INCREF(t->dtype); /* held until sig_release, as the accessor's new reference */
+    return 0;
+}
+
 static int read_tensor_sig(PyObject *x, TensorSig *t) {
     int64_t dev = -1;
     int nstride = -1;
+    void *h = tensor_handle(x);
+    int rc = h ? shim_tensor_sig(h, t) : 1;
+    if (rc != 1) return rc;
     PyObject *cuda = PyObject_GetAttr(x, s_is_cuda);
-    int rc = cuda == Py_True ? 0 : BAIL; /* the ordinal below names a CUDA device only when is_cuda */
+    rc = cuda == Py_True ? 0 : BAIL; /* the ordinal below names a CUDA device only when is_cuda */
     Py_XDECREF(cuda);
     if (rc || (t->dtype = PyObject_GetAttr(x, s_dtype)) == NULL) {
         PyErr_Clear();

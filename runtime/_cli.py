@@ -260,7 +260,13 @@ def _check_hot(ctx: dict[str, Any]) -> Check:
     except TilebinError as exc:
         return Check("hot path", "FAIL", str(exc), f"unset {_settings.HOT_PATH.name} or reinstall the wheel")
     ok = path == "c"
-    return Check("hot path", "OK" if ok else "FAIL", "compiled (tilebin.runtime._hot)" if ok else
+    if ok:
+        from ._launcher import hot_module
+        from ._tensors import tensor_shim
+
+        why = tensor_shim(hot_module())
+        shim = "torch tensors read through torch's stable C shim" if why is None else f"torch's accessors: {why}"
+    return Check("hot path", "OK" if ok else "FAIL", f"compiled (tilebin.runtime._hot); {shim}" if ok else
                  "pure-Python launcher (works, slower)", "" if ok else "reinstall the wheel (tilebin/runtime/"
                  f"_hot.abi3.so did not load), or unset {_settings.HOT_PATH.name}=python", required=False)
 

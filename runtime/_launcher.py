@@ -5,7 +5,8 @@ module ``tilebin.runtime._hot``), which runs the same steps and hands any call i
 finish (an unusual value, an error to raise) to this twin before launching anything.  What
 one call does, in order:
 
-1. read the runtime symbols the layout needs: tensor sizes and strides, scalar parameters;
+1. read the runtime symbols the layout needs: tensor sizes and strides, scalar parameters (the
+   compiled path reads an exact torch.Tensor through torch's stable C shim: ``_tensors.tensor_shim``);
 2. pick the device: the first tensor's (unchecked launchers) or the launcher's own (bound);
 3. bound launchers: read every tensor's data pointer; check alignment and aliasing when the
    pointers differ from the last checked ones;
@@ -32,7 +33,7 @@ from typing import Any
 from . import _driver, _settings
 from ._errors import ArgumentError, DeviceError, TilebinError
 from ._scalars import CONVERTED, DTYPE_CODE, SLOT_FORMAT, convert_scalar, scalar_bits
-from ._tensors import cai_device, data_ptr, stream_handle, torch_stream_getter
+from ._tensors import cai_device, data_ptr, stream_handle, tensor_shim, torch_stream_getter
 from ._tma import TmaArg
 
 GRID_MAX = ((1 << 31) - 1, 65535, 65535)
@@ -353,6 +354,7 @@ def make_launcher(layout: Any, load: Any, bound: Bound | None = None) -> Any:
             raise
         use_hot_module(None)
         return twin
+    tensor_shim(hot)  # once torch is imported: torch tensors read through its C shim (csrc/_hot_tensor.h)
     fixed = None
     if bound is not None:
         fixed = (bound.dev.ordinal, int(bound.dev.ctx_id), tuple(int(h) for h in bound.handles))

@@ -55,6 +55,14 @@ HOT_PATH = EnvVar(
     "auto",
 )
 
+TENSOR_SHIM = EnvVar(
+    "TILEBIN_TENSOR_SHIM",
+    "how the compiled hot path reads torch tensors: auto (through torch's stable C shim, aoti_torch_get_*, when "
+    "torch has it and it passes a self-check against the Python accessors at the first Launcher; else the "
+    "accessors), off (always torch's Python accessors)",
+    "auto",
+)
+
 DRIVER = EnvVar(
     "TILEBIN_DRIVER",
     "how the runtime calls the CUDA driver: auto (ctypes on libcuda.so.1 for its own calls, which spares a cold "
@@ -63,7 +71,7 @@ DRIVER = EnvVar(
     "auto",
 )
 
-ALL = (ARTIFACTS_DIR, KERNEL_PATH, PLAN_CACHE_SIZE, HOT_PATH, DRIVER)
+ALL = (ARTIFACTS_DIR, KERNEL_PATH, PLAN_CACHE_SIZE, HOT_PATH, TENSOR_SHIM, DRIVER)
 
 
 def artifacts_dir() -> Traversable:
@@ -103,3 +111,11 @@ def driver() -> str:
     if raw not in ("auto", "cuda-python"):
         raise TilebinError(f"{DRIVER.name}={raw!r} is not one of auto, cuda-python; unset it or pick one of those")
     return raw
+
+
+def tensor_shim() -> bool:
+    """``$TILEBIN_TENSOR_SHIM``: True for ``auto``, False for ``off``; raises :class:`TilebinError` otherwise."""
+    raw = (TENSOR_SHIM.raw() or "auto").strip().lower()
+    if raw not in ("auto", "off"):
+        raise TilebinError(f"{TENSOR_SHIM.name}={raw!r} is not one of auto, off; unset it or pick one of those")
+    return raw == "auto"

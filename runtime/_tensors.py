@@ -212,3 +212,73 @@ def torch_stream_getter() -> Any:
     if fast is not None:
         return fast
     return lambda index: torch.cuda.current_stream(index).cuda_stream
+
+
+# ------------------------------------------------------------------ torch's stable C shim (csrc/_hot_tensor.h)
+# the entry points _hot.tensor_abi takes, in its order (torch/csrc/inductor/aoti_torch/c/shim.h)
+SHIM_ENTRIES = ("aoti_torch_get_dim", "aoti_torch_get_sizes", "aoti_torch_get_strides", "aoti_torch_get_data_ptr",
+                "aoti_torch_get_dtype", "aoti_torch_get_device_type", "aoti_torch_get_device_index")
+_DEVICE_TYPES = {"cpu": 0, "cuda": 1}  # c10::DeviceType codes (fixed by torch's C ABI)
+_SHIM: dict[Any, Any] = {}  # compiled module -> None (on) or why it is off, decided once per process
+
+
+def tensor_shim(hot: Any) -> Any:
+    """Let the compiled hot path ``hot`` read torch tensors through torch's stable C shim; None when it
+    does, else why not (decided once per process, at the first Launcher made after torch was imported).
+
+    The shim's getters read a tensor's dim, sizes, strides, data pointer, dtype and device in a few ns
+    each, where the Python accessors cost 50-150 ns; ``hot.tensor_abi`` checks them against the
+    accessors on probe tensors first (csrc/_hot_tensor.h) and stays off on any difference.
+    ``TILEBIN_TENSOR_SHIM=off`` keeps the accessors."""
+    if hot in _SHIM:
+        return _SHIM[hot]
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return "torch is not imported"  # not remembered: a later Launcher asks again
+    from . import _settings
+
+    why = enable_shim(hot, torch) if _settings.tensor_shim() else f"{_settings.TENSOR_SHIM.name}=off"
+    _SHIM[hot] = why
+    return why
+
+
+def enable_shim(hot: Any, torch: Any, tensor_type: Any = None, gpu_type: int = 1) -> Any:
+    """Resolve the shim's entry points in the libtorch_cpu this process has loaded (never loading it)
+    and hand them, with probe tensors of ``tensor_type`` (default ``torch.Tensor``), to
+    ``hot.tensor_abi``; None when on, else why not.  ``gpu_type``: the c10::DeviceType that counts as
+    the GPU (CUDA; the CPU tests pass 0)."""
+    import ctypes
+    import os
+
+    try:
+        tensor_type = tensor_type or torch.Tensor
+        lib = ctypes.CDLL(os.path.join(os.path.dirname(torch.__file__), "lib", "libtorch_cpu.so"),
+                          mode=os.RTLD_NOLOAD | os.RTLD_LAZY)  # only the library torch has loaded already
+        entries = tuple(ctypes.cast(getattr(lib, name), ctypes.c_void_p).value for name in SHIM_ENTRIES)
+        probes = tuple(_probe(t, t if tensor_type is torch.Tensor else t.as_subclass(tensor_type))
+                       for t in _probe_tensors(torch))
+        return hot.tensor_abi(entries, tensor_type, probes, gpu_type)
+    except Exception as exc:  # noqa: BLE001 - no usable shim (an older torch, a stand-in module): the accessors
+        return f"torch's stable C shim is not usable here ({type(exc).__name__}: {exc})"
+
+
+def _probe_tensors(torch: Any) -> list:
+    """CPU tensors of every dtype this torch has, and of odd shapes: views with offsets, transposes,
+    broadcast (stride 0), empty, 0-dim and 6-D (sizes stored out of line)."""
+    base = torch.arange(2 * 3 * 5, dtype=torch.float32).reshape(2, 3, 5)
+    tensors = [base, base.transpose(0, 2), base[1:, ::2, 1:], torch.empty(0, 7), torch.tensor(3.0),
+               torch.empty(3, 1).expand(3, 4), torch.empty(1, 2, 1, 3, 1, 2), base.view(torch.int32)[:, 1]]
+    for name in ITEMSIZE:
+        dtype = getattr(torch, name, None)
+        try:
+            tensors.append(torch.empty(3, dtype=dtype))
+        except (TypeError, RuntimeError):  # not a dtype of this torch: its tensors read through the accessors
+            pass
+    return tensors
+
+
+def _probe(t: Any, obj: Any = None) -> tuple:
+    """``obj`` (default ``t``, else a subclass view of it) with what the accessors read of ``t``."""
+    obj = t if obj is None else obj
+    return (obj, obj._cdata, t.dim(), tuple(t.shape), tuple(t.stride()), t.data_ptr(), t.dtype,
+            _DEVICE_TYPES.get(t.device.type, -2), -1 if t.device.index is None else t.device.index)
