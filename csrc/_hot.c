@@ -262,6 +262,7 @@ static void core_dealloc(PyObject *self) {
 #include "_hot_eval.h"
 #include "_hot_call.h"
 #include "_hot_dispatch.h"
+#include "_hot_opkey.h"
 
 static PyType_Slot core_slots[] = {
     {Py_tp_init, core_init},
@@ -295,10 +296,12 @@ PyMODINIT_FUNC PyInit__hot(void) {
     PyObject *m = PyModule_Create(&module);
     PyObject *tp = m ? PyType_FromSpec(&core_spec) : NULL;
     PyObject *dp = tp ? PyType_FromSpec(&dispatch_spec) : NULL;
+    PyObject *ok = dp ? PyType_FromSpec(&opkey_spec) : NULL;
     core_type = tp;
     Py_XINCREF(tp); /* core_type keeps its own reference */
-    if (!dp || PyModule_AddObject(m, "Launcher", tp) || add_front(m, dp) || PyModule_AddObject(m, "Dispatch", dp) ||
-        PyModule_AddFunctions(m, tensor_methods)) {
+    if (!ok || PyModule_AddObject(m, "Launcher", tp) || add_front(m, dp) || PyModule_AddObject(m, "Dispatch", dp) ||
+        PyModule_AddFunctions(m, tensor_methods) || PyModule_AddObject(m, "OpKey", ok)) {
+        Py_XDECREF(ok);
         Py_XDECREF(dp);
         Py_XDECREF(m);
         return NULL;

@@ -33,6 +33,7 @@ from torch.compiler import is_compiling, is_dynamo_compiling
 from tilebin.runtime._record import Factory, record
 
 from ._common import FLAT_TYPES, SOLE_GPU, TRACING, check_cuda, check_flag, check_int, check_tensor, fail, typed_key
+from ._compiled_key import compiled_call_lines, compiled_key
 from ._torch import TorchOp, traced
 
 _MEMO_MAX = 256  # configurations kept per op (a process sees a handful; the cap bounds a shape sweep)
@@ -206,11 +207,14 @@ def _compile_key(name: str, params: tuple) -> Callable[[tuple], tuple]:
     return env["key"]
 
 
-def _key_expr(params: tuple, env: dict) -> str:
-    """The memo key of arguments ``a0, a1, ...`` as one tuple expression (its helpers put in ``env``)."""
+def _key_expr(params: tuple, env: dict, skip: frozenset = frozenset()) -> str:
+    """The memo key of arguments ``a0, a1, ...`` as one tuple expression (its helpers put in ``env``);
+    the parameters at the indices in ``skip`` left out (the compiled key holds them)."""
     parts = []
     for i, p in enumerate(params):
         a = f"a{i}"
+        if i in skip:
+            continue
         if isinstance(p, TensorParam) and type(p).key is TensorParam.key:
             frag = _tensor_key_expr(p, a, f"s{i}")
             parts.append(f"(None if {a} is None else ({frag}))" if p.optional else frag)
@@ -248,11 +252,9 @@ def _compile_call(spec: "OpSpec") -> Callable[..., Any]:
     names = ", ".join(f"a{i}" for i in range(n))
     args = f"({names},)" if n else "()"
     rows = spec._rows  # the rows_of test, made (and its declaration checked) at import
-    lines = [f"def call({names}):",
-             # torch.compiler.is_compiling(), minus its torch.jit.is_scripting() call (dynamo folds either to True)
-             "    if _dynamo() or _compiler._is_compiling_flag:",
-             "        if not _TR.on:",
-             f"            return _traced(_name{', ' if n else ''}{names})",
+    compiled = compiled_key(spec)  # the tensors' key part in C (ops/_compiled_key.py), or None
+    lines = [f"def {'_py' if compiled else 'call'}({names}):",
+             *_compile_test(n, names),
              "    try:",
              f"        key = {_key_expr(spec.params, env)}",
              "        run = _spec.memo.get(key)",
@@ -264,8 +266,20 @@ def _compile_call(spec: "OpSpec") -> Callable[..., Any]:
                 f"        return _spec.checked({args}, None)"] if rows else []),
              *_call_checks(spec, env),
              f"    return run({names})", ""]
+    if compiled is not None:
+        lines += compiled_call_lines(spec, env, compiled, names, args, _compile_test(n, names),
+                                     _key_expr(spec.params, env, compiled.keyed),
+                                     _call_checks(spec, env, compiled.keyed, compiled.covered))
     exec(compile("\n".join(lines), f"<OpSpec {spec.name} call>", "exec"), env)  # noqa: S102 - fixed fragments
     return env["call"]
+
+
+def _compile_test(n: int, names: str) -> list[str]:
+    """The generated call's first lines: under torch.compile/export, record the custom op instead."""
+    # torch.compiler.is_compiling(), minus its torch.jit.is_scripting() call (dynamo folds either to True)
+    return ["    if _dynamo() or _compiler._is_compiling_flag:",
+            "        if not _TR.on:",
+            f"            return _traced(_name{', ' if n else ''}{names})"]
 
 
 def _rows_test(spec: "OpSpec") -> str:
@@ -287,17 +301,21 @@ def _rows_test(spec: "OpSpec") -> str:
     return " or ".join(tests)
 
 
-def _call_checks(spec: "OpSpec", env: dict) -> list[str]:
+def _call_checks(spec: "OpSpec", env: dict, in_c: frozenset = frozenset(),
+                 covered: frozenset = frozenset()) -> list[str]:
     """The generated lines of a replayed call's per-call checks, in parameter order, then ``per_call``.
 
     A parameter's cheap test (a TensorParam's declared contiguity, size limit and alignment, or
     a subclass's ``call_test``) guards its ``check_call``, which raises with the first call's
-    wording; a test is true whenever ``check_call`` would raise."""
+    wording; a test is true whenever ``check_call`` would raise.  With the compiled key, the
+    parameters it keys (``in_c``: their shapes are not bound) and tests (``covered``) differ."""
     lines = []
     for i, p in spec._per_call:
+        if i in covered:
+            continue
         a, call = f"a{i}", f"p{i}.check_call(_name, a{i})"
         env[f"p{i}"] = p
-        keyed = type(p).key is TensorParam.key and p.rows_vary and not p.optional  # the key bound s{i}
+        keyed = type(p).key is TensorParam.key and p.rows_vary and not p.optional and i not in in_c  # s{i} bound
         test = _call_test(p, a, f"s{i}" if keyed else f"c{i}")
         if not keyed and "{s}" in (_call_template(p) or ""):
             lines.append(f"    c{i} = {a}.shape")

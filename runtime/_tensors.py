@@ -282,3 +282,15 @@ def _probe(t: Any, obj: Any = None) -> tuple:
     obj = t if obj is None else obj
     return (obj, obj._cdata, t.dim(), tuple(t.shape), tuple(t.stride()), t.data_ptr(), t.dtype,
             _DEVICE_TYPES.get(t.device.type, -2), -1 if t.device.index is None else t.device.index)
+
+
+def op_key(nparams: int, entries: tuple) -> Any:
+    """An op layer's compiled memo key for its tensors (``csrc/_hot_opkey.h``: ``OpKey(nparams,
+    entries).key``), or None when Launchers use the Python twin or torch tensors are read through
+    their Python accessors (:func:`tensor_shim`).  ``tilebin.ops`` builds one per op."""
+    from ._launcher import hot_module
+
+    hot = hot_module()
+    if hot is None or tensor_shim(hot) is not None:
+        return None
+    return hot.OpKey(nparams, entries)

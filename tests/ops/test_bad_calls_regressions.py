@@ -14,6 +14,8 @@ from tilebin import runtime
 from tilebin.ops import moe, quant
 from tilebin.runtime import ArgumentError, NoVariantError, TilebinError
 
+pytestmark = pytest.mark.usefixtures("key_path")  # the Python memo key, then the compiled one
+
 
 @pytest.fixture
 def ops(monkeypatch):

@@ -19,6 +19,8 @@ import replay_util
 from replay_util import assert_same, misaligned as _misaligned
 from tilebin.ops.quant import _cast_back as cb
 
+pytestmark = pytest.mark.usefixtures("key_path")  # the Python memo key, then the compiled one
+
 BF16, FP32, E4M3, I8 = torch.bfloat16, torch.float32, torch.float8_e4m3fn, torch.int8
 CAST_BACK, PER_TOKEN = cb.CAST_BACK, cb.PER_TOKEN_CAST_BACK
 

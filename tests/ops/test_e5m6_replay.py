@@ -13,6 +13,8 @@ from replay_util import Recorder, assert_same, misaligned, raises
 from tilebin.ops.quant import _e5m6 as e5
 from tilebin.ops.quant import _per_token as pt
 
+pytestmark = pytest.mark.usefixtures("key_path")  # the Python memo key, then the compiled one
+
 BF16, FP32 = torch.bfloat16, torch.float32
 
 

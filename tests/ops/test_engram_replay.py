@@ -15,6 +15,8 @@ from ops_stub import StubbedOps, describe, describe_launches
 from tilebin.ops.engram import _gate as gt, _hash as hs
 from tilebin.runtime import ArgumentError
 
+pytestmark = pytest.mark.usefixtures("key_path")  # the Python memo key, then the compiled one
+
 BF, F32, I32, I64 = torch.bfloat16, torch.float32, torch.int32, torch.int64
 SPECS = hs.SPECS + gt.SPECS
 
@@ -250,14 +252,15 @@ def _error(fn, args) -> str:
 
 
 @pytest.mark.parametrize("name", sorted(REFUSALS))
-def test_a_refusal_after_warm_up_is_the_cold_refusal(ops, name):
+def test_a_refusal_after_warm_up_is_the_cold_refusal(ops, name, key_path):
     fn, warm_args, bad, match = REFUSALS[name]
     spec = _spec_of(fn)
     cold = _error(fn, bad)
     assert not spec.memo and not ops.launches
     fn(*warm_args())
     assert len(spec.memo) == 1
-    assert spec.key(tuple(bad)) in spec.memo, "the bad call must share the warm configuration"
+    if key_path == "python key":  # (the compiled key's per-call tests may send it to the checks before any lookup)
+        assert spec.key(tuple(bad)) in spec.memo, "the bad call must share the warm configuration"
     ops.launches.clear()
     hot = _error(fn, bad)
     assert hot == cold and not ops.launches and len(spec.memo) == 1
@@ -298,7 +301,7 @@ def test_adjacent_outputs_replay(ops, monkeypatch):
 
 
 @pytest.mark.parametrize("name", sorted(n for n in REFUSALS if n.startswith("grad_w_reduce")))
-def test_the_reduce_per_call_test_is_never_looser_than_the_checks(ops, monkeypatch, name):
+def test_the_reduce_per_call_test_is_never_looser_than_the_checks(ops, monkeypatch, name, key_path):
     """grad_w_reduce's per-call test (in its run) passes nothing ``_reduce_checks`` refuses (for
     arguments of a valid configuration: the key covers the rest): a replayed bad call reaches the
     ordered checks, which raise before any launch; the plain valid call does not reach them."""
@@ -308,7 +311,8 @@ def test_the_reduce_per_call_test_is_never_looser_than_the_checks(ops, monkeypat
     gt.grad_w_reduce(*warm_args())
     assert not calls
     ops.launches.clear()
-    assert gt.GRAD_W_REDUCE.key(tuple(bad)) in gt.GRAD_W_REDUCE.memo  # a replay: only the per-call test judges it
+    if key_path == "python key":  # a replay: only the per-call test judges it (the compiled key holds bytes)
+        assert gt.GRAD_W_REDUCE.key(tuple(bad)) in gt.GRAD_W_REDUCE.memo
     with pytest.raises(ArgumentError):
         gt.grad_w_reduce(*bad)
     assert calls == ["grad_w_reduce"] and not ops.launches

@@ -18,6 +18,8 @@ from tilebin.ops import _spec
 from tilebin.ops.moe import _gating as g
 from tilebin.runtime import ArgumentError
 
+pytestmark = pytest.mark.usefixtures("key_path")  # the Python memo key, then the compiled one
+
 B, I32, I64 = torch.bool, torch.int32, torch.int64
 
 # the TorchOp schema strings of these ops before their OpSpecs (tilebin::<op> must not change)

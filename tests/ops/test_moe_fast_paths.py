@@ -13,6 +13,8 @@ from tilebin.ops._common import specialised_key
 from tilebin.ops.moe import _stats as st
 from tilebin.runtime import ArgumentError
 
+pytestmark = pytest.mark.usefixtures("key_path")  # the Python memo key, then the compiled one
+
 
 @pytest.fixture
 def rec(monkeypatch):

@@ -13,6 +13,8 @@ from tilebin.ops.moe import _stats as st
 from tilebin.ops.transpose import _transpose as tr
 from tilebin.runtime import ArgumentError
 
+pytestmark = pytest.mark.usefixtures("key_path")  # the Python memo key, then the compiled one
+
 SPECS = st.SPECS + tr.SPECS
 
 
@@ -61,6 +63,26 @@ def test_a_configuration_is_checked_once_then_replayed(ops, monkeypatch):
     st.aux_fi(_idx(3, 4), 64, 2)  # another top-k: another configuration
     st.aux_fi(_idx(3), 64, np.int64(2))  # another scalar type: another configuration
     assert checked == ["aux_fi"] * 3 and len(st.AUX_FI.memo) == 3
+
+
+def test_the_compiled_key_serves_a_replay_and_falls_back_for_other_tensors(ops, key_path, monkeypatch):
+    """With the compiled key (csrc/_hot_opkey.h) a configuration is stored under the tensors' bytes;
+    a tensor the C call does not read (a subclass) takes the Python key: its own configuration."""
+    class Sub(torch.Tensor):
+        pass
+
+    checked = []
+    real = _spec.OpSpec.checked
+    monkeypatch.setattr(_spec.OpSpec, "checked", lambda self, a, k: checked.append(self.name) or real(self, a, k))
+    st.aux_fi(_idx(3), 64, 2)
+    st.aux_fi(_idx(5), 64, 2)  # a replay
+    (key,) = st.AUX_FI.memo
+    assert isinstance(key[0], bytes) == (key_path == "compiled key") and checked == ["aux_fi"]
+    st.aux_fi(_idx(3).as_subclass(Sub), 64, 2)
+    st.aux_fi(_idx(4).as_subclass(Sub), 64, 2)  # a replay of the Python key's configuration
+    assert len(st.AUX_FI.memo) == (2 if key_path == "compiled key" else 1) and len(ops.launches) == 4
+    with pytest.raises(ArgumentError, match="must be contiguous"):
+        st.aux_fi(_idx(4, 4)[:, ::2], 64, 2)
 
 
 def test_true_and_one_are_different_configurations(ops):

@@ -22,6 +22,8 @@ from tilebin.ops.quant import _per_block as pb
 from tilebin.ops.quant import _per_channel as pc
 from tilebin.runtime import ArgumentError
 
+pytestmark = pytest.mark.usefixtures("key_path")  # the Python memo key, then the compiled one
+
 BF16, FP32, E4M3, I8, I32 = torch.bfloat16, torch.float32, torch.float8_e4m3fn, torch.int8, torch.int32
 SPECS = pb.SPECS + pc.SPECS
 SPEC_OF = {getattr(m, s.name): s for m in (pb, pc) for s in m.SPECS}

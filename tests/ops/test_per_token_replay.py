@@ -22,6 +22,8 @@ from tilebin.ops import _spec
 from tilebin.ops.quant import _e5m6 as e5
 from tilebin.ops.quant import _per_token as pt
 
+pytestmark = pytest.mark.usefixtures("key_path")  # the Python memo key, then the compiled one
+
 BF16, FP32, E4M3, I8 = torch.bfloat16, torch.float32, torch.float8_e4m3fn, torch.int8
 
 

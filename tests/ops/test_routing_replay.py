@@ -15,6 +15,8 @@ from tilebin.ops import _spec
 from tilebin.ops.moe import _routing as r
 from tilebin.runtime import ArgumentError
 
+pytestmark = pytest.mark.usefixtures("key_path")  # the Python memo key, then the compiled one
+
 BF, F32, E4M3, I32, I64 = torch.bfloat16, torch.float32, torch.float8_e4m3fn, torch.int32, torch.int64
 
 

@@ -21,6 +21,8 @@ import torch
 from _swiglu_replay_util import Recorder, assert_same, misaligned, odd_address, raises
 from tilebin.ops.quant import _swiglu as sw
 
+pytestmark = pytest.mark.usefixtures("key_path")  # the Python memo key, then the compiled one
+
 BF16, FP32, E4M3, I32, I64 = torch.bfloat16, torch.float32, torch.float8_e4m3fn, torch.int32, torch.int64
 FWD, BWD, CH = sw.SWIGLU_FWD, sw.SWIGLU_BWD, sw.SWIGLU_CHANNEL
 
