@@ -29,6 +29,8 @@ from manifest_check import built_manifest, check_launch, output_names  # noqa: E
 from ops_stub import StubbedOps, describe, describe_launches  # noqa: E402
 from tilebin.runtime import TilebinError  # noqa: E402
 
+pytestmark = pytest.mark.usefixtures("key_path")  # the Python memo key, then the compiled one
+
 OPS = sorted(F.BUILDERS)
 OPTIONAL = {op: F.optional_params(op) for op in OPS}
 EXAMPLES = 1000
