@@ -6,7 +6,7 @@
  * accessors that costs ~0.3 us a tensor; OpKey(entries).key(*args) does it through the shim
  * (_hot_tensor.h) for the tensors `entries` names, and returns:
  *   bytes  the key part of those tensors (every per-call test passed);
- *   None   a per-call test failed: the op's checked path says why (or runs the call);
+ *   None   a per-call test failed: the op's Python key and checks say why (or run the call);
  *   False  one of them is neither a GPU tensor of exactly torch.Tensor's type that the shim reads nor an
  *          optional's None: the op's Python key takes the call (ops/_compiled_key.py keeps both).
  * An entry: (position, flags, rank or -1, alignment in bytes or 0, element limit or -1, index of the

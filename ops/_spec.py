@@ -40,6 +40,19 @@ _MEMO_MAX = 256  # configurations kept per op (a process sees a handful; the cap
 
 
 @record
+class Fast:
+    """What a tensor must be for its op's ``run.fast`` (the plan's run without its own per-call test),
+    tested by the compiled key (``ops/_compiled_key.py``) only: contiguous, a data pointer that is a
+    multiple of ``align`` bytes (non-empty tensors), at most ``max_numel`` elements.  A call that fails
+    it takes the Python key, whose replay runs ``run`` (its own test, then the checks that raise, or
+    the call); without the compiled key every replay runs ``run``."""
+
+    contiguous: bool = True
+    align: int = 16
+    max_numel: Optional[int] = None
+
+
+@record
 class TensorParam:
     """A tensor parameter: one of ``dtypes``, ``ndim`` dims (None: any), contiguous if asked, at
     most ``max_numel`` elements and, if ``ptr_align``, a data pointer that is a multiple of that many
@@ -67,6 +80,7 @@ class TensorParam:
     # the parameter whose first size (the token count) this one's equals: tested per call on the shapes
     # the memo key read (a call where they differ takes the checked path; the op's checks say why)
     rows_of: Optional[str] = None
+    fast: Optional[Fast] = None  # the op's run.fast needs these facts (tested by the compiled key only)
 
     @property
     def schema_type(self) -> str:
@@ -404,6 +418,7 @@ class OpSpec:
         # the per-call checks of a replayed call, in parameter order (as the first call runs them)
         self._per_call = tuple((i, p) for i, p in enumerate(params) if _checks_per_call(p))
         self._rows = _rows_test(self)  # a misdeclared rows_of fails here, at import
+        self._fast = any(getattr(p, "fast", None) is not None for p in params)  # plan's run has .fast
         # compiled at the op's first call: importing the ops compiles nothing
         self.key, self.call = self._first_key, self._first_call
 
@@ -440,6 +455,8 @@ class OpSpec:
             self.relations(op, values)
         check_cuda(op, **{self.params[i].name: args[i] for i in self._tensors})
         run = self.plan(values)
+        if self._fast and not callable(getattr(run, "fast", None)):
+            raise TypeError(f"OpSpec {op}: a parameter declares Fast, so its plan's run needs run.fast")
         result = run(*(values[p.name] for p in self.params))
         if key is not None and not TRACING.on and len(self.memo) < _MEMO_MAX:
             self.memo[key] = run  # after the launch: a call that raised stores nothing
@@ -465,4 +482,4 @@ class OpSpec:
         return TorchOp(self.name, self.schema(), public, self.fake, **self.torch)
 
 
-__all__ = ["FlagParam", "IntParam", "OpSpec", "Param", "TensorParam", "block_key"]
+__all__ = ["Fast", "FlagParam", "IntParam", "OpSpec", "Param", "TensorParam", "block_key"]

@@ -26,7 +26,7 @@ from typing import Any, Callable, Optional
 import torch
 
 from .._common import TRACING, aligned_input, check_cuda, fail, launcher
-from .._spec import OpSpec, TensorParam
+from .._spec import Fast, OpSpec, TensorParam
 from ..config import get_num_sms
 from ._checks import (BF16, FP32, MAX_ELEMENTS, aligned, bool_param, check_contiguous, check_disjoint,
                       check_hidden, check_strided_rows, float_param, rows_ok)
@@ -111,9 +111,9 @@ def _fwd_public(outputs: tuple) -> tuple:
     return outputs if outputs[1].shape[-1] else (outputs[0], None, None, None, None)
 
 
-def _bf16(name: str, ndim: int, rows_of: Optional[str] = "hidden_states") -> TensorParam:
+def _bf16(name: str, ndim: int, rows_of: Optional[str] = "hidden_states", fast: Optional[Fast] = None) -> TensorParam:
     """A bf16 tensor whose token count is hidden_states' (tested per call by the spec)."""
-    return TensorParam(name, BF16, ndim, rows_of=rows_of)
+    return TensorParam(name, BF16, ndim, rows_of=rows_of, fast=fast)
 
 
 ENGRAM_GATE_FWD = OpSpec(
@@ -168,7 +168,6 @@ def _plan_bwd(values: dict) -> Callable[..., tuple]:
         # test (the token counts) leave out: contiguity, the element limit and 16-byte aligned pointers,
         # all in one test; where it fails (or with fake tensors), the ordered checks raise today's
         # message or pass the call
-        n = hidden_states.shape[0]
         if TRACING.on or not (
                 hidden_states.is_contiguous() and weight_fused.is_contiguous() and grad_out.is_contiguous()
                 and dot.is_contiguous() and gate_score.is_contiguous() and rstd_x.is_contiguous()
@@ -182,6 +181,12 @@ def _plan_bwd(values: dict) -> Callable[..., tuple]:
             # inside a buffer (a later chunk of tokens) is copied, never launched misaligned
             if not aligned(dot, gate_score, rstd_x, rstd_k):
                 dot, gate_score, rstd_x, rstd_k = (aligned_input(t) for t in (dot, gate_score, rstd_x, rstd_k))
+        return fast(grad_out, hidden_states, k, v, weight_fused, dot, gate_score, rstd_x, rstd_k)
+
+    def fast(grad_out, hidden_states, k, v, weight_fused, dot, gate_score, rstd_x, rstd_k, *_: Any) -> tuple:
+        # (a replay whose every tensor the compiled key found contiguous, 16-byte aligned and within the
+        # element limit: the spec's Fast; or run above, after its own test)
+        n = hidden_states.shape[0]
         grad_x = torch.empty(n, hc, hidden, dtype=_BF16, device=device)
         grad_k = torch.empty(n, hc, hidden, dtype=_BF16, device=device)
         grad_v = torch.empty(n, hidden, dtype=_BF16, device=device)
@@ -190,14 +195,17 @@ def _plan_bwd(values: dict) -> Callable[..., tuple]:
            grad_x, grad_k, grad_v, grad_w_partial, *scalars)
         return grad_x, grad_k, grad_v, grad_w_partial
 
+    run.fast = fast
     return run
 
 
+_FAST = Fast()  # engram_gate_bwd's run.fast: every tensor contiguous and 16-byte aligned (run's own test)
 ENGRAM_GATE_BWD = OpSpec(
     "engram_gate_bwd",
-    (_bf16("grad_out", 3), _bf16("hidden_states", 3, None), _bf16("k", 3), _bf16("v", 2),
-     TensorParam("weight_fused", FP32, 2, rows_vary=False),
-     *(TensorParam(name, FP32, 2, rows_of="hidden_states") for name in _STATS),
+    (_bf16("grad_out", 3, fast=_FAST), _bf16("hidden_states", 3, None, Fast(max_numel=MAX_ELEMENTS)),
+     _bf16("k", 3, fast=_FAST), _bf16("v", 2, fast=_FAST),
+     TensorParam("weight_fused", FP32, 2, rows_vary=False, fast=_FAST),
+     *(TensorParam(name, FP32, 2, rows_of="hidden_states", fast=_FAST) for name in _STATS),
      float_param("clamp_value")),
     "(Tensor, Tensor, Tensor, Tensor)", _plan_bwd, relations=_bwd_relations)
 

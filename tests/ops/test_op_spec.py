@@ -341,3 +341,30 @@ def test_rows_of_is_tested_on_every_call_and_sends_a_mismatch_to_the_checks(monk
                 _spec.TensorParam("y", f32, 1, rows_of="x", optional=True)):
         with pytest.raises(ValueError, match="rows_of"):
             _spec.OpSpec("toy", (_spec.TensorParam("x", f32, 2), bad), "Tensor", lambda values: None)
+
+
+def test_fast_runs_where_the_compiled_key_tested_it(key_path, monkeypatch):
+    """A TensorParam's Fast is tested by the compiled key only: a replay that passes it runs
+    ``run.fast``, one that fails it (a misaligned view here) runs ``run``, as every call does with
+    the Python key; a plan whose run lacks ``.fast`` is a declaration error."""
+    ran = []
+
+    def plan(values):
+        def run(w):
+            ran.append("run")
+
+        run.fast = lambda w: ran.append("fast")
+        return run
+
+    monkeypatch.setattr(_spec, "check_cuda", lambda *a, **k: None)
+    spec = _spec.OpSpec("fast_op", (_spec.TensorParam("w", (torch.float32,), 2, fast=_spec.Fast(align=16)),), "()",
+                        plan)
+    w = torch.zeros(5, 8)
+    spec.call(w)  # the first call: checked, then run
+    spec.call(w)
+    spec.call(torch.zeros(41)[1:].view(5, 8))  # 4-byte aligned: not Fast
+    compiled = key_path == "compiled key"
+    assert ran == ["run", "fast" if compiled else "run", "run"]
+    broken = _spec.OpSpec("no_fast", spec.params, "()", lambda values: (lambda w: None))
+    with pytest.raises(TypeError, match="no_fast: a parameter declares Fast, so its plan's run needs run.fast"):
+        broken.call(w)
