@@ -10,7 +10,9 @@ it launches; everything else about the op comes from it.
   by their bits).  The first call of a configuration runs every check and builds the op's
   launch (``plan``); a later call of the same configuration runs only the per-call checks
   (contiguity, size limits, and the op's ``per_call`` check: token counts that must agree,
-  strides, pointers) and that launch.  A call that fails a check stores nothing.
+  strides, pointers) and that launch.  A call that fails a check stores nothing.  Where the
+  runtime reads torch tensors through torch's C shim, the tensors' key parts and per-call tests
+  are one C call (``ops/_compiled_key.py``), and a replay may run the plan's ``run.fast``.
 * **Output allocation** and **launch**: the op's ``plan(values)`` returns the function that
   allocates the outputs and launches for a call's arguments; it is built once per configuration.
 * **torch.library**: :meth:`OpSpec.torch_op` is the ``TorchOp`` of ``tilebin::<name>``, its schema
