@@ -265,7 +265,7 @@ def enable_shim(hot: Any, torch: Any, tensor_type: Any = None, gpu_type: int = 1
 def _probe_tensors(torch: Any) -> list:
     """CPU tensors of every dtype this torch has, and of odd shapes: views with offsets, transposes,
     broadcast (stride 0), empty, 0-dim and 6-D (sizes stored out of line)."""
-    base = torch.arange(2 * 3 * 5, dtype=torch.float32).reshape(2, 3, 5)
+    base = torch.empty(2, 3, 5)  # (no values are read: torch.empty spares a cold process arange's first call)
     tensors = [base, base.transpose(0, 2), base[1:, ::2, 1:], torch.empty(0, 7), torch.tensor(3.0),
                torch.empty(3, 1).expand(3, 4), torch.empty(1, 2, 1, 3, 1, 2), base.view(torch.int32)[:, 1]]
     for name in ITEMSIZE:
