@@ -34,14 +34,7 @@ def make_registry(tmp_path, rt):
 @pytest.fixture(scope="session")
 def hot_module(tmp_path_factory):
     """The compiled hot path, built from csrc/_hot.c for these tests (fails under CI when it cannot be)."""
-    import os
-
-    try:
-        return rt_fakes.build_hot(tmp_path_factory.mktemp("hot"))
-    except RuntimeError as exc:
-        if os.environ.get("CI"):
-            pytest.fail(f"cannot build the compiled hot path: {exc}")
-        pytest.skip(f"cannot build the compiled hot path: {exc}")
+    return rt_fakes.hot_or_skip(tmp_path_factory.mktemp("hot"))
 
 
 @pytest.fixture(params=["c", "python"])

@@ -369,3 +369,17 @@ def build_hot(folder: Path) -> Any:
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
+
+
+def hot_or_skip(folder: Path) -> Any:
+    """:func:`build_hot` for a test fixture: a build failure fails the test under CI (env CI set), else skips it."""
+    import os
+
+    import pytest
+
+    try:
+        return build_hot(folder)
+    except RuntimeError as exc:
+        if os.environ.get("CI"):
+            pytest.fail(f"cannot build the compiled hot path: {exc}")
+        pytest.skip(f"cannot build the compiled hot path: {exc}")
