@@ -132,6 +132,8 @@ print("kernels", runtime.kernel_names())
 print("build", json.loads((art / "manifest.json").read_text()).get("build"))
 EOF
   local rc=$?
+  # which hot path runs, and whether it reads torch tensors through torch's C shim (csrc/_hot_tensor.h)
+  in_tmp "$PY" -m tilebin doctor 2>&1 | grep -E "hot path|torch " | tee -a "$SUMMARY"
   stamp "smoke import of the installed wheel: rc=$rc"
   return $rc
 }
