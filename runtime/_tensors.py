@@ -270,9 +270,11 @@ def _probe_tensors(torch: Any) -> list:
                torch.empty(3, 1).expand(3, 4), torch.empty(1, 2, 1, 3, 1, 2), base.view(torch.int32)[:, 1]]
     for name in ITEMSIZE:
         dtype = getattr(torch, name, None)
+        if not isinstance(dtype, torch.dtype):
+            continue  # not a dtype of this torch: its tensors read through the accessors
         try:
             tensors.append(torch.empty(3, dtype=dtype))
-        except (TypeError, RuntimeError):  # not a dtype of this torch: its tensors read through the accessors
+        except (TypeError, RuntimeError):  # a dtype torch.empty does not make: read through the accessors
             pass
     return tensors
 
