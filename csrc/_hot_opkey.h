@@ -62,24 +62,16 @@ static int contiguous(int64_t ndim, const int64_t *sizes, const int64_t *strides
     return 1;
 }
 
-typedef struct {
-    int64_t ndim, *sizes, *strides;
-} Read;
-
 /* Entry e's tensor x: its words appended at *w; 0, 1 (None: a per-call test failed) or 2 (False). */
-static int opkey_one(const OpKeyEntry *e, PyObject *x, Read *r, int64_t **w) {
+static int opkey_one(const OpKeyEntry *e, PyObject *x, TensorRead *r, int64_t **w) {
     void *h, *data;
-    int32_t code;
-    long ordinal;
     if (x == Py_None && e->flags & OK_OPTIONAL) {
         r->ndim = -1;
         *(*w)++ = -1;
         return 0;
     }
-    if ((h = tensor_handle(x)) == NULL || tabi.dim(h, &r->ndim) || tabi.sizes(h, &r->sizes) ||
-        tabi.strides(h, &r->strides) || tabi.dtype(h, &code) || tabi_ordinal(h, &ordinal) || r->ndim > RD)
-        return 2;
-    if (ordinal < 0) return 2; /* not on the GPU: the Python key (its device part) takes it */
+    if ((h = tensor_handle(x)) == NULL || tabi_read(h, r) || r->ndim > RD) return 2;
+    if (r->ordinal < 0) return 2; /* not on the GPU: the Python key (its device part) takes it */
     if (e->ndim >= 0 && r->ndim != e->ndim) return 1;
     int64_t numel = 1;
     for (int64_t d = 0; d < r->ndim; d++) numel *= r->sizes[d];
@@ -87,7 +79,7 @@ static int opkey_one(const OpKeyEntry *e, PyObject *x, Read *r, int64_t **w) {
         (e->max_numel >= 0 && numel > e->max_numel))
         return 1;
     if (e->align && numel && (tabi.data_ptr(h, &data) || (uintptr_t)data % (unsigned)e->align)) return 1;
-    *(*w)++ = code, *(*w)++ = ordinal, *(*w)++ = r->ndim;
+    *(*w)++ = r->code, *(*w)++ = r->ordinal, *(*w)++ = r->ndim;
     for (int64_t d = e->flags & OK_ROWS && r->ndim ? 1 : 0; d < r->ndim; d++) *(*w)++ = r->sizes[d];
     return 0;
 }
@@ -95,7 +87,7 @@ static int opkey_one(const OpKeyEntry *e, PyObject *x, Read *r, int64_t **w) {
 static PyObject *opkey_key(PyObject *self, PyObject *const *args, Py_ssize_t n) {
     OpKey *k = (OpKey *)self;
     int64_t words[MAXP * (3 + RD)], *w = words;
-    Read all[MAXP];
+    TensorRead all[MAXP];
     if (n != k->nparams) Py_RETURN_FALSE; /* the Python key says what is wrong */
     for (int i = 0; i < k->n; i++) {
         int rc = opkey_one(&k->e[i], args[k->e[i].pos], &all[i], &w);
@@ -103,7 +95,7 @@ static PyObject *opkey_key(PyObject *self, PyObject *const *args, Py_ssize_t n) 
         if (rc == 2) Py_RETURN_FALSE;
     }
     for (int i = 0; i < k->n; i++) { /* token counts that must agree (both read above; -1: an optional's None) */
-        const Read *r = &all[i], *ref = k->e[i].rows_of >= 0 ? &all[k->e[i].rows_of] : NULL;
+        const TensorRead *r = &all[i], *ref = k->e[i].rows_of >= 0 ? &all[k->e[i].rows_of] : NULL;
         if (ref && (r->ndim < 1 || ref->ndim < 1 || r->sizes[0] != ref->sizes[0])) Py_RETURN_NONE;
     }
     return PyBytes_FromStringAndSize((const char *)words, (Py_ssize_t)((char *)w - (char *)words));

@@ -59,22 +59,15 @@ static int read_ints(PyObject *x, PyObject *name, int call, int64_t *out, int *n
 /* A torch.Tensor's values through torch's C shim (_hot_tensor.h), the same as read_tensor_sig's accessors
  * give: 0, BAIL (not a CUDA tensor), or 1 (read it through the accessors). */
 static int shim_tensor_sig(void *h, TensorSig *t) {
-    int64_t ndim, *sizes, *strides;
-    int32_t code;
-    long ordinal;
-    if (tabi.dim(h, &ndim) || ndim > RD || tabi.sizes(h, &sizes) || tabi.strides(h, &strides) ||
-        tabi.dtype(h, &code) || (t->dtype = tabi_dtype(code)) == NULL || tabi_ordinal(h, &ordinal)) {
-        t->dtype = NULL;
-        return 1;
-    }
-    if (ordinal < 0) { /* is_cuda False */
-        t->dtype = NULL;
-        return BAIL;
-    }
-    t->ndim = (int)ndim;
-    memcpy(t->size, sizes, sizeof(int64_t) * (size_t)ndim);
-    memcpy(t->stride, strides, sizeof(int64_t) * (size_t)ndim);
-    t->dev = one_device ? 0 : ordinal;
+    TensorRead v;
+    t->dtype = NULL;
+    if (tabi_read(h, &v) || v.ndim > RD || tabi_dtype(v.code) == NULL) return 1;
+    if (v.ordinal < 0) return BAIL; /* is_cuda False */
+    t->dtype = tabi_dtype(v.code);
+    t->ndim = (int)v.ndim;
+    memcpy(t->size, v.sizes, sizeof(int64_t) * (size_t)v.ndim);
+    memcpy(t->stride, v.strides, sizeof(int64_t) * (size_t)v.ndim);
+    t->dev = one_device ? 0 : v.ordinal;
     Py_INCREF(t->dtype); /* held until sig_release, as the accessor's new reference */
     return 0;
 }

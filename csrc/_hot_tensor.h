@@ -57,6 +57,20 @@ static int tabi_ordinal(void *h, long *out) {
     return 0;
 }
 
+/* What a launch or an op's key reads of a tensor: rank, sizes, strides, dtype code and GPU ordinal. */
+typedef struct {
+    int64_t ndim, *sizes, *strides;
+    int32_t code;
+    long ordinal;
+} TensorRead;
+
+static int tabi_read(void *h, TensorRead *r) { /* 0, or BAIL (a shim call failed) */
+    return tabi.dim(h, &r->ndim) || tabi.sizes(h, &r->sizes) || tabi.strides(h, &r->strides) ||
+                   tabi.dtype(h, &r->code) || tabi_ordinal(h, &r->ordinal)
+               ? BAIL
+               : 0;
+}
+
 static void tabi_off(void) {
     tabi.on = 0;
     Py_CLEAR(tabi.type);
@@ -171,19 +185,15 @@ static PyObject *tensor_abi(PyObject *self, PyObject *args) {
  * when x is not read through it (for tests; ordinal -1 off the GPU). */
 static PyObject *tensor_facts(PyObject *self, PyObject *x) {
     void *h = tensor_handle(x), *data;
-    int64_t ndim, *sizes, *strides;
-    int32_t code;
-    long ordinal;
-    if (h == NULL || tabi.dim(h, &ndim) || tabi.sizes(h, &sizes) || tabi.strides(h, &strides) ||
-        tabi.data_ptr(h, &data) || tabi.dtype(h, &code) || tabi_ordinal(h, &ordinal) || tabi_dtype(code) == NULL)
-        Py_RETURN_NONE;
-    PyObject *s = PyTuple_New(ndim), *t = PyTuple_New(ndim);
-    for (int64_t d = 0; s && t && d < ndim; d++) {
-        PyTuple_SetItem(s, d, PyLong_FromLongLong(sizes[d]));
-        PyTuple_SetItem(t, d, PyLong_FromLongLong(strides[d]));
+    TensorRead v;
+    if (h == NULL || tabi_read(h, &v) || tabi.data_ptr(h, &data) || tabi_dtype(v.code) == NULL) Py_RETURN_NONE;
+    PyObject *s = PyTuple_New(v.ndim), *t = PyTuple_New(v.ndim);
+    for (int64_t d = 0; s && t && d < v.ndim; d++) {
+        PyTuple_SetItem(s, d, PyLong_FromLongLong(v.sizes[d]));
+        PyTuple_SetItem(t, d, PyLong_FromLongLong(v.strides[d]));
     }
-    PyObject *r = s && t ? Py_BuildValue("(LOOKOl)", (long long)ndim, s, t, (unsigned long long)(uintptr_t)data,
-                                         tabi_dtype(code), ordinal)
+    PyObject *r = s && t ? Py_BuildValue("(LOOKOl)", (long long)v.ndim, s, t, (unsigned long long)(uintptr_t)data,
+                                         tabi_dtype(v.code), v.ordinal)
                          : NULL;
     Py_XDECREF(s), Py_XDECREF(t);
     return r;
