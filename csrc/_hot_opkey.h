@@ -70,8 +70,8 @@ static int opkey_one(const OpKeyEntry *e, PyObject *x, TensorRead *r, int64_t **
         *(*w)++ = -1;
         return 0;
     }
-    if ((h = tensor_handle(x)) == NULL || tabi_read(h, r) || r->ndim > RD) return 2;
-    if (r->ordinal < 0) return 2; /* not on the GPU: the Python key (its device part) takes it */
+    /* (not on the GPU, ordinal -1: the Python key, whose device part tells it apart, takes it) */
+    if ((h = tensor_handle(x)) == NULL || tabi_read(h, r) || r->ndim > RD || r->ordinal < 0) return 2;
     if (e->ndim >= 0 && r->ndim != e->ndim) return 1;
     int64_t numel = 1;
     for (int64_t d = 0; d < r->ndim; d++) numel *= r->sizes[d];

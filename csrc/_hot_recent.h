@@ -60,10 +60,11 @@ static int read_ints(PyObject *x, PyObject *name, int call, int64_t *out, int *n
  * give: 0, BAIL (not a CUDA tensor), or 1 (read it through the accessors). */
 static int shim_tensor_sig(void *h, TensorSig *t) {
     TensorRead v;
+    PyObject *dtype;
     t->dtype = NULL;
-    if (tabi_read(h, &v) || v.ndim > RD || tabi_dtype(v.code) == NULL) return 1;
+    if (tabi_read(h, &v) || v.ndim > RD || (dtype = tabi_dtype(v.code)) == NULL) return 1;
     if (v.ordinal < 0) return BAIL; /* is_cuda False */
-    t->dtype = tabi_dtype(v.code);
+    t->dtype = dtype;
     t->ndim = (int)v.ndim;
     memcpy(t->size, v.sizes, sizeof(int64_t) * (size_t)v.ndim);
     memcpy(t->stride, v.strides, sizeof(int64_t) * (size_t)v.ndim);
