@@ -25,6 +25,10 @@ _INT32_MAX = 2**31 - 1
 # TileLang spells some dtypes differently from torch; the manifest uses torch's names.
 _DTYPE_NAMES = {"float8_e4m3": "float8_e4m3fn"}
 _KNOWN_HOST_CALLS = {"__tvm_set_device", "__tvm_tensormap_create_tiled"}
+# item sizes (bytes) of the dtypes a tensor parameter may also take (KernelDecl.also_dtypes), by torch's name
+_ITEM_SIZES = {**dict.fromkeys(("bool", "int8", "uint8", "float8_e4m3fn", "float8_e5m2", "float8_e8m0fnu"), 1),
+               **dict.fromkeys(("int16", "uint16", "float16", "bfloat16"), 2),
+               **dict.fromkeys(("int32", "uint32", "float32"), 4), **dict.fromkeys(("int64", "uint64", "float64"), 8)}
 
 
 @dataclass(frozen=True)
@@ -146,14 +150,16 @@ def _launch(fn: tirx.PrimFunc, name: str, call_args: list[Any], env: dict, where
 
 def launch_facts(func: tirx.PrimFunc, host_mod: Any, device_mod: Any, where: str,
                  outputs: tuple[str, ...] = (), align: int = 16, *, optional: tuple[str, ...] = (),
-                 conditions: tuple[str, ...] = (), key: Any = None) -> LaunchFacts:
+                 conditions: tuple[str, ...] = (), key: Any = None, also_dtypes: Any = None) -> LaunchFacts:
     """All launch facts of one lowered variant; raises AotError for what the manifest can't express.
 
     ``optional``: tensor parameters a call may pass as None; ``conditions``: the declaration's
-    condition texts (aot/_conditions.py), ``key`` the variant's compile-time values they may name.
+    condition texts (aot/_conditions.py), ``key`` the variant's compile-time values they may name;
+    ``also_dtypes``: ``{tensor parameter: dtypes of its item size it also takes}``.
     """
     params, tensors, scalars, data_names = signature(func, where, outputs, align)
     params = _mark_optional(params, optional, where)
+    tensors = _with_also_dtypes(tensors, dict(also_dtypes or {}), where)
     host_funcs = list(host_mod.functions.values())
     if len(host_funcs) != 1:
         raise AotError(f"{where}: expected one host function after lowering, got {len(host_funcs)}")
@@ -186,6 +192,25 @@ def launch_facts(func: tirx.PrimFunc, host_mod: Any, device_mod: Any, where: str
         if all(tree != c.expr for c in conds):
             conds.append(ConditionSpec(tree, "declared"))
     return LaunchFacts(params, tensors, scalars, tuple(tma), tuple(launches), tuple(conds))
+
+
+def _with_also_dtypes(tensors: tuple[TensorSpec, ...], also: dict, where: str) -> tuple[TensorSpec, ...]:
+    """The tensors with the dtypes of the same item size that ``also`` lets each take as its bits."""
+    unknown = [n for n in also if n not in {t.name for t in tensors}]
+    if unknown:
+        raise AotError(f"{where}: also_dtypes names {unknown}, which are not tensor parameters of the kernel "
+                       f"({', '.join(t.name for t in tensors) or 'none'})")
+    out = []
+    for t in tensors:
+        extra = tuple(d for d in also.get(t.name, ()) if d != t.dtype)
+        for d in extra:
+            if d not in _ITEM_SIZES or _ITEM_SIZES[d] != _ITEM_SIZES.get(t.dtype):
+                raise AotError(f"{where}: also_dtypes lets {t.name!r} ({t.dtype}) take {d!r}, whose item size "
+                               f"differs (or is unknown); only dtypes of the same item size share the parameter's "
+                               f"strides: {', '.join(n for n, b in _ITEM_SIZES.items() if b == _ITEM_SIZES.get(t.dtype))}")
+        out.append(TensorSpec(t.name, t.dtype, t.shape, t.strides, t.align, t.output, t.max_elements, extra)
+                   if extra else t)
+    return tuple(out)
 
 
 def _mark_optional(params: tuple[ParamSpec, ...], optional: tuple[str, ...], where: str) -> tuple[ParamSpec, ...]:

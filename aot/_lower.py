@@ -176,7 +176,8 @@ def _lower_job(job: Job, decl: Any, nvcc: Nvcc, lineinfo: bool) -> JobResult:
         outputs = output_names(func, decl.outputs, job.where)
         facts = launch_facts(func, art.host_mod, art.device_mod, job.where, outputs, decl.align,
                              optional=tuple(getattr(decl, "optional", ())),
-                             conditions=tuple(getattr(decl, "conditions", ())), key=job.key)
+                             conditions=tuple(getattr(decl, "conditions", ())), key=job.key,
+                             also_dtypes=getattr(decl, "also_dtypes", None))
     except AotError:
         raise
     except Exception as exc:  # TileLang raises many types; name the job and keep the cause

@@ -80,6 +80,10 @@ class KernelDecl:
               ``runtime.launch`` picks it for calls whose sizes match (by its static dims) and the
               run-time-size variant for every other call; op layers pick it once per memo key
               (``tilebin.ops._common.specialised_launcher``).
+    also_dtypes  tensor parameters that take other dtypes of the same item size as their bits,
+              by name: ``{"x_sf": ("float32",)}`` lets an int32 parameter take fp32 scales
+              as they are, so an op passes the user's tensor instead of a ``view(dtype)``.
+              The build checks that the item sizes agree; ``runtime.launch`` accepts them.
     """
 
     name: str
@@ -93,6 +97,7 @@ class KernelDecl:
     optional: tuple[str, ...] = ()
     conditions: tuple[str, ...] = ()
     specialise: tuple[Mapping[str, int], ...] = ()
+    also_dtypes: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not _NAME.match(self.name):
@@ -121,12 +126,14 @@ class KernelDecl:
         object.__setattr__(self, "optional", _strings(self.optional, "optional", self.name))
         object.__setattr__(self, "conditions", _strings(self.conditions, "conditions", self.name))
         object.__setattr__(self, "specialise", _check_specialise(self.specialise, frozen, self.name))
+        object.__setattr__(self, "also_dtypes", _check_also_dtypes(self.also_dtypes, self.name))
 
     @classmethod
     def from_jit(cls, name: str, jit_fn: Any, grid: tuple[Mapping[str, Any], ...], outputs: tuple[str | int, ...] | None = None,
                  align: int = 16, pass_configs: Mapping[str, Any] | None = None, doc: str = "",
                  meta: Mapping[str, Any] | None = None, optional: tuple[str, ...] = (),
-                 conditions: tuple[str, ...] = (), specialise: tuple[Mapping[str, int], ...] = ()) -> KernelDecl:
+                 conditions: tuple[str, ...] = (), specialise: tuple[Mapping[str, int], ...] = (),
+                 also_dtypes: Mapping[str, tuple[str, ...]] | None = None) -> KernelDecl:
         """Declare a ``@tilelang.jit``-decorated kernel factory: lazy style (it returns its
         PrimFunc) or eager style (tensor annotations; TileLang traces it with sizes left symbolic).
 
@@ -155,7 +162,8 @@ class KernelDecl:
             outputs = () if out_idx is None else ((out_idx,) if isinstance(out_idx, int) else tuple(out_idx))
         return cls(name, _jit_factory(jit_fn, objects), keys, outputs=outputs, align=align,
                    pass_configs={**_jit_pass_configs(jit_fn), **_plain_keys(pass_configs or {})}, doc=doc,
-                   meta=meta or {}, optional=optional, conditions=conditions, specialise=specialise)
+                   meta=meta or {}, optional=optional, conditions=conditions, specialise=specialise,
+                   also_dtypes=also_dtypes or {})
 
 
 def _plain_keys(configs: Mapping[Any, Any]) -> dict[str, Any]:
@@ -271,6 +279,22 @@ def _check_specialise(entries: Any, grid: tuple[Mapping[str, Any], ...], name: s
             raise DeclarationError(f"{name}: specialise lists {dict(item)} twice")
         frozen.append(item)
     return tuple(frozen)
+
+
+def _check_also_dtypes(also: Any, name: str) -> Mapping[str, tuple[str, ...]]:
+    """``also_dtypes`` as a frozen ``{tensor parameter: (dtype name, ...)}`` (torch's dtype names)."""
+    if not isinstance(also, Mapping):
+        raise DeclarationError(f"{name}: also_dtypes must be a dict such as {{'x_sf': ('float32',)}} "
+                               f"(got {type(also).__name__})")
+    frozen = {}
+    for param, dtypes in also.items():
+        dtypes = (dtypes,) if isinstance(dtypes, str) else dtypes
+        if not isinstance(param, str) or not isinstance(dtypes, (tuple, list)) or not dtypes \
+                or not all(isinstance(d, str) and d for d in dtypes):
+            raise DeclarationError(f"{name}: also_dtypes maps a tensor parameter's name to a tuple of dtype names "
+                                   f"(got {param!r}: {dtypes!r})")
+        frozen[param] = tuple(dict.fromkeys(dtypes))
+    return MappingProxyType(frozen)
 
 
 def _freeze_meta(meta: Mapping[str, Any], name: str) -> Mapping[str, Any]:

@@ -74,7 +74,8 @@ def _launch_facts(spec: KernelSpec) -> dict[str, Any]:
 def _info_data(spec: KernelSpec) -> dict[str, Any]:
     params = []
     for p in spec.params:
-        dtypes = sorted({t.dtype for v in spec.variants for t in (*v.tensors, *v.scalars) if t.name == p.name})
+        dtypes = sorted({d for v in spec.variants for t in (*v.tensors, *v.scalars) if t.name == p.name
+                         for d in (t.dtype, *getattr(t, "also_dtypes", ()))})
         params.append({"name": p.name, "kind": p.kind, "rank": p.rank, "dtype": "|".join(dtypes) or "-",
                        "optional": p.optional})
     conditions = [[f"{to_text(c.expr)} ({c.source})" for c in v.conditions] for v in spec.variants]

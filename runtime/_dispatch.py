@@ -133,7 +133,8 @@ def check_ranks(spec: KernelSpec, infos: Mapping[str, TensorInfo]) -> None:
 def _served_dtypes(spec: KernelSpec, infos: Mapping[str, TensorInfo]) -> str:
     parts = []
     for name in infos:
-        dtypes = list(dict.fromkeys(t.dtype for v in spec.variants for t in v.tensors if t.name == name))
+        dtypes = list(dict.fromkeys(d for v in spec.variants for t in v.tensors if t.name == name
+                                    for d in (t.dtype, *t.also_dtypes)))
         if dtypes:
             parts.append(f"{name}: {' / '.join(dtypes)}")
     return "; ".join(parts)
@@ -151,8 +152,8 @@ def _mismatches(variant: VariantSpec, infos: Mapping[str, TensorInfo], key_items
         info = infos.get(t.name)
         if info is None:
             continue
-        if info.dtype != t.dtype:
-            why.append(f"{t.name}: {t.dtype}")
+        if info.dtype != t.dtype and info.dtype not in t.also_dtypes:
+            why.append(f"{t.name}: {' / '.join((t.dtype, *t.also_dtypes))}")
         if len(info.shape) != len(t.shape):
             why.append(f"{t.name}: {len(t.shape)}-D")
             continue

@@ -1,13 +1,12 @@
 """The artifact contract: a versioned JSON manifest, parsed into frozen specs.
 
-The manifest is data only.  :func:`parse_manifest` checks its structure and the
-consistency of its expressions, so a bad artifact fails with an :class:`ArtifactError` naming
-the kernel, never halfway through a launch: all of it up front (the build and wheel checks),
-or, for a runtime registry (``lazy=True``), the envelope at load and each kernel before its first launch.
-``tilebin.aot`` writes it with :meth:`Manifest.to_json`: the envelope on the first line, then
-one kernel per line, so that a runtime registry decodes only the kernels a process uses
-(decoding all of tilebin's 64 kernels took 11-13 ms of a cold start).  Any other JSON layout of the
-same data (a manifest edited by hand or pretty-printed) is read too, decoded whole.
+The manifest is data only.  :func:`parse_manifest` checks its structure and the consistency of its
+expressions, so a bad artifact fails with an :class:`ArtifactError` naming the kernel, never halfway
+through a launch: all of it up front (the build and wheel checks), or, for a runtime registry
+(``lazy=True``), the envelope at load and each kernel before its first launch.
+``tilebin.aot`` writes it with :meth:`Manifest.to_json`: the envelope on the first line, then one
+kernel per line, so that a runtime registry decodes only the kernels a process uses (all 64 took
+11-13 ms of a cold start).  Any other layout of the same data (hand-edited, pretty-printed) is read whole.
 """
 
 from __future__ import annotations
@@ -51,6 +50,7 @@ class TensorSpec:
     align: int = 16
     output: bool = False
     max_elements: int | None = None
+    also_dtypes: tuple[str, ...] = ()  # dtypes of the same item size also taken, as bits (KernelDecl)
 
 
 @record
@@ -101,13 +101,12 @@ class LaunchSpec:
 
 @record
 class ConditionSpec:
-    """What a call must meet for a variant to serve it: ``expr`` over the variant's runtime symbols
-    evaluates nonzero (``hidden % 128 == 0``).  ``source``: ``"assume"`` (the kernel's own
-    ``T.assume``) or ``"declared"`` (``KernelDecl.conditions``).  The runtime checks them when it
-    picks a variant; a call none serves raises ``NoVariantError`` naming the failed condition."""
+    """What a call must meet for a variant to serve it: ``expr`` over the variant's runtime symbols is
+    nonzero (``hidden % 128 == 0``); ``source``: ``"assume"`` (a ``T.assume``) or ``"declared"``
+    (``KernelDecl.conditions``).  A call no variant serves raises ``NoVariantError`` naming it."""
 
     expr: Expr
-    source: str = "declared"
+    source: str = "declared"  # one of CONDITION_SOURCES
 
 
 CONDITION_SOURCES = ("assume", "declared")
@@ -189,7 +188,8 @@ def _exprs(values: Any, where: str) -> tuple:
 
 def _parse_variant(data: Mapping[str, Any], where: str) -> VariantSpec:
     tensors = tuple(
-        _build(TensorSpec, t, where, shape=_exprs(t.get("shape"), where), strides=_exprs(t.get("strides"), where))
+        _build(TensorSpec, t, where, shape=_exprs(t.get("shape"), where), strides=_exprs(t.get("strides"), where),
+               also_dtypes=tuple(map(str, _list(t.get("also_dtypes", []), where))))
         for t in data.get("tensors", [])
     )
     scalars = tuple(_build(ScalarSpec, s, where) for s in data.get("scalars", []))

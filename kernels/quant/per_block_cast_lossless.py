@@ -5,14 +5,18 @@ Parameters, in order:
 
 * ``x``: int8 ``[num_tokens, x_cols]``, two e2m1 codes per byte (low nibble = even channel),
   ``x_cols = hidden // 2``, contiguous.
-* ``x_sf``: the input scales in kernel orientation (``ops/quant/_sf.py``) as a uint8 BYTE view
-  with runtime row stride ``xs_stride`` (bytes): fp32 ``row`` ``[T, G]`` / ``col`` ``[G, T]``
-  viewed as uint8, or ``ue8m0`` ``[ceil(G / 4), 4 T]``; ``G = hidden // 32``.
+* ``x_sf``: the input scales as the user holds them (``ops/quant/_sf.py``), read as 4-byte
+  words ``[num_tokens, xs_cols]`` with run-time strides ``(xs_s0, xs_s1)`` (elements): fp32
+  ``row`` or ``col`` ``[T, G]`` (the kernel reads their bits; the op passes the fp32 tensor as
+  is), or packed ``ue8m0`` int32 ``[T, ceil(G / 4)]``, byte ``g % 4`` of word ``g // 4``;
+  ``G = hidden // 32``.
 * ``out``: float8_e4m3fn ``[num_tokens, hidden]``, contiguous.
-* ``out_sf``: the output scales, same conventions, for blocks of ``block_m x block_k``.
-* ``in_kind``, ``out_kind``: 0 row, 1 col, 2 ue8m0.
+* ``out_sf``: the output scales as the op returns them, same conventions, for blocks of
+  ``block_m x block_k``: ``[os_rows, os_cols]`` words with strides ``(os_s0, os_s1)``.
+* ``in_kind``, ``out_kind``: 0 row, 1 col (both fp32 words: strides tell them apart), 2 ue8m0.
 
-Rules the op checks: ``hidden % 64 == 0``; 16-byte aligned pointers; int32 element counts.
+Rules the op checks: ``hidden % 64 == 0``; 16-byte aligned ``x`` and ``out``, 4-byte aligned
+scales; int32 element counts.
 
 Math (tile_kernels' lossless rule): ``e`` = the biased exponent of each input scale (fp32 bits
 >> 23, or the UE8M0 byte); per output block ``E = max(e) - 6`` (0 when below 6; input groups
@@ -74,20 +78,18 @@ def e4m3_of_code(code, scale):
 
 
 @T.macro
-def write_sf(out_sf, os_words, os_bytes, os_stride, out_kind, r, og, num_og, e):
-    """Scale of output block (r, og): 2**(e - 127) as fp32 (row / col) or its UE8M0 byte.
-    The parameters carry the kernel parameters' own names: a macro argument bound to another name
-    renames the variable, hence the kernel parameter."""
-    if out_kind == 0:
-        _view(out_sf, os_words, "uint32")[r * (os_stride // 4) + og] = T.Cast("uint32", e) << T.uint32(23)
-    elif out_kind == 1:
-        _view(out_sf, os_words, "uint32")[og * (os_stride // 4) + r] = T.Cast("uint32", e) << T.uint32(23)
+def write_sf(out_sf, os_bytes, os_s0, os_s1, out_kind, r, og, num_og, e):
+    """Scale of output block (r, og): 2**(e - 127) as fp32 bits (row / col) or its UE8M0 byte,
+    byte ``og % 4`` of word ``(r, og // 4)``.  The parameters carry the kernel parameters' own
+    names: a macro argument bound to another name renames the variable, hence the parameter."""
+    if out_kind != 2:
+        out_sf[r, og] = T.Cast("int32", e) << 23
     else:
-        _view(out_sf, os_bytes, "uint8")[(og // 4) * os_stride + r * 4 + og % 4] = T.Cast("uint8", e)
+        _view(out_sf, os_bytes, "uint8")[(r * os_s0 + (og // 4) * os_s1) * 4 + og % 4] = T.Cast("uint8", e)
         if og == num_og - 1:  # zero the unused bytes of the last group of four
             for p in T.unroll(3):
                 if og % 4 + p + 1 < 4:
-                    _view(out_sf, os_bytes, "uint8")[(og // 4) * os_stride + r * 4 + og % 4 + p + 1] = T.uint8(0)
+                    _view(out_sf, os_bytes, "uint8")[(r * os_s0 + (og // 4) * os_s1) * 4 + og % 4 + p + 1] = T.uint8(0)
 
 
 def per_block_cast_lossless(block_m: int, block_k: int):
@@ -100,20 +102,19 @@ def per_block_cast_lossless(block_m: int, block_k: int):
     n_masks = len(masks)
     n_low = sum(1 for m in masks if m < L)
     num_tokens, hidden, x_cols = T.dynamic("num_tokens"), T.dynamic("hidden"), T.dynamic("x_cols")
-    xs_rows, xs_cols, xs_stride = T.dynamic("xs_rows"), T.dynamic("xs_cols"), T.dynamic("xs_stride")
-    os_rows, os_cols, os_stride = T.dynamic("os_rows"), T.dynamic("os_cols"), T.dynamic("os_stride")
+    xs_cols, xs_s0, xs_s1 = T.dynamic("xs_cols"), T.dynamic("xs_s0"), T.dynamic("xs_s1")
+    os_rows, os_cols, os_s0, os_s1 = (T.dynamic(n) for n in ("os_rows", "os_cols", "os_s0", "os_s1"))
     x_words = (num_tokens, hidden // 64 * 8)
     out_bytes = (num_tokens, hidden // 64 * 64)
-    xs_words, xs_bytes = (xs_rows * xs_stride // 4,), (xs_rows * xs_stride,)
-    os_words, os_bytes = (os_rows * os_stride // 4,), (os_rows * os_stride,)
+    os_bytes = (((os_rows - 1) * os_s0 + (os_cols - 1) * os_s1 + 1) * 4,)  # the words' extent, as bytes
     num_og = T.ceildiv(hidden, block_k)
 
     @T.prim_func
     def main(
         x: T.Tensor((num_tokens, x_cols), "int8"),
-        x_sf: T.StridedTensor((xs_rows, xs_cols), (xs_stride, 1), "uint8"),
+        x_sf: T.StridedTensor((num_tokens, xs_cols), (xs_s0, xs_s1), "int32"),
         out: T.Tensor((num_tokens, hidden), "float8_e4m3fn"),
-        out_sf: T.StridedTensor((os_rows, os_cols), (os_stride, 1), "uint8"),
+        out_sf: T.StridedTensor((os_rows, os_cols), (os_s0, os_s1), "int32"),
         in_kind: T.int32,
         out_kind: T.int32,
     ):
@@ -135,14 +136,11 @@ def per_block_cast_lossless(block_m: int, block_k: int):
                 if vec_ok and bx * tm + g + R * k < num_tokens:
                     for w in T.vectorized(4):
                         xw[k, w] = _view(x, x_words, "uint32")[bx * tm + g + R * k, cv * 4 + w]
-                    if in_kind == 0:
-                        ein[k] = T.Cast("int32", _view(x_sf, xs_words, "uint32")[(bx * tm + g + R * k) * (xs_stride // 4) + cv]
-                                        >> T.uint32(23))
-                    elif in_kind == 1:
-                        ein[k] = T.Cast("int32", _view(x_sf, xs_words, "uint32")[cv * (xs_stride // 4) + bx * tm + g + R * k]
-                                        >> T.uint32(23))
+                    if in_kind != 2:  # fp32: the biased exponent (and the sign, 0 for a valid scale)
+                        ein[k] = T.Cast("int32", T.Cast("uint32", x_sf[bx * tm + g + R * k, cv]) >> T.uint32(23))
                     else:
-                        ein[k] = T.Cast("int32", _view(x_sf, xs_bytes, "uint8")[(cv // 4) * xs_stride + (bx * tm + g + R * k) * 4 + cv % 4])
+                        ein[k] = T.Cast("int32", (T.Cast("uint32", x_sf[bx * tm + g + R * k, cv // 4])
+                                                  >> T.Cast("uint32", 8 * (cv % 4))) & T.uint32(255))
                 else:
                     for w in T.unroll(4):
                         xw[k, w] = T.uint32(0)
@@ -153,7 +151,7 @@ def per_block_cast_lossless(block_m: int, block_k: int):
                         eout[k] = T.max(eout[k], T.shfl_xor(eout[k], 1 << i))
                     eout[k] = T.max(eout[k] - 6, 0)
                     if c % L == 0 and vec_ok and bx * tm + g + R * k < num_tokens:
-                        write_sf(out_sf, os_words, os_bytes, os_stride, out_kind, bx * tm + g + R * k, cv // L, num_og, eout[k])
+                        write_sf(out_sf, os_bytes, os_s0, os_s1, out_kind, bx * tm + g + R * k, cv // L, num_og, eout[k])
             else:
                 emax = 0
                 for k in T.unroll(K):
@@ -169,7 +167,7 @@ def per_block_cast_lossless(block_m: int, block_k: int):
                 for k in T.unroll(K):
                     eout[k] = emax
                 if g == 0 and c % L == 0 and by * NB + c // L < num_og:
-                    write_sf(out_sf, os_words, os_bytes, os_stride, out_kind, bx, by * NB + c // L, num_og, emax)
+                    write_sf(out_sf, os_bytes, os_s0, os_s1, out_kind, bx, by * NB + c // L, num_og, emax)
             for k in T.unroll(K):
                 if vec_ok and bx * tm + g + R * k < num_tokens:
                     scale = _f32(T.Cast("uint32", T.min(T.max(ein[k] - eout[k] + 127, 1), 254)) << T.uint32(23))
@@ -187,8 +185,10 @@ KERNELS = (
         factory=per_block_cast_lossless,
         grid=tuple({"block_m": m, "block_k": k} for m, k in BLOCKS),
         outputs=("out", "out_sf"),
+        # the user's tensors as they are: uint8 packed data, fp32 scales (read as their bits)
+        also_dtypes={"x": ("uint8",), "x_sf": ("float32",), "out_sf": ("float32",)},
         doc="packed e2m1 with (1, 32) power-of-two scales -> e4m3 with (block_m, block_k) scales, exact; "
-            "sf as uint8 byte views, in_kind/out_kind 0 row / 1 col / 2 ue8m0 at run time.",
+            "sf as the user's 4-byte words with run-time strides, in_kind/out_kind 0 row / 1 col / 2 ue8m0.",
     ),
 )
 

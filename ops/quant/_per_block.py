@@ -215,12 +215,8 @@ def _plan_lossless(values: dict) -> Callable[..., tuple[torch.Tensor, torch.Tens
     kinds = (_KIND[kind], _KIND[layout.kind])
 
     hidden = data.shape[1] * 2  # part of the configuration
-    # row-major fp32 output scales (the default): SfLayout.alloc's tensor made here, which finish returns as is
+    # row-major fp32 output scales (the default): made here; the other layouts through SfLayout
     row_out, rows_per_scale, sf_cols = not layout.col_major, out_block[0], layout.shape(1, hidden)[1]
-    # the kernel reads bytes: what each tensor needs viewed, fixed by the configuration (dtypes, layouts)
-    data_int8 = data.dtype == torch.int8
-    sf_bytes = kind != "ue8m0"  # fp32 scales (row or column-major) viewed as bytes; packed UE8M0 already are
-    raw_bytes = layout.dtype != torch.uint8
     # the scales' user-side shape per token count (lossless_per_call's test): one row per token
     groups = -(-hidden // LOSSLESS_IN_BLOCK[1])
     sf_user_cols = -(-groups // 4) if kind == "ue8m0" else groups
@@ -233,15 +229,13 @@ def _plan_lossless(values: dict) -> Callable[..., tuple[torch.Tensor, torch.Tens
                 and tokens * hidden <= _INT32_MAX and sf.shape == (tokens, sf_user_cols)):
             lossless_per_call("per_block_cast_lossless", (x,))
         out = torch.empty(tokens, hidden, dtype=torch.float8_e4m3fn, device=device)
-        raw = torch.empty(-(-tokens // rows_per_scale), sf_cols, dtype=torch.float32, device=device) if row_out \
-            else layout.alloc(tokens, hidden, device)
+        out_sf = torch.empty(-(-tokens // rows_per_scale), sf_cols, dtype=torch.float32, device=device) if row_out \
+            else layout.finish(layout.alloc(tokens, hidden, device), tokens)
         if tokens:
-            x_sf = sf if kind == "row" else (sf.T.view(torch.uint8) if kind == "ue8m0" else sf.T)  # kernel-side
-            if ptr(x_sf) % 16:
-                x_sf = aligned_input(x_sf)
-            fn(data if data_int8 else data.view(torch.int8), x_sf.view(torch.uint8) if sf_bytes else x_sf, out,
-               raw.view(torch.uint8) if raw_bytes else raw, *kinds)
-        return out, (raw if row_out else layout.finish(raw, tokens))
+            # the kernel reads both scale tensors as the user holds them, as 4-byte words with their
+            # strides (int8 or uint8 data alike): no views
+            fn(data, aligned_input(sf), out, out_sf, *kinds)
+        return out, out_sf
 
     return run
 

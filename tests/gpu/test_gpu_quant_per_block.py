@@ -191,3 +191,47 @@ def test_per_block_cast_lossless(q, case):
     quant_ref.assert_equal(out, ref_out, f"{name}: out")
     quant_ref.assert_equal(quant_ref.cast_back((out, out_sf), "fp32", out_block),
                            quant_ref.cast_back(x_fp4, "fp32", (1, 32)), f"{name}: cast-back values")
+
+
+@pytest.mark.parametrize("in_kind", ["row", "col", "ue8m0"])
+def test_per_block_cast_lossless_takes_users_tensors_as_they_are(q, in_kind):
+    """The kernel reads the user's scales as 4-byte words with their own strides: uint8 data, a later
+    chunk of rows (a scale pointer 8 bytes past alignment: the op copies it), and column-major scales
+    whose column stride is the token count (odd, not TMA-aligned) give the reference's bytes."""
+    tokens, hidden = 37, 576  # 18 scales a row: rows 5.. start 8 (row) or 20 (col, ue8m0) bytes in
+    _seed("lossless-users", in_kind)
+    x = torch.randn((tokens + 5, hidden), dtype=torch.float32, device="cuda")
+    x = _clamp_abs_ratio(x * torch.exp2(torch.randint(-3, 4, (tokens + 5, 1), device="cuda").float()))
+    col, packed = in_kind != "row", in_kind == "ue8m0"
+    data, sf = quant_ref.cast(x, "e2m1", (1, 32), round_sf=True, use_tma_aligned_col_major_sf=col,
+                              use_packed_ue8m0=packed)
+    data, sf = data[5:].view(torch.uint8), sf[5:]  # rows 5.. of every layout: views into the scales
+    assert sf.data_ptr() % 16
+    dense = sf.T.contiguous().T if col else sf.clone()  # aligned; column-major: strides (1, 37)
+    for case in ((data, sf), (data, dense)):
+        for out_block, out_col, out_packed in (((1, 128), False, False), ((32, 32), True, False),
+                                               ((128, 128), True, True)):
+            _poison_cache(4 * x.numel())
+            out, out_sf = q.per_block_cast_lossless(case, "e4m3", (1, 32), out_block,
+                                                    use_tma_aligned_col_major_sf=out_col, round_sf=True,
+                                                    use_packed_ue8m0=out_packed)
+            ref_out, ref_sf = lossless_ref((case[0].view(torch.int8), case[1]), out_block, out_col, out_packed)
+            name = f"{in_kind}-sf strides {case[1].stride()}-{out_block}-{'ue8m0' if out_packed else 'col' if out_col else 'row'}"
+            quant_ref.assert_equal(out_sf, ref_sf, f"{name}: out_sf")
+            quant_ref.assert_equal(out, ref_out, f"{name}: out")
+
+
+def test_per_block_cast_lossless_launches_with_fp32_scales_through_runtime_launch(q):
+    """``runtime.launch`` (the checked path) takes fp32 scales for the int32 parameters
+    (``also_dtypes``) and writes what the op writes."""
+    from tilebin import runtime
+
+    _seed("lossless-launch")
+    x = _clamp_abs_ratio(torch.randn((64, 1024), dtype=torch.float32, device="cuda"))
+    data, sf = quant_ref.cast(x, "e2m1", (1, 32), round_sf=True)
+    want_out, want_sf = q.per_block_cast_lossless((data, sf), "e4m3", (1, 32), (1, 128), round_sf=True)
+    out = torch.empty_like(want_out)
+    out_sf = torch.full_like(want_sf, float("nan"))
+    runtime.launch("quant.per_block_cast_lossless", data, sf, out, out_sf, 0, 0, block_m=1, block_k=128)
+    quant_ref.assert_equal(out, want_out, "out")
+    quant_ref.assert_equal(out_sf, want_sf, "out_sf")

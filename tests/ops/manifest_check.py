@@ -69,10 +69,11 @@ def check_launch(spec: KernelSpec, key: dict, args: tuple) -> None:
             env[p.name] = _check_scalar(where, p.name, scalars[p.name].dtype, a)
             continue
         t = tensors[p.name]
-        if _stand_in(i, a, args) and not t.output and (_dtype_name(a.dtype) != t.dtype or a.dim() != len(t.shape)):
+        if _stand_in(i, a, args) and not t.output and (_dtype_name(a.dtype) not in (t.dtype, *t.also_dtypes) or a.dim() != len(t.shape)):
             continue
         assert isinstance(a, torch.Tensor), f"{where}: {p.name} is {type(a).__name__}, not a tensor"
-        assert _dtype_name(a.dtype) == t.dtype, f"{where}: {p.name} has dtype {a.dtype}, the variant takes {t.dtype}"
+        assert _dtype_name(a.dtype) in (t.dtype, *t.also_dtypes), \
+            f"{where}: {p.name} has dtype {a.dtype}, the variant takes {' / '.join((t.dtype, *t.also_dtypes))}"
         assert a.dim() == len(t.shape), f"{where}: {p.name} has rank {a.dim()}, the variant takes {len(t.shape)}"
         for d, (dim, stride) in enumerate(zip(t.shape, t.strides)):
             _bind(env, pending, where, f"{p.name}.shape[{d}]", dim, a.shape[d])

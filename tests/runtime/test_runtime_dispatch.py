@@ -134,3 +134,25 @@ def test_config_object_key_matches_its_repr(make_registry, fake_gpu):
     reg = make_registry(F.manifest(**{"toy.scale": kernel}))
     reg.launch("toy.scale", *_scale_args(), 1.0, block=Tile(256))
     assert fake_gpu.launches[-1]["fn"] == "scale_bfloat16_256"
+
+
+def test_also_dtypes_take_other_dtypes_of_the_item_size(make_registry, fake_gpu, rt):
+    """``also_dtypes`` (KernelDecl.also_dtypes): a float16 tensor fits the bf16 variant's ``x`` as its
+    bits, the variant's own dtype still does, and a dtype it does not list is refused, naming both."""
+    data = F.standard_manifest()
+    for v in data["kernels"]["toy.scale"]["variants"]:
+        if v["key"]["dtype"] == "bfloat16":
+            v["tensors"][0]["also_dtypes"] = ["float16"]
+    data["kernels"]["toy.scale"]["variants"] = [v for v in data["kernels"]["toy.scale"]["variants"]
+                                                if v["key"]["dtype"] == "bfloat16"]
+    reg = make_registry(data)
+    reg.launch("toy.scale", F.tensor((4, 8), dtype="float16"), F.tensor((4, 8), dtype="bfloat16"), 1.0)
+    assert fake_gpu.launches[-1]["fn"] == "scale_bfloat16_128"
+    reg.launch("toy.scale", *_scale_args(m=4, n=8), 1.0)
+    assert fake_gpu.launches[-1]["fn"] == "scale_bfloat16_128"
+    with pytest.raises(rt.NoVariantError) as info:
+        reg.launch("toy.scale", F.tensor((4, 8), dtype="float32"), F.tensor((4, 8), dtype="bfloat16"), 1.0)
+    assert "x: bfloat16 / float16" in str(info.value)
+    with pytest.raises(rt.NoVariantError, match=r"out: bfloat16\.\n"):  # only x takes float16
+        reg.launch("toy.scale", F.tensor((4, 8), dtype="bfloat16"), F.tensor((4, 8), dtype="float16"), 1.0)
+    assert reg.spec("toy.scale").variants[0].tensors[0].also_dtypes == ("float16",)
