@@ -23,6 +23,9 @@ loop; the figure is the median over batches of the per-call mean.  Rows:
 
 Targets (issue 10): launch / floor cuda-py <= 1.2, prepared / floor cuda-py <= 1.05, gemm minus
 transpose <= 0.5 µs beyond the same difference of the C floors; import + first launch <= 100 ms.
+The TMA extra is also measured paired (``paired_tma_extra``): the four calls it compares timed back
+to back in each of many blocks, the median of the per-block extras (four medians of separate loops
+moved by up to 1.1 µs between two runs of one wheel).
 """
 
 from __future__ import annotations
@@ -227,11 +230,53 @@ def measure(rt, args) -> tuple[dict, dict, dict]:
                     times.setdefault(name, []).append(summary(time_host_us(fn, args.calls, args.batch, args.warmup)))
             for name, fn in eager.items():
                 times.setdefault(name, []).append(summary(time_host_us(fn, args.calls, args.batch, args.warmup)))
+        paired = {}
+        for path, prow in per_path.items():
+            _registry._DEFAULT[0] = regs[path][0]
+            paired.update(paired_tma_extra(rows, prow, path, args))
         for path in regs:
             _registry._DEFAULT[0] = regs[path][0]
             check_outputs(rt, t, errors, path)
     med = {n: statistics.median(r["median"] for r in rs) for n, rs in times.items()}
-    return med, times, errors
+    return med, times, errors, paired
+
+
+def paired_tma_extra(rows: dict, prow: dict, path: str, args) -> dict:
+    """TMA extra measured in interleaved blocks, so that drift between separate loops cancels: each
+    block times one batch of the two C floors and of the path's plain and TMA call, back to back
+    in a shuffled order; its extra is (TMA - plain) - (floor C gemm - floor C transpose).  Median
+    and quartiles over ``--paired-blocks`` blocks, per kind (launch, prepared)."""
+    import random
+
+    import torch
+
+    if "floor C: gemm" not in rows:
+        return {}
+    floors = {"floor C: transpose": rows["floor C: transpose"][0], "floor C: gemm": rows["floor C: gemm"][0]}
+    out, rng, clock, n = {}, random.Random(0), time.perf_counter_ns, args.paired_batch
+    for kind in ("launch", "prepared"):
+        calls = {**floors, "plain": prow[f"{path}: {kind} transpose"], "tma": prow[f"{path}: {kind} gemm (TMA)"]}
+        extras = []
+        for _ in range(args.paired_blocks):
+            order, took = list(calls), {}
+            rng.shuffle(order)
+            for name in order:
+                fn = calls[name]
+                torch.cuda.synchronize()
+                t0 = clock()
+                if name.startswith("floor C"):
+                    if fn(n):
+                        raise RuntimeError("the C floor's launch failed")
+                else:
+                    for _ in range(n):
+                        fn()
+                took[name] = (clock() - t0) / n / 1e3
+            extras.append(took["tma"] - took["plain"] - (took["floor C: gemm"] - took["floor C: transpose"]))
+        q = statistics.quantiles(extras, n=4)
+        out[f"{path}: TMA extra, {kind}, paired"] = {"median": statistics.median(extras), "p25": q[0], "p75": q[2],
+                                                     "blocks": len(extras), "batch": n}
+    torch.cuda.synchronize()
+    return out
 
 
 def _floor_samples(run, args) -> list[float]:
@@ -312,7 +357,7 @@ def first_launch(runs: int) -> dict:
     return {"median": med, "samples": samples, "errors": errors}
 
 
-def ratios(med: dict) -> list[list]:
+def ratios(med: dict, paired: dict | None = None) -> list[list]:
     nan = float("nan")
     raw, floor_t, floor_g = (med.get("floor cuda-py: transpose cuLaunchKernel", nan),
                              med.get("floor C: transpose", nan), med.get("floor C: gemm", nan))
@@ -331,6 +376,12 @@ def ratios(med: dict) -> list[list]:
              _verdict(tma <= 0.5)],
             [f"{path}: TMA extra, prepared", f"{ptma:.2f} µs", "<= 0.5 µs", _verdict(ptma <= 0.5)],
         ]
+        for kind in ("launch", "prepared"):
+            p = (paired or {}).get(f"{path}: TMA extra, {kind}, paired")
+            if p:
+                rows.append([f"{path}: TMA extra, {kind}, paired (median [p25, p75] of {p['blocks']} blocks)",
+                             f"{p['median']:.2f} µs [{p['p25']:.2f}, {p['p75']:.2f}]", "<= 0.5 µs",
+                             _verdict(p["median"] <= 0.5)])
     return rows
 
 
@@ -362,6 +413,8 @@ def main() -> int:
     ap.add_argument("--warmup", type=int, default=2_000)
     ap.add_argument("--rounds", type=int, default=2, help="repeat every row this many times (spread)")
     ap.add_argument("--first-launch-runs", type=int, default=5)
+    ap.add_argument("--paired-blocks", type=int, default=300, help="interleaved blocks of the paired TMA extra")
+    ap.add_argument("--paired-batch", type=int, default=100, help="calls per batch in a paired block")
     ap.add_argument("--json")
     ap.add_argument("--md")
     args = ap.parse_args()
@@ -370,11 +423,12 @@ def main() -> int:
     from tilebin.runtime import _launcher
 
     facts = env_facts()
-    med, rounds, errors = measure(rt, args)
+    med, rounds, errors, paired = measure(rt, args)
     hot = _launcher.hot_module()
     result = {"env": facts, "host_us": med, "host_us_rounds": rounds, "errors": errors,
               "hot_path": rt.hot_path(), "hot_module": getattr(hot, "__file__", None),
-              "first_launch": first_launch(args.first_launch_runs), "ratios": ratios(med), "params": vars(args)}
+              "first_launch": first_launch(args.first_launch_runs), "ratios": ratios(med, paired),
+              "tma_paired": paired, "params": vars(args)}
     write_reports(result, render(result), args.json, args.md)
     return 0 if not set(errors) - {"floor C"} and not result["first_launch"]["errors"] else 1
 

@@ -7,6 +7,8 @@ import importlib.util
 import sys
 from pathlib import Path
 
+import pytest
+
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 
 
@@ -36,6 +38,36 @@ def test_bench_launch_ratios_and_table():
     text = bl.render(result)
     assert "| c: launch transpose | 5.50 |" in text and "import_ms" in text and "hot path of this process: c" in text
     assert bl.ratios({})[0][1] == "nan"  # missing rows: NaN, not a crash
+    paired = {"c: TMA extra, launch, paired": {"median": 0.31, "p25": 0.1, "p75": 0.52, "blocks": 300, "batch": 100},
+              "c: TMA extra, prepared, paired": {"median": 0.61, "p25": 0.4, "p75": 0.8, "blocks": 300, "batch": 100}}
+    rows = {r[0]: r for r in bl.ratios(med, paired)}
+    assert rows["c: TMA extra, launch, paired (median [p25, p75] of 300 blocks)"][1:] == \
+        ["0.31 µs [0.10, 0.52]", "<= 0.5 µs", "yes"]
+    assert rows["c: TMA extra, prepared, paired (median [p25, p75] of 300 blocks)"][3] == "**NO**"
+    assert not any("python: TMA extra, launch, paired" in r for r in rows)
+
+
+def test_bench_launch_paired_tma_extra_interleaves_the_four_calls(monkeypatch):
+    """Each block times the two floors and the two calls once; the extra is the block's difference."""
+    bl = _load("bench_launch")
+    torch = pytest.importorskip("torch")
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    ticks = iter(range(0, 10**12, 1000))
+    monkeypatch.setattr(bl.time, "perf_counter_ns", lambda: next(ticks))
+    counts = {}
+
+    def call(name):
+        return lambda *a: counts.__setitem__(name, counts.get(name, 0) + 1)
+
+    rows = {"floor C: transpose": (lambda n: call("ft")() or 0, None), "floor C: gemm": (lambda n: call("fg")() or 0, None)}
+    prow = {f"c: {k} {w}": call(f"{k} {w}") for k in ("launch", "prepared") for w in ("transpose", "gemm (TMA)")}
+    args = type("A", (), {"paired_blocks": 5, "paired_batch": 3})()
+    out = bl.paired_tma_extra(rows, prow, "c", args)
+    assert set(out) == {"c: TMA extra, launch, paired", "c: TMA extra, prepared, paired"}
+    assert out["c: TMA extra, launch, paired"]["blocks"] == 5
+    assert counts == {"ft": 10, "fg": 10, "launch transpose": 15, "launch gemm (TMA)": 15,
+                      "prepared transpose": 15, "prepared gemm (TMA)": 15}
+    assert bl.paired_tma_extra({}, prow, "c", args) == {}  # no C floor: no paired rows
 
 
 def test_check_launch_paths_compare():
