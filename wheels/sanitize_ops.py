@@ -52,6 +52,14 @@ def quant_calls():
                        lambda p=packed, d=out_dtype: q.unpack_from_e2m1fn_x2(p, d))
             yield (f"unpack_from_e2m1fn_x2({t}x{h // 2 - 1}, bf16)",
                    lambda p=packed: q.unpack_from_e2m1fn_x2(p[:, :-1].contiguous(), torch.bfloat16))
+            for col, ue8m0 in ((False, False), (True, False), (True, True)):  # the lossless cast's input layouts
+                pair = q.per_token_cast(x, "e2m1", 32, use_tma_aligned_col_major_sf=col, round_sf=True,
+                                        use_packed_ue8m0=ue8m0)
+                for block, out_col, out_ue8m0 in (((1, 128), False, False), ((32, 32), True, False),
+                                                  ((128, 128), True, True)):
+                    yield (f"per_block_cast_lossless({t}x{h}, in {'ue8m0' if ue8m0 else 'col' if col else 'row'}, "
+                           f"{block})", lambda p=pair, b=block, c=out_col, u=out_ue8m0: q.per_block_cast_lossless(
+                               p, "e4m3", (1, 32), b, use_tma_aligned_col_major_sf=c, round_sf=True, use_packed_ue8m0=u))
             x2 = _bf16(t, 2 * h)
             yield f"swiglu_forward_and_per_token_cast({t}x{2 * h})", lambda x2=x2: q.swiglu_forward_and_per_token_cast(
                 x2, "e4m3", 128)
