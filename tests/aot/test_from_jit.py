@@ -37,6 +37,9 @@ def test_declaration_carries_the_jits_pass_configs_flags_and_out_idx(toy):
     override = KernelDecl.from_jit("toy.o", toy.jit_scale, grid=({"dtype": "float32", "cfg": toy.ScaleConfig()},),
                                    outputs=("Y",), pass_configs={"tl.disable_warp_specialized": False})
     assert override.outputs == ("Y",) and override.pass_configs["tl.disable_warp_specialized"] is False
+    also = KernelDecl.from_jit("toy.a", toy.jit_scale, grid=({"dtype": "float32", "cfg": toy.ScaleConfig()},),
+                               also_dtypes={"X": ("int32",)})
+    assert dict(also.also_dtypes) == {"X": ("int32",)} and dict(override.also_dtypes) == {}
 
 
 def test_from_jit_builds_a_cubin_and_the_manifest(toy, tmp_path):
