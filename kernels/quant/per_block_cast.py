@@ -7,10 +7,11 @@ Parameters, in order:
 * ``out``: e4m3 ``[num_tokens, hidden]``; e2m1 int8 ``[num_tokens, out_cols]`` with
   ``out_cols = hidden // 2`` (low nibble = even channel).  sf-only variants never touch it
   (any ``[out_rows, out_cols]`` tensor of the dtype, e.g. ``[1, 16]``).
-* ``sf``: the scales in kernel orientation (``ops/quant/_sf.py``), passed as a uint8 BYTE view
-  ``[sf_rows, sf_cols]`` with a runtime row stride ``sf_stride`` (bytes): ``row`` fp32
-  ``[M, G]`` and ``col`` fp32 ``[G, M]`` viewed as uint8 (4 bytes per scale), ``ue8m0`` as is
-  (``[ceil(G / 4), 4 M]``).  ``M = ceil(num_tokens / block)``, ``G = ceil(hidden / block)``.
+* ``sf``: the scales as the op returns them (``ops/quant/_sf.py``), 4-byte words ``[sf_rows,
+  sf_cols]`` with run-time strides ``(sf_s0, sf_s1)`` (elements): fp32 ``row`` or ``col``
+  ``[M, G]`` (strides tell them apart), or packed ``ue8m0`` int32 ``[M, ceil(G / 4)]`` (byte
+  ``g % 4`` of word ``g // 4``; the kernel parameter is float32 and takes int32 as its bits).
+  ``M = ceil(num_tokens / block)``, ``G = ceil(hidden / block)``.
 * ``sf_kind``: 0 row, 1 col, 2 ue8m0 (ue8m0 needs ``round_sf``; the op checks it).
 * ``round_sf``: 1 rounds each scale up to a power of two.
 * ``precomputed``: 1 reads row-layout fp32 scales from ``sf`` instead of computing them
@@ -115,7 +116,7 @@ def per_block_cast(in_dtype: str, fmt: str, block: int, sf_only: bool):
     words_per_vec = 4  # 16 bytes
     per_word = 4 // ib  # input elements per 32-bit word
     num_tokens, hidden = T.dynamic("num_tokens"), T.dynamic("hidden")
-    sf_rows, sf_cols, sf_stride = T.dynamic("sf_rows"), T.dynamic("sf_cols"), T.dynamic("sf_stride")
+    sf_rows, sf_cols, sf_s0, sf_s1 = (T.dynamic(n) for n in ("sf_rows", "sf_cols", "sf_s0", "sf_s1"))
     if sf_only:
         out_shape = (T.dynamic("out_rows"), T.dynamic("out_cols"))
     elif fmt == "e4m3":
@@ -127,8 +128,7 @@ def per_block_cast(in_dtype: str, fmt: str, block: int, sf_only: bool):
     out_e4m3 = (num_tokens, hidden // 64 * 64)
     out_e2m1 = (num_tokens, hidden // 64 * (64 // vec))  # one e2m1 word (vec / 2 bytes) per vector
     e2m1_word = "uint32" if vec == 8 else "uint16"
-    sf_words = (sf_rows * sf_stride // 4,)
-    sf_bytes = (sf_rows * sf_stride,)
+    sf_bytes = (((sf_rows - 1) * sf_s0 + (sf_cols - 1) * sf_s1 + 1) * 4,)  # the words' extent, as bytes
     num_sf = T.ceildiv(hidden, block)
     n_masks = len(p["masks"])
     n_low = sum(1 for m in p["masks"] if m < L)
@@ -137,7 +137,7 @@ def per_block_cast(in_dtype: str, fmt: str, block: int, sf_only: bool):
     def main(
         x: T.Tensor((num_tokens, hidden), in_dtype),
         out: T.Tensor(out_shape, OUT_DTYPES[fmt]),
-        sf: T.StridedTensor((sf_rows, sf_cols), (sf_stride, 1), "uint8"),
+        sf: T.StridedTensor((sf_rows, sf_cols), (sf_s0, sf_s1), "float32"),
         sf_kind: T.int32,
         round_sf: T.int32,
         precomputed: T.int32,
@@ -190,21 +190,19 @@ def per_block_cast(in_dtype: str, fmt: str, block: int, sf_only: bool):
                 else:
                     sf_inv = T.float32(fmt_max) / clamped
                 if g == 0 and c % L == 0 and gidx < num_sf:
-                    if sf_kind == 0:
-                        _view(sf, sf_words, "float32")[bx * (sf_stride // 4) + gidx] = sf_val
-                    elif sf_kind == 1:
-                        _view(sf, sf_words, "float32")[gidx * (sf_stride // 4) + bx] = sf_val
+                    if sf_kind != 2:  # row or col: the strides place it
+                        sf[bx, gidx] = sf_val
                     else:
-                        _view(sf, sf_bytes, "uint8")[(gidx // 4) * sf_stride + bx * 4 + gidx % 4] = T.Cast(
+                        _view(sf, sf_bytes, "uint8")[(bx * sf_s0 + (gidx // 4) * sf_s1) * 4 + gidx % 4] = T.Cast(
                             "uint8", _u32(sf_val) >> T.uint32(23))
                         if gidx == num_sf - 1:  # zero the unused bytes of the last group of four
                             for e in T.unroll(3):
                                 if gidx % 4 + e + 1 < 4:
-                                    _view(sf, sf_bytes, "uint8")[(gidx // 4) * sf_stride + bx * 4 + gidx % 4 + e + 1] = T.uint8(0)
+                                    _view(sf, sf_bytes, "uint8")[(bx * sf_s0 + (gidx // 4) * sf_s1) * 4 + gidx % 4 + e + 1] = T.uint8(0)
             else:
                 sf_inv = T.float32(1.0)
                 if gidx < num_sf:
-                    sf_inv = T.float32(1.0) / _view(sf, sf_words, "float32")[bx * (sf_stride // 4) + gidx]
+                    sf_inv = T.float32(1.0) / sf[bx, gidx]
             if not sf_only:
                 for k in T.unroll(K):
                     if vec_ok and bx * tm + g + R * k < num_tokens:
@@ -229,7 +227,8 @@ KERNELS = (
         factory=per_block_cast,
         grid=product(in_dtype=["bfloat16", "float32"], fmt=["e4m3", "e2m1"], block=list(BLOCKS), sf_only=[False, True]),
         outputs=("out", "sf"),
-        doc="bf16/fp32 -> e4m3/e2m1 with (block x block) scales; sf as a uint8 byte view; "
+        also_dtypes={"sf": ("int32",)},  # packed UE8M0 scales, as the op returns them
+        doc="bf16/fp32 -> e4m3/e2m1 with (block x block) scales; sf as returned, with run-time strides; "
             "sf_kind 0 row / 1 col / 2 ue8m0, round_sf, precomputed at run time.",
     ),
 )

@@ -85,15 +85,15 @@ def _plan_cast(sf_only: bool) -> Callable[[dict], Callable[..., Any]]:
         if layout.kind == "row":
             return _row_major_run(fn, scalars, out_dtype, out_cols, device, layout.block[0],
                                   layout.shape(0, hidden)[1], unwritten)
-        alloc, finish, byte_view = layout.alloc, layout.finish, layout.dtype != torch.uint8
+        alloc, finish = layout.alloc, layout.finish
 
         def run(x: torch.Tensor, *_: Any) -> Any:
             tokens = x.shape[0]
             out = unwritten if sf_only else torch.empty(tokens, out_cols, dtype=out_dtype, device=device)
-            raw = alloc(tokens, hidden, device)
+            sf = finish(alloc(tokens, hidden, device), tokens)  # the kernel writes the returned layout
             if tokens:
-                fn(x, out, raw.view(torch.uint8) if byte_view else raw, *scalars)
-            return finish(raw, tokens) if sf_only else (out, finish(raw, tokens))
+                fn(x, out, sf, *scalars)
+            return sf if sf_only else (out, sf)
 
         return run
 
@@ -114,7 +114,7 @@ def _row_major_run(fn: Callable[..., None], scalars: tuple, out_dtype: torch.dty
         out = unwritten if sf_only else torch.empty(tokens, out_cols, dtype=out_dtype, device=device)
         sf = torch.empty(-(-tokens // rows_per_scale), sf_cols, dtype=torch.float32, device=device)
         if tokens:
-            fn(x, out, sf.view(torch.uint8), *scalars)
+            fn(x, out, sf, *scalars)
         return sf if sf_only else (out, sf)
 
     return run
@@ -175,7 +175,7 @@ def _plan_precomputed(values: dict) -> Callable[..., torch.Tensor]:
         if tokens:
             if sf.numel() and (not sf.is_contiguous() or ptr(sf) % 16):
                 sf = sf.clone(memory_format=torch.contiguous_format)  # the kernel reads row-major, 16-byte aligned
-            fn(x, out, sf.view(torch.uint8), *scalars)
+            fn(x, out, sf, *scalars)
         return out
 
     return run

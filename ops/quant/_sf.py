@@ -16,8 +16,8 @@ stride ``align(R', 4)``; ``ue8m0`` as uint8 ``[ceil(C' / 4), 4 * R']`` with a ro
 ``align(4 R', 16)`` bytes, where byte ``4 r + c % 4`` of row ``c // 4`` is the scale of
 ``(r, c)``.  :meth:`SfLayout.alloc` makes kernel-side tensors, :meth:`SfLayout.finish` turns
 them into what the op returns, :func:`input_sf` reads a user's ``(data, sf)`` pair back.  (The
-lossless cast's kernel reads both scale tensors in the user's orientation, as 4-byte words with
-their strides: ``kernels/quant/per_block_cast_lossless.py``.)
+per-block casts' kernels read and write scales in the user's orientation instead, as 4-byte words
+with their strides: ``kernels/quant/per_block_cast.py``, ``per_block_cast_lossless.py``.)
 """
 
 from __future__ import annotations
