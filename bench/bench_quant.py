@@ -57,6 +57,15 @@ def configs(quick: bool):
                 quant.per_block_cast(bf16(t, h), fmt, block)
         return make
 
+    def pow2(kind):
+        """Packed e2m1 (1, 32) with power-of-two scales (the lossless cast's input), row-major or ue8m0."""
+        def make(t, h):
+            from tilebin.ops import quant
+            packed = kind == "ue8m0"
+            return quant.per_token_cast(bf16(t, h), "e2m1", 32, use_tma_aligned_col_major_sf=packed, round_sf=True,
+                                        use_packed_ue8m0=packed)
+        return make
+
     def swiglu_bwd(t, h, npc=32, topk=8):
         """The backward's arguments for ``t`` expanded rows of ``t / topk`` tokens (every row routed)."""
         x = torch.randn(t, 2 * h, device="cuda").clamp(-448, 448).to(torch.float8_e4m3fn)
@@ -79,6 +88,17 @@ def configs(quick: bool):
             ("fp32->e4m3 1x128", "per_token_cast", lambda t, h: ((f32(t, h), "e4m3", 128), {}), t, 7168),
             ("bf16->e5m6 (1 scale/token)", "per_token_cast", lambda t, h: ((bf16(t, h), "e5m6", h), {}), t, 7168),
             ("bf16->e4m3 128x128", "per_block_cast", lambda t, h: ((bf16(t, h), "e4m3", (128, 128)), {}), t, 7168),
+            ("bf16->e4m3 32x32 ue8m0", "per_block_cast",
+             lambda t, h: ((bf16(t, h), "e4m3", (32, 32)), dict(use_tma_aligned_col_major_sf=True, round_sf=True,
+                                                               use_packed_ue8m0=True)), t, 7168),
+            ("bf16->e4m3 128x128, given sf", "per_block_cast_with_precomputed_sf",
+             lambda t, h: ((bf16(t, h), "e4m3", (128, 128), torch.rand(-(-t // 128), h // 128, device="cuda") + 0.01),
+                           {}), t, 7168),
+            ("e2m1 1x32 -> e4m3 1x128 (lossless)", "per_block_cast_lossless",
+             lambda t, h: ((pow2("row")(t, h), "e4m3", (1, 32), (1, 128)), dict(round_sf=True)), t, 7168),
+            ("e2m1 1x32 ue8m0 -> e4m3 128x128 ue8m0 (lossless)", "per_block_cast_lossless",
+             lambda t, h: ((pow2("ue8m0")(t, h), "e4m3", (1, 32), (128, 128)),
+                           dict(use_tma_aligned_col_major_sf=True, round_sf=True, use_packed_ue8m0=True)), t, 7168),
             ("bf16->e4m3 per-channel 128", "per_channel_cast", lambda t, h: ((bf16(t, h), "e4m3", 128), {}), t, 7168),
             ("bf16->e4m3 per-channel+T 128", "per_channel_cast_and_transpose",
              lambda t, h: ((bf16(t, h), "e4m3", 128), {}), t, 7168),
@@ -98,11 +118,52 @@ def configs(quick: bool):
 SWIGLU_BWD_LABEL = "swiglu bwd e4m3 1x32, topk 8"
 
 
+def copy_gbps(nbytes: int) -> float:
+    """torch copy_ GB/s (read + write) on buffers of ``nbytes``, rotating over the working set."""
+    import torch
+
+    n = max(nbytes // 2, 1)
+    count = min(16, max(2, math.ceil(WORKING_SET_MB * 2**20 / (4 * n))))
+    pairs = [(torch.empty(n, device="cuda", dtype=torch.bfloat16), torch.empty(n, device="cuda", dtype=torch.bfloat16))
+             for _ in range(count)]
+    fns = [lambda a=a, b=b: b.copy_(a) for a, b in pairs]
+    ms = time_device_ms(fns, rounds=10, per_round=20)["median"]
+    return 2 * n * 2 / (ms * 1e-3) / 1e9
+
+
+def run_config(quant, label, op, make, t, h, copies: dict) -> list[str]:
+    """One table row: device us, GB/s, % of copy_ at ``t x h``; host us per call at decode size."""
+    import torch
+
+    fn = getattr(quant, op, None)
+    if fn is None:
+        return [label, f"{t}x{h}", "op missing", "", "", ""]
+    args, kwargs = make(t, h)
+    in_bytes = _nbytes(args[0])
+    result = fn(*args, **kwargs)
+    moved = in_bytes + _nbytes(result)
+    count = min(8, max(2, math.ceil(WORKING_SET_MB * 2**20 / max(moved, 1))))
+    inputs = [make(t, h) for _ in range(count - 1)] + [(args, kwargs)]
+    fns = [lambda a=a, k=k: fn(*a, **k) for a, k in inputs]
+    ms = time_device_ms(fns, rounds=8, per_round=16)["median"]
+    gbps = moved / (ms * 1e-3) / 1e9
+    if in_bytes not in copies:
+        copies[in_bytes] = copy_gbps(in_bytes)
+    small = HOST_TOKENS.get(op, 4)
+    small_args, small_kwargs = make(small, h)
+    host = host_us(lambda: fn(*small_args, **small_kwargs))
+    del inputs, fns
+    torch.cuda.empty_cache()
+    return [label, f"{t}x{h}", f"{ms * 1e3:.1f}", f"{gbps:.0f}", f"{100 * gbps / copies[in_bytes]:.1f}",
+            f"{host:.1f}"]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json")
     ap.add_argument("--md")
     ap.add_argument("--quick", action="store_true", help="8192 tokens only")
+    ap.add_argument("--ops", help="comma-separated op names to run (default: every op)")
     ns = ap.parse_args()
     import torch
     from tilebin.ops import quant
@@ -111,8 +172,10 @@ def main() -> None:
     copies: dict = {}
     rows = []
     runs = []
+    only = set(ns.ops.split(",")) if ns.ops else None
     for label, op, make, t, h in configs(ns.quick):
-        runs.append((quant, label, op, make, t, h))
+        if only is None or op in only:
+            runs.append((quant, label, op, make, t, h))
     for mod, label, op, make, t, h in runs:
         torch.manual_seed(0)
         try:
