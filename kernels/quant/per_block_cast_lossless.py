@@ -15,8 +15,8 @@ Parameters, in order:
   ``block_m x block_k``: ``[os_rows, os_cols]`` words with strides ``(os_s0, os_s1)``.
 * ``in_kind``, ``out_kind``: 0 row, 1 col (both fp32 words: strides tell them apart), 2 ue8m0.
 
-Rules the op checks: ``hidden % 64 == 0``; 16-byte aligned ``x`` and ``out``, 4-byte aligned
-scales; int32 element counts.
+Rules the op checks: ``hidden % 64 == 0``; 16-byte aligned pointers (the kernel needs only 4 bytes
+for the scales; the op copies a misaligned scale view); int32 element counts.
 
 Math (tile_kernels' lossless rule): ``e`` = the biased exponent of each input scale (fp32 bits
 >> 23, or the UE8M0 byte); per output block ``E = max(e) - 6`` (0 when below 6; input groups
