@@ -44,26 +44,19 @@ def configs(quick: bool):
     """(label, op name, make_inputs(tokens, hidden) -> args, kwargs, shapes) entries."""
     import torch
 
+    UE8M0 = dict(use_tma_aligned_col_major_sf=True, round_sf=True, use_packed_ue8m0=True)
+
     def bf16(t, h):
         return torch.randn(t, h, device="cuda", dtype=torch.bfloat16)
 
     def f32(t, h):
         return torch.randn(t, h, device="cuda", dtype=torch.float32)
 
-    def quantized(fmt, block):
+    def quantized(fmt, block, **flags):
         def make(t, h):
             from tilebin.ops import quant
-            return quant.per_token_cast(bf16(t, h), fmt, block[1]) if block[0] == 1 else \
-                quant.per_block_cast(bf16(t, h), fmt, block)
-        return make
-
-    def pow2(kind):
-        """Packed e2m1 (1, 32) with power-of-two scales (the lossless cast's input), row-major or ue8m0."""
-        def make(t, h):
-            from tilebin.ops import quant
-            packed = kind == "ue8m0"
-            return quant.per_token_cast(bf16(t, h), "e2m1", 32, use_tma_aligned_col_major_sf=packed, round_sf=True,
-                                        use_packed_ue8m0=packed)
+            return quant.per_token_cast(bf16(t, h), fmt, block[1], **flags) if block[0] == 1 else \
+                quant.per_block_cast(bf16(t, h), fmt, block, **flags)
         return make
 
     def swiglu_bwd(t, h, npc=32, topk=8):
@@ -82,23 +75,21 @@ def configs(quick: bool):
         rows += [
             ("bf16->e4m3 1x128", "per_token_cast", lambda t, h: ((bf16(t, h), "e4m3", 128), {}), t, 7168),
             ("bf16->e4m3 1x128 ue8m0", "per_token_cast",
-             lambda t, h: ((bf16(t, h), "e4m3", 128), dict(use_tma_aligned_col_major_sf=True, round_sf=True,
-                                                         use_packed_ue8m0=True)), t, 7168),
+             lambda t, h: ((bf16(t, h), "e4m3", 128), UE8M0), t, 7168),
             ("bf16->e2m1 1x32", "per_token_cast", lambda t, h: ((bf16(t, h), "e2m1", 32), {}), t, 7168),
             ("fp32->e4m3 1x128", "per_token_cast", lambda t, h: ((f32(t, h), "e4m3", 128), {}), t, 7168),
             ("bf16->e5m6 (1 scale/token)", "per_token_cast", lambda t, h: ((bf16(t, h), "e5m6", h), {}), t, 7168),
             ("bf16->e4m3 128x128", "per_block_cast", lambda t, h: ((bf16(t, h), "e4m3", (128, 128)), {}), t, 7168),
             ("bf16->e4m3 32x32 ue8m0", "per_block_cast",
-             lambda t, h: ((bf16(t, h), "e4m3", (32, 32)), dict(use_tma_aligned_col_major_sf=True, round_sf=True,
-                                                               use_packed_ue8m0=True)), t, 7168),
+             lambda t, h: ((bf16(t, h), "e4m3", (32, 32)), UE8M0), t, 7168),
             ("bf16->e4m3 128x128, given sf", "per_block_cast_with_precomputed_sf",
              lambda t, h: ((bf16(t, h), "e4m3", (128, 128), torch.rand(-(-t // 128), h // 128, device="cuda") + 0.01),
                            {}), t, 7168),
             ("e2m1 1x32 -> e4m3 1x128 (lossless)", "per_block_cast_lossless",
-             lambda t, h: ((pow2("row")(t, h), "e4m3", (1, 32), (1, 128)), dict(round_sf=True)), t, 7168),
+             lambda t, h: ((quantized("e2m1", (1, 32), round_sf=True)(t, h), "e4m3", (1, 32), (1, 128)),
+                           dict(round_sf=True)), t, 7168),
             ("e2m1 1x32 ue8m0 -> e4m3 128x128 ue8m0 (lossless)", "per_block_cast_lossless",
-             lambda t, h: ((pow2("ue8m0")(t, h), "e4m3", (1, 32), (128, 128)),
-                           dict(use_tma_aligned_col_major_sf=True, round_sf=True, use_packed_ue8m0=True)), t, 7168),
+             lambda t, h: ((quantized("e2m1", (1, 32), **UE8M0)(t, h), "e4m3", (1, 32), (128, 128)), UE8M0), t, 7168),
             ("bf16->e4m3 per-channel 128", "per_channel_cast", lambda t, h: ((bf16(t, h), "e4m3", 128), {}), t, 7168),
             ("bf16->e4m3 per-channel+T 128", "per_channel_cast_and_transpose",
              lambda t, h: ((bf16(t, h), "e4m3", 128), {}), t, 7168),
