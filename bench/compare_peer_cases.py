@@ -1,5 +1,5 @@
 """The cases of ``bench/compare_peer.py``: the speed-parity issue's shapes, decode sizes (1-128
-tokens) and the transpose ops, each a call that ``tilebin.ops.<family>`` and
+tokens), the per-block, lossless and cast-back casts at 8192 x 7168, and the transpose ops, each a call that ``tilebin.ops.<family>`` and
 ``tile_kernels.<family>`` 1.0.0 both take (same function name, same arguments).
 
 Inputs are made on the GPU when a case runs (``Case.make``); routing maps come from tilebin's
@@ -14,7 +14,8 @@ from typing import Callable
 FAMILIES = ("quant", "moe", "transpose")
 # the public API of tile_kernels 1.0.0 the cases call (tile_kernels/<family>/__init__.py)
 PEER_API = {
-    "quant": ("per_token_cast", "per_channel_cast", "per_channel_cast_fused", "swiglu_backward_and_per_token_cast"),
+    "quant": ("per_token_cast", "per_channel_cast", "per_channel_cast_fused", "swiglu_backward_and_per_token_cast",
+              "per_block_cast", "per_block_cast_lossless", "cast_back"),
     "moe": ("aux_fi", "get_fused_mapping", "normalize_weight", "topk_sum_and_topk_group_idx", "top2_sum_gate",
             "topk_gate", "expand_to_fused_with_sf", "reduce_fused"),
     "transpose": ("transpose", "batched_transpose"),
@@ -64,6 +65,14 @@ def _e4m3_pair(rows: int, cols: int, group: int):
     torch = _t()
     data = torch.randn((rows, cols), device="cuda").clamp(-448, 448).to(torch.float8_e4m3fn)
     return data, torch.rand((rows, cols // group), device="cuda") + 0.01
+
+
+def _e2m1_pow2_pair(rows: int, cols: int):
+    """Packed e2m1 data (every code) with fp32 power-of-two scales per 32 channels, row-major, within
+    2**8 of each other (the lossless re-cast's rule holds)."""
+    torch = _t()
+    data = torch.randint(-128, 128, (rows, cols // 2), dtype=torch.int8, device="cuda")
+    return data, torch.exp2(torch.randint(-4, 5, (rows, cols // 32), device="cuda").float())
 
 
 def _randn(shape, dtype):
@@ -119,6 +128,19 @@ def quant_cases(quick: bool) -> list[Case]:
                    lambda t=t: ((_randn((t, 2048), fp32), "e5m6", 2048), {})) for t in (4001, 8001)]
     cases += [Case("quant", "per_token_cast", f"bf16 {t}x7168 -> e4m3 1x128 (decode)",
                    lambda t=t: ((_randn((t, 7168), bf16), "e4m3", 128), {})) for t in DECODE_TOKENS]
+    cases.append(Case("quant", "per_token_cast", "bf16 8192x7168 -> e4m3 1x128",
+                      lambda: ((_randn((8192, 7168), bf16), "e4m3", 128), {})))
+    ue8m0 = dict(use_tma_aligned_col_major_sf=True, round_sf=True, use_packed_ue8m0=True)
+    cases += [Case("quant", "per_block_cast", f"bf16 8192x7168 -> e4m3 {m}x{k}{', packed ue8m0' if kw else ''}",
+                   lambda m=m, k=k, kw=kw: ((_randn((8192, 7168), bf16), "e4m3", (m, k)), kw))
+              for m, k, kw in ((128, 128, {}), (32, 32, ue8m0))]
+    cases += [Case("quant", "per_block_cast_lossless",
+                   f"e2m1 8192x7168, 1x32 sf -> e4m3 {m}x{k}{', packed ue8m0' if kw else ''}",
+                   lambda m=m, k=k, kw=kw: ((_e2m1_pow2_pair(8192, 7168), "e4m3", (1, 32), (m, k)),
+                                            dict(kw, round_sf=True)))
+              for m, k, kw in ((1, 128, {}), (128, 128, ue8m0))]
+    cases.append(Case("quant", "cast_back", "e4m3 8192x7168, 1x128 fp32 sf -> bf16",
+                      lambda: ((_e4m3_pair(8192, 7168, 128), "bf16", (1, 128)), {})))
     return cases
 
 

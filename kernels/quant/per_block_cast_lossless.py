@@ -31,10 +31,14 @@ Design: one 16-byte load = 32 e2m1 codes = exactly one input scale group.  Lanes
 channels (8 per 256-channel tile row), a thread owns ``K`` rows of its column; block (1, 128):
 64-row tiles, the four lanes of an output group join by xor-shuffles; blocks (32, 32) and
 (128, 128): the tile is one block row high, and the exponent max goes through shuffles and one
-shared-memory exchange (``per_block_cast.tile_plan``).  Each value: its magnitude code gives the
-fp32 bits directly (``0x3F000000 + (code << 22)``, 0.5 for code 1, 0 for code 0), one fp32
-multiply applies the power of two, the sign bit is copied, ``cvt.rn.satfinite`` packs e4m3,
-and each row's 32 bytes go out as two 16-byte stores.
+shared-memory exchange (``per_block_cast.tile_plan``).  Where the group's shift ``e - E`` is
+-5..6 (every value exact: always, for inputs within the rule), the e4m3 bytes come from a table:
+two ``prmt`` per four values, one looking the magnitude's byte up in two words that hold the eight
+magnitudes' bytes for this shift (:func:`lossless_tables`), one placing the sign bits.  Otherwise
+(values that lose bits) each value's magnitude code gives the fp32 bits directly (``0x3F000000 +
+(code << 22)``, 0.5 for code 1, 0 for code 0), one fp32 multiply applies the power of two, the
+sign bit is copied and ``cvt.rn.satfinite`` packs e4m3.  Each row's 32 bytes go out as two
+16-byte stores.
 """
 
 # No ``from __future__ import annotations``: TileLang evaluates the tensor annotations.
@@ -77,6 +81,26 @@ def e4m3_of_code(code, scale):
     return T.Cast("float8_e4m3fn", _f32(value))
 
 
+# The smallest shift e - E at which every e2m1 value times 2**shift is a normal e4m3 (0.5 * 2**-5 =
+# 2**-6); the output scale's rule bounds it above by 6 (6 * 2**6 = 384 <= 448).
+EXACT_MIN_SHIFT = -5
+
+
+def byte_perm(lo, hi, selector):
+    """PTX ``prmt``: byte ``n`` of the result is byte ``selector >> 4n & 7`` of ``hi:lo``."""
+    return T.call_extern("uint32", "__byte_perm", lo, hi, selector)
+
+
+def lossless_tables(shift):
+    """The e4m3 bytes of the eight e2m1 magnitudes times ``2**shift`` (shift -5..6: all normal,
+    exact), as two words for :func:`byte_perm`: magnitude ``m``'s byte is byte ``m``.  Magnitude
+    0 is 0; 0.5 .. 6 are 0x30, 0x38, 0x3C, 0x40, 0x44, 0x48, 0x4C plus ``8 * shift`` (the
+    exponent field).  The words hold those minus 0x28 (magnitude 0's byte: 0) plus
+    ``8 * shift + 40`` (0..88) in each byte, so no byte carries into the next."""
+    add = T.Cast("uint32", 8 * shift + 40)
+    return T.uint32(0x14100800) + add * T.uint32(0x01010100), T.uint32(0x24201C18) + add * T.uint32(0x01010101)
+
+
 @T.macro
 def write_sf(out_sf, os_bytes, os_s0, os_s1, out_kind, r, og, num_og, e):
     """Scale of output block (r, og): 2**(e - 127) as fp32 bits (row / col) or its UE8M0 byte,
@@ -106,6 +130,7 @@ def per_block_cast_lossless(block_m: int, block_k: int):
     os_rows, os_cols, os_s0, os_s1 = (T.dynamic(n) for n in ("os_rows", "os_cols", "os_s0", "os_s1"))
     x_words = (num_tokens, hidden // 64 * 8)
     out_bytes = (num_tokens, hidden // 64 * 64)
+    out_words = (num_tokens, hidden // 64 * 16)
     os_bytes = (((os_rows - 1) * os_s0 + (os_cols - 1) * os_s1 + 1) * 4,)  # the words' extent, as bytes
     num_og = T.ceildiv(hidden, block_k)
 
@@ -125,6 +150,7 @@ def per_block_cast_lossless(block_m: int, block_k: int):
             ein = T.alloc_local((K,), "int32")
             eout = T.alloc_local((K,), "int32")
             fp8 = T.alloc_local((VEC,), "float8_e4m3fn")
+            ow = T.alloc_local((8,), "uint32")
             emax = T.alloc_var("int32")
             scale = T.alloc_var("float32")
             c = tid % C
@@ -170,11 +196,21 @@ def per_block_cast_lossless(block_m: int, block_k: int):
                     write_sf(out_sf, os_bytes, os_s0, os_s1, out_kind, bx, by * NB + c // L, num_og, emax)
             for k in T.unroll(K):
                 if vec_ok and bx * tm + g + R * k < num_tokens:
-                    scale = _f32(T.Cast("uint32", T.min(T.max(ein[k] - eout[k] + 127, 1), 254)) << T.uint32(23))
-                    for e in T.unroll(VEC):
-                        fp8[e] = e4m3_of_code(T.Cast("int32", (xw[k, e // 8] >> T.uint32(4 * (e % 8))) & T.uint32(15)), scale)
-                    for e in T.vectorized(VEC):
-                        _view(out, out_bytes, "float8_e4m3fn")[bx * tm + g + R * k, cv * VEC + e] = fp8[e]
+                    if ein[k] - eout[k] >= EXACT_MIN_SHIFT:  # every value exact: bytes from a table
+                        lut_lo, lut_hi = lossless_tables(ein[k] - eout[k])
+                        for w in T.unroll(8):
+                            codes = xw[k, w // 2] >> T.uint32(16 * (w % 2))
+                            ow[w] = byte_perm(lut_lo, lut_hi, codes & T.uint32(0x7777)) | byte_perm(
+                                T.uint32(0x8000), T.uint32(0), (codes >> T.uint32(3)) & T.uint32(0x1111))
+                        for w in T.vectorized(8):
+                            _view(out, out_words, "uint32")[bx * tm + g + R * k, cv * 8 + w] = ow[w]
+                    else:  # some values lose low bits: scale in fp32, round to e4m3 (RNE, saturating)
+                        scale = _f32(T.Cast("uint32", T.min(T.max(ein[k] - eout[k] + 127, 1), 254)) << T.uint32(23))
+                        for e in T.unroll(VEC):
+                            fp8[e] = e4m3_of_code(T.Cast("int32", (xw[k, e // 8] >> T.uint32(4 * (e % 8))) & T.uint32(15)),
+                                                  scale)
+                        for e in T.vectorized(VEC):
+                            _view(out, out_bytes, "float8_e4m3fn")[bx * tm + g + R * k, cv * VEC + e] = fp8[e]
 
     return main
 

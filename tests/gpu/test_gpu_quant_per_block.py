@@ -130,21 +130,26 @@ def _exponents(sf: torch.Tensor) -> torch.Tensor:
     return (sf.contiguous().view(torch.int32).to(torch.int64) >> 23) & 0x1FF
 
 
+def _output_exponents(e_in: torch.Tensor, out_block) -> tuple[torch.Tensor, torch.Tensor]:
+    """The lossless rule's output exponent of each block, max(e_in over the block) - 6 floored at 0
+    ([row blocks, group blocks]), and the same for each input group ([tokens, groups])."""
+    tokens, groups = e_in.shape
+    bm, per = out_block[0], out_block[1] // 32
+    rb, gb = -(-tokens // bm), -(-groups // per)
+    padded = torch.zeros((rb * bm, gb * per), dtype=torch.int64, device=e_in.device)
+    padded[:tokens, :groups] = e_in
+    e_out = torch.clamp(padded.reshape(rb, bm, gb, per).amax(dim=(1, 3)) - 6, min=0)
+    return e_out, e_out.repeat_interleave(bm, 0).repeat_interleave(per, 1)[:tokens, :groups]
+
+
 def lossless_ref(x, out_block, col: bool, packed: bool):
     """tile_kernels' lossless rule in torch: E = max(e_in over the block) - 6 (floored at 0),
     value * 2**(e_in - E) rounded to e4m3; output sf 2**(E - 127) in the requested layout."""
     data, sf = x
     tokens, hidden = data.shape[0], data.shape[1] * 2
-    groups = hidden // 32
-    e_in = _exponents(sf)[:, :groups]  # [tokens, groups]
-    bm, bk = out_block
-    per = bk // 32
-    rb, gb = -(-tokens // bm), -(-groups // per)
-    padded = torch.zeros((rb * bm, gb * per), dtype=torch.int64, device=data.device)
-    padded[:tokens, :groups] = e_in
-    e_out = padded.reshape(rb, bm, gb, per).amax(dim=(1, 3))
-    e_out = torch.clamp(e_out - 6, min=0)
-    e_out_full = e_out.repeat_interleave(bm, 0).repeat_interleave(per, 1)[:tokens, :groups]
+    e_in = _exponents(sf)[:, :hidden // 32]  # [tokens, groups]
+    e_out, e_out_full = _output_exponents(e_in, out_block)
+    rb, gb = e_out.shape
     shift = torch.clamp(e_in - e_out_full + 127, 1, 254)
     scale = (shift.to(torch.int32) << 23).view(torch.float32).repeat_interleave(32, 1)
     values = quant_ref.unpack_e2m1(data) * scale
@@ -191,6 +196,43 @@ def test_per_block_cast_lossless(q, case):
     quant_ref.assert_equal(out, ref_out, f"{name}: out")
     quant_ref.assert_equal(quant_ref.cast_back((out, out_sf), "fp32", out_block),
                            quant_ref.cast_back(x_fp4, "fp32", (1, 32)), f"{name}: cast-back values")
+
+
+def _scales_of_exponents(e: torch.Tensor, packed: bool) -> torch.Tensor:
+    """Input scales 2**(e - 127) of exponents ``e`` [tokens, groups]: fp32 row-major, or packed
+    UE8M0 int32 [tokens, ceil(groups / 4)] column-major (byte g % 4 of word g // 4)."""
+    if not packed:
+        return (e.to(torch.int32) << 23).view(torch.float32)
+    tokens, groups = e.shape
+    raw = torch.zeros((tokens, -(-groups // 4) * 4), dtype=torch.uint8, device=e.device)
+    raw[:, :groups] = e.to(torch.uint8)
+    return raw.view(torch.int32).T.contiguous().T
+
+
+@pytest.mark.parametrize("out_block", [(1, 128), (32, 32), (128, 128)])
+@pytest.mark.parametrize("in_packed", [False, True], ids=["in_row", "in_ue8m0"])
+def test_per_block_cast_lossless_every_shift(q, in_packed, out_block):
+    """Every e2m1 code under input scales spread far beyond the lossless rule's 2**11: the shift of
+    each group's scale to its block's output scale runs from 6 down past -5 (to about -240 in
+    blocks of many rows), so both ways the kernel makes the bytes (a table for the exact shifts
+    -5..6, an fp32 multiply and rounding below) meet the reference bit for bit."""
+    tokens, hidden = 300, 1536
+    _seed("lossless-shifts", in_packed, out_block)
+    data = torch.randint(-128, 128, (tokens, hidden // 2), dtype=torch.int8, device="cuda")
+    anchors = torch.tensor((3, 9, 30, 127, 200, 250), device="cuda")
+    rows = anchors[torch.randint(0, len(anchors), (tokens, 1), device="cuda")]
+    e = torch.clamp(rows - torch.randint(0, 37, (tokens, hidden // 32), device="cuda"), 0, 254)
+    sf = _scales_of_exponents(e, in_packed)
+    out_col, out_packed = (False, False) if out_block == (1, 128) else (True, out_block == (128, 128))
+    _poison_cache(4 * tokens * hidden)
+    out, out_sf = q.per_block_cast_lossless((data, sf), "e4m3", (1, 32), out_block,
+                                            use_tma_aligned_col_major_sf=out_col, round_sf=True,
+                                            use_packed_ue8m0=out_packed)
+    ref_out, ref_sf = lossless_ref((data, sf), out_block, out_col, out_packed)
+    shifts = e - _output_exponents(e, out_block)[1]
+    assert shifts.max() <= 6 and (shifts < -5).any() and ((shifts >= -5) & (shifts < 0)).any(), "both paths"
+    quant_ref.assert_equal(out_sf, ref_sf, f"{out_block}: out_sf")
+    quant_ref.assert_equal(out, ref_out, f"{out_block}: out")
 
 
 @pytest.mark.parametrize("in_kind", ["row", "col", "ue8m0"])
