@@ -20,7 +20,7 @@ Rules the op checks: ``hidden % 64 == 0``; 16-byte aligned pointers; int32 eleme
 Design: the problem is flattened into units of 16 output bytes (8 bf16 or 4 fp32 values); a
 thread owns ``UNROLL`` units spaced ``THREADS`` apart, so every warp-wide access is contiguous:
 its 16-byte stores cover 512 bytes, its loads (2 to 8 bytes each) 64 to 256 bytes.  All of a
-thread's loads are issued before the first use.  The block index of the unit's row and of each
+thread's loads, data and (one per unit) scales, are issued before the first use.  The block index of the unit's row and of each
 channel comes from shifts; when ``shift_c`` is at least log2(values per unit) a unit has one scale
 (one load), otherwise one per value (small channel blocks, e.g. (128, 1)).
 """
@@ -85,12 +85,17 @@ def cast_back(in_fmt: str, out_dtype: str, sf_kind: str):
             q = T.alloc_var("int32")
             m = T.alloc_var("int32")
             c0 = T.alloc_var("int32")
-            sf = T.alloc_var("float32")
+            sfu = T.alloc_local((UNROLL,), "float32")
             code = T.alloc_var("uint32")
             for u in T.unroll(UNROLL):
-                if bx * per_block + u * THREADS + tid < num_units:
+                q = bx * per_block + u * THREADS + tid
+                if q < num_units:
                     for w in T.vectorized(in_n):
-                        raw[u, w] = _view(x, (num_units * in_n,), in_elem)[(bx * per_block + u * THREADS + tid) * in_n + w]
+                        raw[u, w] = _view(x, (num_units * in_n,), in_elem)[q * in_n + w]
+                    if shift_c >= log2_ov:  # the unit's one scale, loaded with its data
+                        m = T.truncdiv(q, units_per_row) >> shift_t  # (in 32-bit variables: an index
+                        c0 = T.truncmod(q, units_per_row) * ov  # expression would divide in 64 bits)
+                        sfu[u] = load_sf_f32(x_sf, sf_kind, m, c0 >> shift_c)
             for u in T.unroll(UNROLL):
                 q = bx * per_block + u * THREADS + tid
                 if q < num_units:
@@ -106,9 +111,8 @@ def cast_back(in_fmt: str, out_dtype: str, sf_kind: str):
                             code = (code >> T.Cast("uint32", 4 * (v % 2))) & T.uint32(0xF)
                             vals[v] = e2m1_nibble_to_float(code)
                     if shift_c >= log2_ov:
-                        sf = load_sf_f32(x_sf, sf_kind, m, c0 >> shift_c)
                         for v in T.unroll(ov):
-                            res[v] = T.Cast(out_dtype, vals[v] * sf)
+                            res[v] = T.Cast(out_dtype, vals[v] * sfu[u])
                     else:
                         for v in T.unroll(ov):
                             res[v] = T.Cast(out_dtype, vals[v] * load_sf_f32(x_sf, sf_kind, m, (c0 + v) >> shift_c))
