@@ -1,6 +1,8 @@
 """The cases of ``bench/compare_peer.py``: the speed-parity issue's shapes, decode sizes (1-128
-tokens), the per-block, lossless and cast-back casts at 8192 x 7168, and the transpose ops, each a call that ``tilebin.ops.<family>`` and
-``tile_kernels.<family>`` 1.0.0 both take (same function name, same arguments).
+tokens), the per-block, lossless and cast-back casts at 8192 x 7168, the transpose ops, and
+(without ``--quick``) every other op of the peer's quant and moe API once, each a call that
+``tilebin.ops.<family>`` and ``tile_kernels.<family>`` 1.0.0 both take (same function name, same
+arguments).
 
 Inputs are made on the GPU when a case runs (``Case.make``); routing maps come from tilebin's
 ``get_fused_mapping``, so both sides read the same bytes.
@@ -15,9 +17,13 @@ FAMILIES = ("quant", "moe", "transpose")
 # the public API of tile_kernels 1.0.0 the cases call (tile_kernels/<family>/__init__.py)
 PEER_API = {
     "quant": ("per_token_cast", "per_channel_cast", "per_channel_cast_fused", "swiglu_backward_and_per_token_cast",
-              "per_block_cast", "per_block_cast_lossless", "cast_back"),
+              "per_block_cast", "per_block_cast_lossless", "cast_back", "per_token_cast_with_sf_only",
+              "per_token_cast_with_precomputed_sf", "per_token_cast_back", "unpack_from_e2m1fn_x2",
+              "per_block_cast_with_sf_only", "per_block_cast_with_precomputed_sf", "per_channel_cast_and_transpose",
+              "swiglu_forward_and_per_token_cast", "swiglu_forward_and_per_channel_cast_and_transpose"),
     "moe": ("aux_fi", "get_fused_mapping", "normalize_weight", "topk_sum_and_topk_group_idx", "top2_sum_gate",
-            "topk_gate", "expand_to_fused_with_sf", "reduce_fused"),
+            "topk_gate", "expand_to_fused_with_sf", "reduce_fused", "expand_to_fused", "group_count",
+            "mask_indices_by_tp"),
     "transpose": ("transpose", "batched_transpose"),
 }
 DECODE_TOKENS = (1, 4, 16, 64, 128)
@@ -141,7 +147,36 @@ def quant_cases(quick: bool) -> list[Case]:
               for m, k, kw in ((1, 128, {}), (128, 128, ue8m0))]
     cases.append(Case("quant", "cast_back", "e4m3 8192x7168, 1x128 fp32 sf -> bf16",
                       lambda: ((_e4m3_pair(8192, 7168, 128), "bf16", (1, 128)), {})))
-    return cases
+    return cases if quick else cases + quant_coverage_cases()
+
+
+def quant_coverage_cases() -> list[Case]:
+    """Every other op of the peer's quant API once, at 8192 tokens (8192 x 2048 for the SwiGLU inputs)."""
+    torch = _t()
+    bf16, big = torch.bfloat16, (8192, 7168)
+    return [
+        Case("quant", "per_token_cast", "bf16 8192x7168 -> e2m1 1x32", lambda: ((_randn(big, bf16), "e2m1", 32), {})),
+        Case("quant", "per_token_cast_with_sf_only", "bf16 8192x7168, 1x128",
+             lambda: ((_randn(big, bf16), "e4m3", 128), {})),
+        Case("quant", "per_token_cast_with_precomputed_sf", "bf16 8192x7168 -> e4m3 1x128",
+             lambda: ((_randn(big, bf16), "e4m3", 128, torch.rand((8192, 56), device="cuda") + 0.01), {})),
+        Case("quant", "per_token_cast_back", "e4m3 8192x7168, 1x128 -> fp32",
+             lambda: ((_e4m3_pair(8192, 7168, 128), "fp32", 128), {})),
+        Case("quant", "cast_back", "e2m1 8192x7168, 1x32 sf -> bf16",
+             lambda: ((_e2m1_pow2_pair(8192, 7168), "bf16", (1, 32)), {})),
+        Case("quant", "unpack_from_e2m1fn_x2", "int8 8192x3584 -> fp32",
+             lambda: ((_e2m1_pow2_pair(8192, 7168)[0],), {})),
+        Case("quant", "per_block_cast_with_sf_only", "bf16 8192x7168, 128x128",
+             lambda: ((_randn(big, bf16), "e4m3", (128, 128)), {})),
+        Case("quant", "per_block_cast_with_precomputed_sf", "bf16 8192x7168 -> e4m3 128x128",
+             lambda: ((_randn(big, bf16), "e4m3", (128, 128), torch.rand((64, 56), device="cuda") + 0.01), {})),
+        Case("quant", "per_channel_cast_and_transpose", "bf16 8192x7168, 128 tokens per sf",
+             lambda: ((_randn(big, bf16), "e4m3", 128), {})),
+        Case("quant", "swiglu_forward_and_per_token_cast", "bf16 8192x4096 -> e4m3 1x128",
+             lambda: ((_randn((8192, 4096), bf16), "e4m3", 128), {})),
+        Case("quant", "swiglu_forward_and_per_channel_cast_and_transpose", "bf16 8192x4096, 128 tokens per sf",
+             lambda: ((_randn((8192, 4096), bf16), "e4m3", 128), {})),
+    ]
 
 
 def moe_cases(quick: bool) -> list[Case]:
@@ -173,7 +208,26 @@ def moe_cases(quick: bool) -> list[Case]:
     for h, dtype in ((2048, torch.bfloat16), (3072, torch.float32), (7168, torch.float32)):
         cases.append(Case("moe", "reduce_fused", f"hidden {h} {str(dtype)[6:]} -> e4m3 with sf, topk 6",
                           lambda h=h, dtype=dtype: reduce_inputs(local_topk_idx(4001, 6), 32, h, dtype, True)))
+    if not quick:
+        cases += moe_coverage_cases()
     return cases + moe_decode_cases()
+
+
+def moe_coverage_cases() -> list[Case]:
+    """The peer's other moe ops once each, on tile_kernels' benchmark routing (topk 8, 32 local experts)."""
+    torch = _t()
+
+    def expand_inputs():
+        idx = local_topk_idx(4001, 8)
+        pte, _, ttp = _mapping(idx, 32, 128)
+        return (_randn((idx.shape[0], 7168), torch.bfloat16), ttp, pte), {}
+
+    return [
+        Case("moe", "expand_to_fused", "hidden 7168 bf16, topk 8", expand_inputs),
+        Case("moe", "group_count", "32 experts, topk 8", lambda: ((local_topk_idx(4001, 8), 32), {})),
+        Case("moe", "mask_indices_by_tp", "256 experts, 8 EP ranks, TP rank 1 of 2",
+             lambda: ((decode_topk_idx(4001 * 8), 256, 8, 1, 2), {})),
+    ]
 
 
 def moe_decode_cases() -> list[Case]:
