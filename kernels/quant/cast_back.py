@@ -19,10 +19,11 @@ Rules the op checks: ``hidden % 64 == 0``; 16-byte aligned pointers; int32 eleme
 
 Design: the problem is flattened into units of 16 output bytes (8 bf16 or 4 fp32 values); a
 thread owns ``UNROLL`` units spaced ``THREADS`` apart, so every warp-wide access is contiguous:
-its 16-byte stores cover 512 bytes, its loads (2 to 8 bytes each) 64 to 256 bytes.  All of a
-thread's loads, data and (one per unit) scales, are issued before the first use.  The block index of the unit's row and of each
-channel comes from shifts; when ``shift_c`` is at least log2(values per unit) a unit has one scale
-(one load), otherwise one per value (small channel blocks, e.g. (128, 1)).
+its 16-byte stores cover 512 bytes, its loads (2 to 8 bytes each) 64 to 256 bytes.  The block
+index of the unit's row and of each channel comes from shifts; when ``shift_c`` is at least
+log2(values per unit) a unit has one scale, loaded in the first loop with the unit's data (every
+load of a thread issued before the first use), otherwise one per value, loaded where it is used
+(small channel blocks, e.g. (128, 1)).
 """
 
 # No ``from __future__ import annotations``: TileLang evaluates the tensor annotations.

@@ -214,8 +214,9 @@ def _scales_of_exponents(e: torch.Tensor, packed: bool) -> torch.Tensor:
 def test_per_block_cast_lossless_every_shift(q, in_packed, out_block):
     """Every e2m1 code under input scales spread far beyond the lossless rule's 2**11: the shift of
     each group's scale to its block's output scale runs from 6 down past -5 (to about -240 in
-    blocks of many rows), so both ways the kernel makes the bytes (a table for the exact shifts
-    -5..6, an fp32 multiply and rounding below) meet the reference bit for bit."""
+    blocks of many rows), so at (1, 128) both ways the kernel makes the bytes (a table for the
+    exact shifts -5..6, an fp32 multiply and rounding below), and at (32, 32) and (128, 128) the
+    fp32 path over the whole range, meet the reference bit for bit."""
     tokens, hidden = 300, 1536
     _seed("lossless-shifts", in_packed, out_block)
     data = torch.randint(-128, 128, (tokens, hidden // 2), dtype=torch.int8, device="cuda")
