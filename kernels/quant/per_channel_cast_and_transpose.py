@@ -14,9 +14,9 @@ rounded up to a power of two through its bits and ``sf_inv = 1 / sf``; ``out = e
 sf_inv)``, round to nearest even, saturating.  A last partial block of tokens takes its amax
 over the tokens present.
 
-Design: a block of 256 threads owns 128 tokens x 64 channels (channel tiles on ``blockIdx.x``,
-token tiles on ``blockIdx.y``: blocks running at once read whole rows of ``x``) and transposes
-them through a 16 KB shared tile ``tile[channel, token]`` of bf16:
+Design: a block of 256 threads owns 128 tokens x 64 channels (token tiles on ``blockIdx.x``,
+channel tiles on ``blockIdx.y``) and transposes them through a 16 KB shared tile
+``tile[channel, token]`` of bf16:
 
 1. Load: lane ``% 8`` picks 8 channels (one 16-byte vector), ``lane // 8`` and the warp pick
    4 rows (``32 i + 4 warp + lane // 8``), so an instruction reads 4 rows x 128 contiguous
@@ -75,7 +75,7 @@ def per_channel_cast_and_transpose(num_per_tokens: int):
         out_sf: T.Tensor((T.ceildiv(num_tokens, num_per_tokens), hidden), _F32),
         round_sf: T.int32,
     ):
-        with T.Kernel(T.ceildiv(hidden, TILE_C), T.ceildiv(num_tokens, TILE_T), threads=THREADS) as (bc, bt):
+        with T.Kernel(T.ceildiv(num_tokens, TILE_T), T.ceildiv(hidden, TILE_C), threads=THREADS) as (bt, bc):
             T.assume(hidden % TILE_C == 0)
             tid = T.get_thread_binding()
             warp = tid // 32
